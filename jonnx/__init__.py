@@ -1,0 +1,21 @@
+"""jonnx: run, differentiate and fine-tune ONNX models as pure JAX functions.
+
+>>> import jonnx
+>>> model = jonnx.load("model.onnx")              # doctest: +SKIP
+>>> outputs = model(x)                             # jit-compiled  # doctest: +SKIP
+>>> grads = jax.grad(loss)(model.params, x)        # differentiable  # doctest: +SKIP
+"""
+
+from jonnx import errors as errors
+from jonnx._ir import Graph as Graph, Node as Node, ValueInfo as ValueInfo
+from jonnx._model import Model as Model, load as load
+from jonnx._registry import OpContext as OpContext, register as register
+
+# The operator library registers itself on import; `jonnx.ops` is also the public way to call
+# ONNX ops as plain JAX functions.
+from jonnx import ops as ops  # noqa: E402  (after the registry it fills)
+from jonnx import backend as backend  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["Graph", "Model", "Node", "OpContext", "ValueInfo", "backend", "errors", "load", "ops", "register"]

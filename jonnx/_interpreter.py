@@ -1,0 +1,182 @@
+"""The interpreter: walks a graph's nodes over an environment of values.
+
+A value is *concrete* (numpy, known at trace time) or *dynamic* (a ``jax.Array``, usually a
+tracer). A node whose inputs are all concrete runs at trace time, so shape arithmetic
+(Shape -> Gather -> Concat -> Reshape) folds to constants under ``jit`` and ``vmap``. Folding
+runs with 64-bit types enabled locally, so int64 shape arithmetic is exact even when the
+caller runs with ``jax_enable_x64`` off; the folded values are numpy and enter the traced
+computation only where a dynamic op reads them.
+
+After tracing nothing of this module is left: the compiled computation is XLA's alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jonnx import errors
+from jonnx._ir import Graph, Node
+from jonnx._registry import OpContext
+
+__all__ = ["RunOptions", "run_graph", "is_concrete"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """Per-call settings shared by every node of a run.
+
+    Attributes:
+        train: training mode (BatchNormalization batch statistics, active Dropout).
+        key: the run's PRNG key; random ops get ``fold_in(key, node position)``.
+        precision: ``jax.lax.Precision`` for matmul/conv, or None for JAX's default.
+    """
+
+    train: bool = False
+    key: jax.Array | None = None
+    precision: Any = None
+
+
+def is_concrete(value: Any) -> bool:
+    """True for values known at trace time: numpy arrays, None, and lists of them."""
+    if value is None or isinstance(value, (np.ndarray, np.generic)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(is_concrete(v) for v in value)
+    return False
+
+
+def _to_numpy(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_numpy(v) for v in value)
+    return np.asarray(value)
+
+
+def run_graph(
+    graph: Graph,
+    values: Mapping[str, Any],
+    options: RunOptions,
+    outer: Mapping[str, Any] | None = None,
+) -> tuple:
+    """Evaluate ``graph`` and return its outputs in order.
+
+    Args:
+        graph: the graph to run.
+        values: graph inputs and initializers by name (concrete or dynamic).
+        options: the run's settings.
+        outer: values of enclosing scopes that a subgraph may read.
+
+    Returns:
+        A tuple with one value per graph output.
+    """
+    env: dict[str, Any] = dict(outer or {})
+    env.update(values)
+    for index, node in enumerate(graph.nodes):
+        args = tuple(env[name] if name else None for name in node.inputs)
+        key = None
+        if options.key is not None and (node.op.random or _has_subgraph(node)):
+            key = jax.random.fold_in(options.key, index)
+        outputs = _run_node(graph, node, args, env, options, key)
+        if len(outputs) < sum(1 for o in node.outputs if o):
+            raise errors.NodeError(
+                f"node {node.name!r} ({node.op_type}) returned {len(outputs)} outputs but the "
+                f"model reads {len(node.outputs)}"
+            )
+        for name, value in zip(node.outputs, outputs):
+            if name:
+                env[name] = value
+    return tuple(env[o.name] for o in graph.outputs)
+
+
+def _run_node(
+    graph: Graph,
+    node: Node,
+    args: tuple,
+    env: Mapping[str, Any],
+    options: RunOptions,
+    key: jax.Array | None,
+) -> Sequence[Any]:
+    op = node.op
+    for i in op.static_inputs:
+        if i < len(args) and not is_concrete(args[i]):
+            raise errors.StaticValueError(_static_message(graph, node, i, env))
+
+    def run_subgraph(sub: Graph, inputs: Mapping[str, Any], *, outer_env=None) -> tuple:
+        sub_options = dataclasses.replace(options, key=key)
+        return run_graph(sub, inputs, sub_options, outer={**env, **(outer_env or {})})
+
+    ctx = OpContext(
+        node=node.name,
+        op_type=node.op_type,
+        domain=node.domain,
+        opset=node.opset,
+        train=options.train,
+        key=key if op.random else None,
+        precision=options.precision,
+        run_graph=run_subgraph,
+    )
+    fold = not op.random and is_concrete(args) and not _reads_dynamic_outer(node, env)
+    try:
+        if fold:
+            with jax.ensure_compile_time_eval(), jax.enable_x64(True):
+                return _to_numpy(op.fn(args, node.attrs, ctx))
+        return op.fn(args, node.attrs, ctx)
+    except errors.JonnxError:
+        raise
+    except Exception as e:  # an op body's own failure: name the node and keep the cause
+        raise errors.NodeError(f"{ctx.where()}: {type(e).__name__}: {e}") from e
+
+
+def _has_subgraph(node: Node) -> bool:
+    return any(
+        isinstance(g, Graph)
+        for value in node.attrs.values()
+        for g in (value if isinstance(value, tuple) else (value,))
+    )
+
+
+def _reads_dynamic_outer(node: Node, env: Mapping[str, Any]) -> bool:
+    for value in node.attrs.values():
+        for g in value if isinstance(value, tuple) else (value,):
+            if isinstance(g, Graph) and not all(is_concrete(env.get(n)) for n in g.outer_names):
+                return True
+    return False
+
+
+def _static_message(graph: Graph, node: Node, index: int, env: Mapping[str, Any]) -> str:
+    """Explain which chain of values made a static input dynamic."""
+    producers = graph.producers()
+    name = node.inputs[index]
+    chain = [f"{name!r}"]
+    seen = set()
+    while name in producers and name not in seen:
+        seen.add(name)
+        producer = producers[name]
+        chain.append(f"{producer.op_type} node {producer.name!r}")
+        dynamic = [i for i in producer.inputs if i and not is_concrete(env.get(i))]
+        if not dynamic:
+            break
+        name = dynamic[0]
+        chain.append(f"{name!r}")
+    if name in graph.input_names:
+        chain.append("a graph input that is traced")
+        hint = (
+            f"pass {name!r} as a concrete numpy array outside jax.jit, or use Model.__call__, "
+            "which treats it as a static argument"
+        )
+    elif name in graph.initializers:
+        chain.append("a trainable initializer")
+        hint = "this initializer should have been kept static; please report this model"
+    else:
+        hint = "the value depends on runtime data, which jonnx cannot turn into a static shape"
+    return (
+        f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, opset "
+        f"{node.opset}) needs input {index} ({node.inputs[index]!r}) at trace time, but it is "
+        f"dynamic: {' <- '.join(chain)}. {hint[0].upper() + hint[1:]}."
+    )

@@ -1,0 +1,91 @@
+"""The graph IR: frozen dataclasses that the interpreter walks and graph passes rewrite.
+
+A pass builds a new graph with ``dataclasses.replace``; nothing mutates a graph in place,
+so a loaded model is immutable and safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from jonnx._registry import OpDef
+
+__all__ = ["ValueInfo", "Node", "Graph"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueInfo:
+    """A graph input or output.
+
+    Attributes:
+        name: the value's name.
+        dtype: numpy dtype of a tensor value, or None when unknown or not a tensor.
+        shape: dims (int, a symbolic name, or None when unknown), or None for unknown rank.
+        kind: ``"tensor"``, ``"sequence"``, ``"optional"``, ``"map"`` or ``"unknown"``.
+    """
+
+    name: str
+    dtype: np.dtype | None = None
+    shape: tuple[int | str | None, ...] | None = None
+    kind: str = "tensor"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Node:
+    """One node, bound at load time to its implementation.
+
+    Attributes:
+        name: the node's name (made up from its position when the model has none).
+        op_type, domain: the op it runs.
+        inputs, outputs: value names; ``""`` marks an omitted optional input or output.
+        attrs: every attribute of the schema: the node's value, else the default, else None.
+            Graph attributes (If/Loop/Scan bodies) are :class:`Graph` objects.
+        op: the registered implementation for the model's opset.
+        opset: the model's opset for ``domain``.
+    """
+
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any]
+    op: OpDef
+    opset: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Graph:
+    """A (sub)graph with its nodes in topological order.
+
+    Attributes:
+        name: the graph's name.
+        nodes: nodes in an order where every value is produced before it is read.
+        inputs: the values a caller provides (initializer-backed inputs excluded).
+        outputs: the graph's outputs in order.
+        initializers: name -> numpy value of each initializer.
+        outer_names: names a subgraph reads from enclosing scopes.
+    """
+
+    name: str
+    nodes: tuple[Node, ...]
+    inputs: tuple[ValueInfo, ...]
+    outputs: tuple[ValueInfo, ...]
+    initializers: Mapping[str, np.ndarray]
+    outer_names: frozenset[str] = frozenset()
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.outputs)
+
+    def producers(self) -> dict[str, Node]:
+        """Value name -> the node that produces it."""
+        return {out: node for node in self.nodes for out in node.outputs if out}

@@ -1,0 +1,262 @@
+"""``jonnx.load`` and the :class:`Model` it returns."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnx.defs
+from google.protobuf.message import DecodeError
+
+from jonnx import errors
+from jonnx._build import GraphBuilder
+from jonnx._interpreter import RunOptions, run_graph
+from jonnx._ir import Graph
+from jonnx._registry import normalize_domain
+from jonnx._static import static_values
+
+__all__ = ["Model", "load"]
+
+_TRAINABLE = (np.float16, np.float32, np.float64, jnp.bfloat16)
+
+
+def load(f: str | os.PathLike | bytes | onnx.ModelProto, *, base_dir: str | None = None) -> "Model":
+    """Load an ONNX model as a :class:`Model`.
+
+    Args:
+        f: a path to an ``.onnx`` file, its bytes, or an ``onnx.ModelProto``.
+        base_dir: the folder external data is read from; defaults to the model file's folder
+            (and to none for bytes and protos, whose external data is then refused).
+
+    Returns:
+        The loaded model, with every node bound to its implementation.
+
+    Raises:
+        jonnx.errors.LoadError: the file cannot be read or parsed, a tensor is malformed,
+            or external data is unsafe (:class:`~jonnx.errors.ExternalDataError`).
+        jonnx.errors.UnsupportedOpError: one error listing every unsupported node.
+        jonnx.errors.ModelStructureError: the graph is malformed.
+
+    Example:
+        >>> import numpy as np, onnx.helper as oh, jonnx
+        >>> node = oh.make_node("Relu", ["x"], ["y"])
+        >>> graph = oh.make_graph([node], "g", [oh.make_tensor_value_info("x", 1, [2])],
+        ...                       [oh.make_tensor_value_info("y", 1, [2])])
+        >>> model = jonnx.load(oh.make_model(graph))
+        >>> model(np.array([-1.0, 2.0], np.float32))[0].tolist()
+        [0.0, 2.0]
+    """
+    if isinstance(f, onnx.ModelProto):
+        proto = f
+    elif isinstance(f, (bytes, bytearray, memoryview)):
+        proto = _parse(bytes(f), "<bytes>")
+    elif isinstance(f, (str, os.PathLike)):
+        path = os.fspath(f)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as e:
+            raise errors.LoadError(f"cannot read model file {path!r}: {e.strerror}") from e
+        proto = _parse(data, path)
+        if base_dir is None:
+            base_dir = os.path.dirname(os.path.abspath(path))
+    else:
+        raise TypeError(f"jonnx.load takes a path, bytes or onnx.ModelProto, not {type(f).__name__}")
+    return Model(proto, base_dir=base_dir)
+
+
+def _parse(data: bytes, what: str) -> onnx.ModelProto:
+    if not data:
+        raise errors.LoadError(f"{what} is empty, not an ONNX model")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise errors.LoadError(f"{what} is not a valid ONNX protobuf: {e}") from e
+    if not proto.HasField("graph"):
+        raise errors.LoadError(f"{what} holds no graph: not an ONNX model")
+    return proto
+
+
+def _opsets(proto: onnx.ModelProto) -> dict[str, int]:
+    opsets = {normalize_domain(o.domain): int(o.version) for o in proto.opset_import}
+    # Models from before opset_import existed (IR version < 3) mean opset 1.
+    opsets.setdefault("", 1)
+    newest = onnx.defs.onnx_opset_version()
+    if opsets[""] > newest:
+        warnings.warn(
+            f"the model imports ai.onnx opset {opsets['']}, newer than the {newest} the installed "
+            f"onnx package knows; running it with opset {newest} semantics",
+            stacklevel=3,
+        )
+        opsets[""] = newest
+    return opsets
+
+
+def _is_trainable(value: np.ndarray) -> bool:
+    return value.dtype in {np.dtype(t) for t in _TRAINABLE}
+
+
+class _Static:
+    """A numpy array as a hashable static argument of ``jax.jit`` (hashed by content)."""
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value: np.ndarray):
+        self.value = value
+        self._key = (value.dtype.str, value.shape, value.tobytes() if value.dtype != object else repr(value.tolist()))
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Static) and self._key == other._key
+
+
+class Model:
+    """An ONNX model as a pure JAX function.
+
+    Use :func:`jonnx.load` to make one. ``Model.apply`` is the pure function (for ``jax.jit``,
+    ``jax.grad``, ``jax.vmap``); calling the model runs it jit-compiled.
+
+    Attributes:
+        graph: the model's graph IR.
+        opsets: the model's opset per domain.
+        input_names: the graph inputs, in order (initializer-backed inputs excluded).
+        output_names: the graph outputs, in order.
+        static_input_names: inputs that must be known at trace time (they feed a shape, axes,
+            a count); ``__call__`` passes them to ``jax.jit`` as static arguments.
+    """
+
+    def __init__(self, proto: onnx.ModelProto, *, base_dir: str | None = None):
+        self.proto = proto
+        self.opsets = _opsets(proto)
+        builder = GraphBuilder(self.opsets, base_dir)
+        self.graph: Graph = builder.graph(proto.graph)
+        builder.raise_if_unsupported()
+
+        static = static_values(self.graph)
+        inits = self.graph.initializers
+        self._constants = {n: v for n, v in inits.items() if n in static or not _is_trainable(v)}
+        self._params = {n: jnp.asarray(v) for n, v in inits.items() if n not in self._constants}
+        self.input_names = self.graph.input_names
+        self.output_names = self.graph.output_names
+        static_inputs = {
+            v.name for v in self.graph.inputs if v.name in static or v.dtype == np.dtype(object)
+        }
+        self.static_input_names = tuple(n for n in self.input_names if n in static_inputs)
+        self._jitted = jax.jit(self._call_impl, static_argnums=(2,))
+
+    def __repr__(self) -> str:
+        n_values = sum(int(np.prod(p.shape)) for p in self._params.values())
+        return (
+            f"Model(inputs={list(self.input_names)}, outputs={list(self.output_names)}, "
+            f"nodes={len(self.graph.nodes)}, params={len(self._params)} ({n_values} values))"
+        )
+
+    @property
+    def params(self) -> dict[str, jax.Array]:
+        """The trainable (floating-point) initializers, by name: a fresh dict each time."""
+        return dict(self._params)
+
+    def apply(
+        self,
+        params: Mapping[str, jax.Array],
+        *inputs: Any,
+        key: jax.Array | None = None,
+        precision: Any = None,
+        **named_inputs: Any,
+    ) -> tuple[jax.Array, ...]:
+        """Run the model: a pure function of ``params`` and the inputs.
+
+        Args:
+            params: trainable initializers by name (see :attr:`params`). Names left out keep
+                the model's own values, as constants.
+            *inputs: graph inputs in order (:attr:`input_names`).
+            key: a PRNG key for random ops (RandomNormal, ...); each node folds in its own.
+            precision: ``jax.lax.Precision`` for MatMul/Gemm/Conv (TF32 on GPUs by default).
+            **named_inputs: graph inputs by name, instead of or after the positional ones.
+
+        Returns:
+            The graph outputs, in order.
+
+        Raises:
+            jonnx.errors.InputError: inputs missing, duplicated or unknown, or unknown params.
+            jonnx.errors.StaticValueError: an input that must be static was traced.
+        """
+        unknown = set(params) - set(self._params)
+        if unknown:
+            raise errors.InputError(
+                f"params holds names that are not trainable initializers of the model: "
+                f"{sorted(unknown)[:10]}"
+            )
+        values = self._bind(inputs, named_inputs)
+        env: dict[str, Any] = {**self._constants, **self._params, **params}
+        for name, value in zip(self.input_names, values):
+            env[name] = self._prepare_input(name, value)
+        outputs = run_graph(self.graph, env, RunOptions(key=key, precision=precision))
+        return tuple(_as_output(o) for o in outputs)
+
+    def __call__(self, *inputs: Any, **named_inputs: Any) -> tuple[jax.Array, ...]:
+        """Run the model jit-compiled with its own params (compiled once per input signature)."""
+        values = self._bind(inputs, named_inputs)
+        dynamic, static = [], []
+        for name, value in zip(self.input_names, values):
+            if name in self.static_input_names:
+                static.append(_Static(np.asarray(value)))
+            else:
+                dynamic.append(value)
+        return self._jitted(self._params, tuple(dynamic), tuple(static))
+
+    def _call_impl(self, params, dynamic: tuple, static: tuple) -> tuple:
+        dyn, sta = iter(dynamic), iter(static)
+        values = [
+            next(sta).value if name in self.static_input_names else next(dyn)
+            for name in self.input_names
+        ]
+        return self.apply(params, *values)
+
+    def _bind(self, inputs: tuple, named: Mapping[str, Any]) -> list[Any]:
+        names = self.input_names
+        if len(inputs) > len(names):
+            raise errors.InputError(
+                f"the model takes {len(names)} input(s) {list(names)}, but {len(inputs)} were given"
+            )
+        values: dict[str, Any] = dict(zip(names, inputs))
+        for name, value in named.items():
+            if name not in names:
+                raise errors.InputError(f"the model has no input named {name!r}; inputs: {list(names)}")
+            if name in values:
+                raise errors.InputError(f"input {name!r} given both by position and by name")
+            values[name] = value
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise errors.InputError(f"missing model input(s) {missing}; inputs: {list(names)}")
+        return [values[n] for n in names]
+
+    def _prepare_input(self, name: str, value: Any) -> Any:
+        if isinstance(value, (list, tuple)):  # a sequence input
+            return [self._prepare_input(name, v) for v in value]
+        if value is None:
+            return None
+        if name in self.static_input_names:
+            return value if isinstance(value, jax.core.Tracer) else np.asarray(value)
+        if isinstance(value, np.ndarray) and value.dtype == object:
+            return value
+        return jnp.asarray(value)
+
+
+def _as_output(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_as_output(v) for v in value]
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        return value  # strings stay on the host
+    if isinstance(value, (np.ndarray, np.generic)):
+        return jnp.asarray(value)
+    return value

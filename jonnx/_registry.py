@@ -1,0 +1,202 @@
+"""The operator registry: ``(domain, op_type, since_version)`` -> implementation.
+
+Every operator, jonnx's own and a user's custom ones, is registered with :func:`register`.
+An implementation is a pure function ``fn(inputs, attrs, ctx) -> tuple of outputs``:
+
+* ``inputs``: a tuple with one entry per node input, ``None`` for a missing optional input.
+  An entry is a ``numpy.ndarray`` when the value is known at trace time (a constant, a shape)
+  and a ``jax.Array`` (possibly a tracer) otherwise. Inputs listed in ``static_inputs`` are
+  always numpy.
+* ``attrs``: a read-only mapping of every attribute the op's schema declares, holding the
+  node's value, else the schema default, else ``None``. Op bodies never supply defaults.
+* ``ctx``: an :class:`OpContext` (node name, opset, train flag, PRNG key, precision).
+
+Lookup follows ONNX's versioning: the model's opset for the node's domain selects the
+schema's ``since_version`` (``onnx.defs.get_schema(op, max_inclusive_version=opset)``), and
+that exact key must be registered. Domains onnx does not know (custom ops) use the newest
+registered version not above the model's opset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import onnx
+import onnx.defs
+
+from jonnx import errors
+
+__all__ = ["OpDef", "OpContext", "register", "lookup", "registered", "schema_for", "ONNX_DOMAINS"]
+
+#: Domains whose schemas the installed onnx package defines.
+ONNX_DOMAINS = frozenset(s.domain for s in onnx.defs.get_all_schemas_with_history())
+
+OpFn = Callable[[tuple, Mapping[str, Any], "OpContext"], tuple]
+
+
+def normalize_domain(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDef:
+    """One registered implementation.
+
+    Attributes:
+        domain, op_type, since_version: the key it is registered under.
+        fn: the implementation, ``fn(inputs, attrs, ctx) -> tuple``.
+        static_inputs: input positions whose values must be known at trace time (a shape,
+            axes, a count). The interpreter hands them over as numpy arrays, or raises
+            :class:`jonnx.errors.StaticValueError` naming the chain that made them dynamic.
+        shape_only: the outputs depend only on input shapes and dtypes (Shape, Size), so
+            they are known at trace time even when the inputs are not.
+        random: the op draws from ``ctx.key``; it is never evaluated at trace time.
+    """
+
+    domain: str
+    op_type: str
+    since_version: int
+    fn: OpFn
+    static_inputs: frozenset[int] = frozenset()
+    shape_only: bool = False
+    random: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OpContext:
+    """What an op body may know beyond its inputs and attributes.
+
+    Attributes:
+        node: the node's name (for error messages).
+        op_type, domain, opset: the op and the model's opset for its domain.
+        train: whether the model runs in training mode.
+        key: a PRNG key for this node (already folded with the node's position), or None.
+        precision: ``jax.lax.Precision`` (or None for JAX's default) for matmul/conv.
+        run_graph: runs a subgraph attribute: ``run_graph(graph, inputs) -> tuple``; set by
+            the interpreter so control-flow ops can evaluate their bodies.
+    """
+
+    node: str = "<call>"
+    op_type: str = ""
+    domain: str = ""
+    opset: int = 0
+    train: bool = False
+    key: jax.Array | None = None
+    precision: Any = None
+    run_graph: Callable[..., tuple] | None = None
+
+    def where(self) -> str:
+        """``node 'name' (Op, domain 'd', opset N)`` for error messages."""
+        dom = self.domain or "ai.onnx"
+        return f"node {self.node!r} ({self.op_type}, domain {dom!r}, opset {self.opset})"
+
+    def error(self, message: str) -> errors.NodeError:
+        """A :class:`jonnx.errors.NodeError` that names this node."""
+        return errors.NodeError(f"{self.where()}: {message}")
+
+    def rng(self) -> jax.Array:
+        """This node's PRNG key; raises a clear error when the caller gave none."""
+        if self.key is None:
+            raise errors.NodeError(
+                f"{self.where()} draws random numbers but no PRNG key was given: pass "
+                "`key=jax.random.key(...)` to `Model.apply` (jonnx never uses a fixed seed)."
+            )
+        return self.key
+
+
+_REGISTRY: dict[tuple[str, str, int], OpDef] = {}
+
+
+def register(
+    op_type: str,
+    *,
+    since: int | Iterable[int],
+    domain: str = "",
+    static_inputs: Iterable[int] = (),
+    shape_only: bool = False,
+    random: bool = False,
+) -> Callable[[OpFn], OpFn]:
+    """Register ``fn`` as the implementation of ``op_type`` for the given since_versions.
+
+    Args:
+        op_type: the ONNX op type, e.g. ``"Relu"``.
+        since: one since_version or several whose semantics ``fn`` covers.
+        domain: the op's domain; ``""`` (or ``"ai.onnx"``) is the default domain.
+        static_inputs: input positions that must be known at trace time.
+        shape_only: outputs depend only on input shapes and dtypes.
+        random: the op draws from ``ctx.key`` and must never be folded.
+
+    Returns:
+        A decorator that registers the function and returns it unchanged.
+
+    Raises:
+        ValueError: a ``(domain, op_type, since_version)`` key is registered twice.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jonnx import register
+        >>> @register("Relu6", since=1, domain="example.doctest")
+        ... def relu6(inputs, attrs, ctx):
+        ...     (x,) = inputs
+        ...     return (jnp.clip(x, 0, 6),)
+    """
+    versions = (since,) if isinstance(since, int) else tuple(since)
+    if not versions:
+        raise ValueError(f"register({op_type!r}): `since` names no version")
+    domain = normalize_domain(domain)
+
+    def decorator(fn: OpFn) -> OpFn:
+        for version in versions:
+            key = (domain, op_type, int(version))
+            if key in _REGISTRY:
+                raise ValueError(f"operator {key} is already registered ({_REGISTRY[key].fn})")
+            _REGISTRY[key] = OpDef(
+                domain=domain,
+                op_type=op_type,
+                since_version=int(version),
+                fn=fn,
+                static_inputs=frozenset(static_inputs),
+                shape_only=shape_only,
+                random=random,
+            )
+        return fn
+
+    return decorator
+
+
+def schema_for(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    """The onnx schema in force for ``op_type`` at ``opset``, or None if onnx has none."""
+    domain = normalize_domain(domain)
+    if domain not in ONNX_DOMAINS:
+        return None
+    try:
+        return onnx.defs.get_schema(op_type, max_inclusive_version=opset, domain=domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def lookup(domain: str, op_type: str, opset: int) -> OpDef | None:
+    """The implementation for ``op_type`` at the model's ``opset`` for ``domain``, or None."""
+    domain = normalize_domain(domain)
+    schema = schema_for(domain, op_type, opset)
+    if schema is not None:
+        found = _REGISTRY.get((domain, op_type, schema.since_version))
+        if found is not None:
+            return found
+    # Custom domains (and ops a user added to an onnx domain): newest version <= opset.
+    candidates = [
+        d for (dom, op, v), d in _REGISTRY.items() if dom == domain and op == op_type and v <= opset
+    ]
+    if schema is not None:
+        # onnx knows this op: only an exact match is right, a user override included.
+        candidates = [d for d in candidates if d.since_version >= schema.since_version]
+    return max(candidates, key=lambda d: d.since_version, default=None)
+
+
+def registered() -> Mapping[tuple[str, str, int], OpDef]:
+    """A read-only view of every registered ``(domain, op_type, since_version)``."""
+    return types.MappingProxyType(_REGISTRY)

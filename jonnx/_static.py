@@ -1,0 +1,57 @@
+"""Static analysis: which values must be known at trace time.
+
+Ops declare the inputs they need as trace-time constants (Reshape's shape, Slice's starts,
+TopK's k, ...). Walking back from those inputs through their producers finds every value that
+must be concrete, stopping at ops whose outputs depend only on shapes (Shape, Size). What is
+left at the sources is either an initializer (kept as a numpy constant, not a trainable
+parameter) or a graph input (which ``Model.__call__`` and the backend treat as static).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from jonnx._ir import Graph, Node
+
+__all__ = ["static_values"]
+
+
+def _subgraphs(node: Node) -> Iterable[Graph]:
+    for value in node.attrs.values():
+        for g in value if isinstance(value, tuple) else (value,):
+            if isinstance(g, Graph):
+                yield g
+
+
+def _seeds(graph: Graph) -> set[str]:
+    seeds: set[str] = set()
+    for node in graph.nodes:
+        for i in node.op.static_inputs:
+            if i < len(node.inputs) and node.inputs[i]:
+                seeds.add(node.inputs[i])
+        for sub in _subgraphs(node):
+            # A subgraph's static needs that it reads from this scope become ours.
+            seeds |= static_values(sub) & sub.outer_names
+    return seeds
+
+
+def static_values(graph: Graph) -> frozenset[str]:
+    """Names of the values in ``graph`` (and outer names its subgraphs read) that must be static.
+
+    The result includes graph inputs, initializers and outer-scope names at the sources of
+    each static chain, and every intermediate value on the way.
+    """
+    producers = graph.producers()
+    need = _seeds(graph)
+    stack = list(need)
+    while stack:
+        node = producers.get(stack.pop())
+        if node is None or node.op.shape_only:
+            continue
+        upstream = {i for i in node.inputs if i}
+        for sub in _subgraphs(node):
+            upstream |= sub.outer_names
+        for name in upstream - need:
+            need.add(name)
+            stack.append(name)
+    return frozenset(need)

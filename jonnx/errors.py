@@ -1,0 +1,66 @@
+"""The exceptions jonnx raises on bad models, bad inputs and unsupported features.
+
+Every error derives from :class:`JonnxError`, so ``except jonnx.errors.JonnxError`` catches
+everything jonnx reports about a model or its inputs. Messages name the culprit (tensor,
+node, op, domain, opset) and say what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "JonnxError",
+    "LoadError",
+    "ExternalDataError",
+    "ModelStructureError",
+    "UnsupportedOpError",
+    "StaticValueError",
+    "InputError",
+    "NodeError",
+    "NumericCheckError",
+]
+
+
+class JonnxError(Exception):
+    """Base class of every error jonnx raises about a model or its inputs."""
+
+
+class LoadError(JonnxError):
+    """The model could not be read: bad bytes, bad tensors, or a bad file path."""
+
+
+class ExternalDataError(LoadError):
+    """An initializer's external data is unsafe (outside the model folder) or malformed."""
+
+
+class ModelStructureError(LoadError):
+    """The graph is malformed: missing producers, cycles, duplicate outputs, bad attributes."""
+
+
+class UnsupportedOpError(LoadError):
+    """The model uses operators jonnx has no implementation for.
+
+    One error lists every unsupported node, so a user sees the whole gap at once.
+
+    Attributes:
+        nodes: tuples ``(node_name, op_type, domain, opset)`` of each unsupported node.
+    """
+
+    def __init__(self, message: str, nodes: tuple[tuple[str, str, str, int], ...] = ()):
+        super().__init__(message)
+        self.nodes = nodes
+
+
+class StaticValueError(JonnxError):
+    """A value that must be known at trace time (a shape, axes, ...) depends on runtime data."""
+
+
+class InputError(JonnxError):
+    """The inputs given to a model do not match its graph inputs."""
+
+
+class NodeError(JonnxError):
+    """A node failed while running: invalid attributes or inputs for its op."""
+
+
+class NumericCheckError(JonnxError):
+    """A checked run found an out-of-range index or an integer division by zero."""

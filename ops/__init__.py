@@ -1,0 +1,102 @@
+"""ONNX operators as JAX functions (installed as ``jonnx.ops``).
+
+Importing this package registers every operator family. Each op is also callable directly
+with ONNX semantics, outside any model:
+
+>>> import numpy as np, jonnx.ops
+>>> jonnx.ops.LeakyRelu(np.array([-2.0, 3.0], np.float32), alpha=0.5).tolist()
+[-1.0, 3.0]
+>>> jonnx.ops.call("Add", np.float32(1), np.float32(2), opset=6).item()
+3.0
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+import onnx.defs
+
+from jonnx import errors
+from jonnx._build import schema_defaults
+from jonnx._registry import OpContext, lookup, normalize_domain, register, registered, schema_for
+
+# Each module registers one op family on import.
+from jonnx.ops import (  # noqa: F401
+    activation,
+    elementwise,
+    indexing,
+    logic,
+    nn,
+    normalization,
+    random,
+    reduce,
+    resize,
+    rnn,
+    shape,
+)
+
+__all__ = ["call", "register", "registered"]
+
+
+def call(
+    op_type: str,
+    *inputs: Any,
+    domain: str = "",
+    opset: int | None = None,
+    key: jax.Array | None = None,
+    train: bool = False,
+    **attrs: Any,
+) -> Any:
+    """Run one ONNX op on arrays, with the op's exact ONNX semantics.
+
+    Args:
+        op_type: the op, e.g. ``"Resize"``.
+        *inputs: its inputs in schema order; ``None`` for an omitted optional input. Inputs
+            the op needs at trace time (shapes, axes) must be numpy arrays or lists.
+        domain: the op's domain (``""`` for ai.onnx).
+        opset: the opset whose semantics to use (default: the newest the installed onnx
+            knows for ai.onnx, or the newest registered for other domains).
+        key: PRNG key, for random ops.
+        train: training-mode semantics (Dropout, BatchNormalization).
+        **attrs: the op's attributes; the schema's defaults fill in the rest.
+
+    Returns:
+        The single output as an array, or a tuple when the op has several outputs.
+
+    Raises:
+        jonnx.errors.UnsupportedOpError: no implementation for the op at that opset.
+    """
+    domain = normalize_domain(domain)
+    if opset is None:
+        opset = (
+            onnx.defs.onnx_opset_version()
+            if domain == ""
+            else max((v for (d, o, v) in registered() if d == domain and o == op_type), default=1)
+        )
+    op = lookup(domain, op_type, opset)
+    if op is None:
+        raise errors.UnsupportedOpError(
+            f"no implementation of {op_type} (domain {domain or 'ai.onnx'!r}) at opset {opset}",
+            nodes=(("<call>", op_type, domain, opset),),
+        )
+    merged = schema_defaults(schema_for(domain, op_type, opset))
+    merged.update(attrs)
+    args = tuple(
+        np.asarray(x) if i in op.static_inputs and x is not None else x for i, x in enumerate(inputs)
+    )
+    ctx = OpContext(node="<call>", op_type=op_type, domain=domain, opset=opset, train=train, key=key)
+    outputs = op.fn(args, merged, ctx)
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def __getattr__(name: str) -> Any:
+    """``jonnx.ops.Celu(x, alpha=2.0)``: any registered ai.onnx op by name."""
+    if any(o == name for (_, o, _) in registered()):
+        fn = functools.partial(call, name)
+        functools.update_wrapper(fn, call)
+        fn.__doc__ = f"ONNX ``{name}`` as a JAX function; see :func:`jonnx.ops.call`."
+        return fn
+    raise AttributeError(f"module 'jonnx.ops' has no attribute {name!r} (no op of that name)")

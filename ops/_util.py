@@ -1,0 +1,81 @@
+"""Private helpers shared by the op families."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jonnx._registry import OpContext
+from jonnx._tensors import np_dtype
+
+__all__ = [
+    "canonical",
+    "index_dtype",
+    "legacy_broadcast",
+    "normalize_axes",
+    "normalize_axis",
+    "onnx_dtype",
+    "static_ints",
+]
+
+
+def canonical(dtype: Any) -> np.dtype:
+    """``dtype`` as JAX will hold it (int64 -> int32 when ``jax_enable_x64`` is off)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
+def index_dtype() -> np.dtype:
+    """The dtype of ONNX's int64 index outputs (ArgMax, TopK, NonZero, Shape, ...)."""
+    return canonical(np.int64)
+
+
+def onnx_dtype(elem_type: int) -> np.dtype:
+    """The numpy dtype of an ONNX ``TensorProto.DataType`` (as JAX will hold it)."""
+    return canonical(np_dtype(elem_type))
+
+
+def static_ints(value: Any) -> tuple[int, ...]:
+    """A static (numpy) input or attribute as a tuple of Python ints."""
+    return tuple(int(v) for v in np.asarray(value).reshape(-1))
+
+
+def normalize_axis(axis: int, rank: int, ctx: OpContext, what: str = "axis") -> int:
+    """``axis`` in ``[-rank, rank)`` as a non-negative int, else an error naming the node."""
+    if not -rank <= axis < max(rank, 1):
+        raise ctx.error(f"{what} {axis} is out of range for a tensor of rank {rank}")
+    return axis % max(rank, 1)
+
+
+def normalize_axes(axes: Iterable[int], rank: int, ctx: OpContext) -> tuple[int, ...]:
+    out = tuple(normalize_axis(int(a), rank, ctx, "axes entry") for a in axes)
+    if len(set(out)) != len(out):
+        raise ctx.error(f"axes {tuple(axes)} repeat an axis")
+    return out
+
+
+def legacy_broadcast(a: Any, b: Any, attrs: Any, ctx: OpContext) -> tuple[Any, Any]:
+    """Align ``b`` with ``a`` under the opset 1-6 ``broadcast``/``axis`` attributes.
+
+    Before opset 7, binary ops broadcast only when ``broadcast=1``: ``b`` then matches a
+    contiguous run of ``a``'s dims, starting at ``axis`` (default: the trailing dims).
+    """
+    if not attrs.get("broadcast"):
+        if jnp.shape(a) != jnp.shape(b):
+            raise ctx.error(
+                f"inputs have shapes {jnp.shape(a)} and {jnp.shape(b)}; before opset 7 they must "
+                "be equal unless the node sets broadcast=1"
+            )
+        return a, b
+    axis = attrs.get("axis")
+    if axis is None:
+        return a, b
+    a_rank, b_shape = jnp.ndim(a), jnp.shape(b)
+    axis = normalize_axis(axis, a_rank, ctx)
+    trailing = a_rank - axis - len(b_shape)
+    if trailing < 0:
+        raise ctx.error(f"cannot broadcast shape {b_shape} into {jnp.shape(a)} at axis {axis}")
+    return a, jnp.reshape(b, b_shape + (1,) * trailing)

@@ -1,0 +1,139 @@
+"""Elementwise arithmetic: binary (Add, Sub, Mul, Div, Pow, Mod), variadic (Sum, Mean, Max,
+Min) and unary math (Abs, Exp, Sqrt, Sin, ...).
+
+Before opset 7 the binary ops broadcast only with ``broadcast=1`` (and an optional ``axis``);
+``legacy_broadcast`` implements that. Integer Div truncates toward zero as ONNX requires
+(``jnp.floor_divide`` would floor), and Mod follows its ``fmod`` attribute.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+
+from jonnx._registry import register
+from jonnx.ops._util import legacy_broadcast
+
+
+def _is_int(x) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.integer)
+
+
+def _div(a, b):
+    if _is_int(a):
+        a, b = jnp.broadcast_arrays(a, b)
+        return lax.div(a, b)  # truncates toward zero, like C and ONNX
+    return jnp.true_divide(a, b)
+
+
+def _pow(x, y):
+    x_dtype = jnp.result_type(x)
+    if _is_int(x) and not _is_int(y):
+        return jnp.power(jnp.asarray(x, jnp.result_type(y)), y).astype(x_dtype)
+    if not _is_int(x) and _is_int(y):
+        return jnp.power(x, jnp.asarray(y, x_dtype))
+    return jnp.power(x, jnp.asarray(y, x_dtype)).astype(x_dtype)
+
+
+def _binary(fn, legacy: bool):
+    def apply(inputs, attrs, ctx):
+        a, b = inputs
+        if legacy:
+            a, b = legacy_broadcast(a, b, attrs, ctx)
+        return (fn(a, b),)
+
+    apply.__doc__ = f"ONNX binary op via ``{getattr(fn, '__name__', fn)}``."
+    return apply
+
+
+for _name, _fn in (("Add", jnp.add), ("Sub", jnp.subtract), ("Mul", jnp.multiply), ("Div", _div)):
+    register(_name, since=(1, 6))(_binary(_fn, legacy=True))
+    register(_name, since=(7, 13, 14))(_binary(_fn, legacy=False))
+register("Pow", since=1)(_binary(_pow, legacy=True))
+register("Pow", since=(7, 12, 13, 15))(_binary(_pow, legacy=False))
+
+
+@register("Mod", since=(10, 13, 28))
+def mod(inputs, attrs, ctx):
+    """ONNX ``Mod``, opsets 10+: sign of the divisor (``fmod=0``) or of the dividend (``fmod=1``)."""
+    a, b = inputs
+    if attrs["fmod"]:
+        return (jnp.fmod(a, b),)
+    if not _is_int(a):
+        raise ctx.error("fmod=0 is only defined for integer inputs; floats need fmod=1")
+    return (jnp.mod(a, b),)
+
+
+def _variadic(fn):
+    def apply(inputs, attrs, ctx):
+        values = [x for x in inputs if x is not None]
+        if not values:
+            raise ctx.error("needs at least one input")
+        return (fn(values),)
+
+    return apply
+
+
+_VARIADIC = {
+    "Sum": (lambda xs: functools.reduce(jnp.add, xs), (1, 6, 8, 13)),
+    "Mean": (lambda xs: functools.reduce(jnp.add, xs) / len(xs), (1, 6, 8, 13)),
+    "Max": (lambda xs: functools.reduce(jnp.maximum, xs), (1, 6, 8, 12, 13)),
+    "Min": (lambda xs: functools.reduce(jnp.minimum, xs), (1, 6, 8, 12, 13)),
+}
+for _name, (_fn, _since) in _VARIADIC.items():
+    register(_name, since=_since)(_variadic(_fn))
+
+
+def _round_half_even(x):
+    return jnp.round(x)  # numpy/JAX round half to even, as ONNX Round requires
+
+
+def _sign(x):
+    return jnp.sign(x).astype(jnp.result_type(x))
+
+
+def _erf(x):
+    if _is_int(x):  # the schema allows integer types: erf of an integer rounds to -1, 0 or 1
+        return jnp.sign(x)
+    return lax.erf(x)
+
+
+# Unary math: (implementation, since_versions). Versions that only widened types share one.
+_UNARY = {
+    "Abs": (jnp.abs, (1, 6, 13)),
+    "Neg": (jnp.negative, (1, 6, 13)),
+    "Exp": (jnp.exp, (1, 6, 13)),
+    "Log": (jnp.log, (1, 6, 13)),
+    "Sqrt": (jnp.sqrt, (1, 6, 13)),
+    "Reciprocal": (jnp.reciprocal, (1, 6, 13)),
+    "Floor": (jnp.floor, (1, 6, 13)),
+    "Ceil": (jnp.ceil, (1, 6, 13)),
+    "Round": (_round_half_even, (11, 22)),
+    "Sign": (_sign, (9, 13)),
+    "Sin": (jnp.sin, (7, 22)),
+    "Cos": (jnp.cos, (7, 22)),
+    "Tan": (jnp.tan, (7, 22)),
+    "Asin": (jnp.arcsin, (7, 22)),
+    "Acos": (jnp.arccos, (7, 22)),
+    "Atan": (jnp.arctan, (7, 22)),
+    "Sinh": (jnp.sinh, (9, 22)),
+    "Cosh": (jnp.cosh, (9, 22)),
+    "Asinh": (jnp.arcsinh, (9, 22)),
+    "Acosh": (jnp.arccosh, (9, 22)),
+    "Atanh": (jnp.arctanh, (9, 22)),
+    "Erf": (_erf, (9, 13)),
+}
+
+
+def _unary(fn):
+    def apply(inputs, attrs, ctx):
+        (x,) = inputs
+        return (fn(x),)
+
+    return apply
+
+
+for _name, (_fn, _since) in _UNARY.items():
+    register(_name, since=_since)(_unary(_fn))

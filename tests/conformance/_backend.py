@@ -1,0 +1,25 @@
+"""The backend the conformance suite runs: jonnx.backend, under jit, with x64 enabled.
+
+The node suite checks int64/float64 outputs exactly, so each prepare and run enables 64-bit
+types locally (``jax.enable_x64`` is a context manager: nothing global is flipped, and the
+other tests in the same process keep JAX's defaults).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jonnx.backend import JonnxBackend, JonnxRep
+
+
+class X64Rep(JonnxRep):
+    def run(self, inputs, **kwargs):
+        with jax.enable_x64(True):
+            return super().run(inputs, **kwargs)
+
+
+class X64Backend(JonnxBackend):
+    @classmethod
+    def prepare(cls, model, device="CPU", **kwargs):
+        with jax.enable_x64(True):
+            return X64Rep(super().prepare(model, device, **kwargs).model)

@@ -1,0 +1,167 @@
+"""Shared checks for the per-family op tests.
+
+Each check builds a one-node model with ``onnx.helper``, runs it through jonnx (eagerly and
+under ``jax.jit``) and compares with ``onnx.reference.ReferenceEvaluator`` (or onnxruntime,
+or a numpy function given by the test). Gradients are checked against finite differences in
+float64 with ``jax.test_util.check_grads``. All of it runs with x64 enabled locally, so int64
+and float64 are exact, as ONNX defines them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnx.helper as oh
+from jax.test_util import check_grads
+from onnx.reference import ReferenceEvaluator
+
+import jonnx
+
+__all__ = ["node_model", "run_jonnx", "run_reference", "assert_matches_reference", "check_op_grads"]
+
+
+def node_model(
+    op_type: str,
+    inputs: Mapping[str, np.ndarray | None],
+    n_outputs: int = 1,
+    *,
+    opset: int,
+    domain: str = "",
+    initializers: Sequence[str] = (),
+    **attrs: Any,
+) -> onnx.ModelProto:
+    """A model of one node. ``inputs`` maps input names to values (None: omitted optional).
+
+    Names in ``initializers`` become initializers holding their value instead of graph inputs.
+    """
+    names = [name if value is not None else "" for name, value in inputs.items()]
+    outputs = [f"out{i}" for i in range(n_outputs)]
+    node = oh.make_node(op_type, names, outputs, domain=domain, **attrs)
+    graph_inputs, inits = [], []
+    for name, value in inputs.items():
+        if value is None:
+            continue
+        value = np.asarray(value)
+        if name in initializers:
+            inits.append(onnx.numpy_helper.from_array(value, name))
+        else:
+            elem = oh.np_dtype_to_tensor_dtype(value.dtype)
+            graph_inputs.append(oh.make_tensor_value_info(name, elem, value.shape))
+    graph = oh.make_graph(
+        [node], op_type.lower(), graph_inputs,
+        [oh.make_empty_tensor_value_info(o) for o in outputs], initializer=inits,
+    )
+    opsets = [oh.make_opsetid("", opset if not domain else 18)]
+    if domain:
+        opsets.append(oh.make_opsetid(domain, opset))
+    model = oh.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8 if opset < 21 else 10
+    return model
+
+
+def _feeds(model: onnx.ModelProto, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+    init_names = {t.name for t in model.graph.initializer}
+    return [np.asarray(v) for k, v in inputs.items() if v is not None and k not in init_names]
+
+
+def run_jonnx(model: onnx.ModelProto, inputs: Mapping[str, Any], *, jit: bool = True) -> list[np.ndarray]:
+    """Run ``model`` through jonnx with x64 enabled: jit-compiled, or eagerly via ``apply``."""
+    with jax.enable_x64(True):
+        m = jonnx.load(model)
+        feeds = _feeds(model, inputs)
+        outputs = m(*feeds) if jit else m.apply(m.params, *feeds)
+        return [np.asarray(o) for o in outputs]
+
+
+def run_reference(model: onnx.ModelProto, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+    """Run ``model`` through onnx's ReferenceEvaluator."""
+    init_names = {t.name for t in model.graph.initializer}
+    feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in init_names}
+    return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, feeds)]
+
+
+def assert_matches_reference(
+    op_type: str,
+    inputs: Mapping[str, Any],
+    n_outputs: int = 1,
+    *,
+    opset: int,
+    expected: Callable[..., Sequence[np.ndarray]] | Sequence[np.ndarray] | None = None,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    initializers: Sequence[str] = (),
+    **attrs: Any,
+) -> list[np.ndarray]:
+    """jonnx (jit and eager) must match the reference: ``expected`` or the ReferenceEvaluator.
+
+    ``expected`` may be a list of arrays or a function of the input arrays returning one;
+    use it where the ReferenceEvaluator is wrong for an old opset (say why in the test).
+    Returns jonnx's jit outputs.
+    """
+    model = node_model(op_type, inputs, n_outputs, opset=opset, initializers=initializers, **attrs)
+    if expected is None:
+        want = run_reference(model, inputs)
+    elif callable(expected):
+        want = list(expected(*[None if v is None else np.asarray(v) for v in inputs.values()]))
+    else:
+        want = [np.asarray(w) for w in expected]
+    for jit in (True, False):
+        got = run_jonnx(model, inputs, jit=jit)
+        assert len(got) == len(want), f"{op_type}: {len(got)} outputs, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert g.shape == w.shape, f"{op_type} output {i} (jit={jit}): shape {g.shape} != {w.shape}"
+            assert g.dtype == w.dtype, f"{op_type} output {i} (jit={jit}): dtype {g.dtype} != {w.dtype}"
+            if w.dtype == object:
+                np.testing.assert_array_equal(g, w)
+            else:
+                np.testing.assert_allclose(
+                    g.astype(np.float64) if g.dtype.kind == "V" or "float8" in g.dtype.name else g,
+                    w.astype(np.float64) if w.dtype.kind == "V" or "float8" in w.dtype.name else w,
+                    rtol=rtol, atol=atol, err_msg=f"{op_type} output {i} (jit={jit})",
+                )
+    return got
+
+
+def check_op_grads(
+    op_type: str,
+    inputs: Mapping[str, Any],
+    *,
+    opset: int,
+    wrt: Sequence[str] | None = None,
+    output: int = 0,
+    order: int = 1,
+    eps: float = 1e-4,
+    rtol: float = 1e-3,
+    atol: float = 1e-3,
+    n_outputs: int = 1,
+    initializers: Sequence[str] = (),
+    **attrs: Any,
+) -> None:
+    """``jax.test_util.check_grads`` (forward and reverse) of one output w.r.t. float inputs.
+
+    Runs in float64 with x64 enabled; ``wrt`` names the inputs to differentiate (default: all
+    floating inputs that are graph inputs).
+    """
+    with jax.enable_x64(True):
+        inputs64 = {
+            k: (np.asarray(v, np.float64) if v is not None and np.asarray(v).dtype.kind == "f" else v)
+            for k, v in inputs.items()
+        }
+        model = node_model(op_type, inputs64, n_outputs, opset=opset, initializers=initializers, **attrs)
+        m = jonnx.load(model)
+        feeds = dict(zip(m.input_names, _feeds(model, inputs64)))
+        wrt = list(wrt) if wrt is not None else [
+            k for k, v in feeds.items() if v.dtype.kind == "f" and k not in m.static_input_names
+        ]
+
+        def f(*diff):
+            merged = {**feeds, **dict(zip(wrt, diff))}
+            return m.apply(m.params, **merged)[output]
+
+        check_grads(f, tuple(jnp.asarray(feeds[k]) for k in wrt), order=order, modes=("fwd", "rev"),
+                    eps=eps, rtol=rtol, atol=atol)

@@ -1,0 +1,85 @@
+"""Elementwise arithmetic against the ReferenceEvaluator / numpy, over opsets and dtypes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jonnx import errors
+from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("opset", [7, 13, 14])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_binary_broadcast(op, opset, dtype):
+    a = (RNG.standard_normal((2, 3, 4)) * 10).astype(dtype)
+    b = (RNG.standard_normal((3, 1)) * 10).astype(dtype)
+    if op == "Div":
+        b[b == 0] = 3
+    assert_matches_reference(op, {"a": a, "b": b}, opset=opset)
+
+
+@pytest.mark.parametrize("op,fn", [("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply)])
+@pytest.mark.parametrize("opset", [1, 6])
+def test_legacy_broadcast_axis(op, fn, opset):
+    # Opset 1-6 semantics from the changelog: with broadcast=1 and axis=1, B of shape (3,)
+    # lines up with A's dim 1; numpy gives the expected value (the ReferenceEvaluator ignores
+    # `axis`).
+    a = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    b = RNG.standard_normal(3).astype(np.float32)
+    assert_matches_reference(
+        op, {"a": a, "b": b}, opset=opset, broadcast=1, axis=1,
+        expected=lambda a, b: [fn(a, b[None, :, None])],
+    )
+
+
+def test_legacy_no_broadcast_rejects_mismatched_shapes():
+    model = node_model("Add", {"a": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}, opset=6)
+    with pytest.raises(errors.NodeError, match="broadcast=1"):
+        run_jonnx(model, {"a": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)})
+
+
+def test_integer_div_truncates_toward_zero():
+    a = np.array([7, -7, 7, -7], np.int64)
+    b = np.array([2, 2, -2, -2], np.int64)
+    assert_matches_reference("Div", {"a": a, "b": b}, opset=14, expected=[np.array([3, -3, -3, 3])])
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_mod_sign_rules(fmod):
+    a = np.array([-4, 7, 5, 4, -7, 8], np.int32)
+    b = np.array([2, -3, 8, -2, 3, 5], np.int32)
+    expected = np.fmod(a, b) if fmod else np.mod(a, b)
+    assert_matches_reference("Mod", {"a": a, "b": b}, opset=13, fmod=fmod, expected=[expected])
+
+
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])
+def test_variadic(op):
+    xs = {f"x{i}": RNG.standard_normal(s).astype(np.float32) for i, s in enumerate([(3, 4), (4,), (1, 4)])}
+    assert_matches_reference(op, xs, opset=13)
+
+
+@pytest.mark.parametrize("op", ["Exp", "Sin", "Cos", "Tan", "Atan", "Sinh", "Cosh", "Asinh", "Erf", "Neg", "Abs"])
+def test_unary_matches_and_differentiates(op):
+    x = RNG.uniform(-0.9, 0.9, (3, 5)).astype(np.float32)
+    opset = 13 if op in ("Exp", "Neg", "Abs", "Erf") else 22
+    assert_matches_reference(op, {"x": x}, opset=opset, rtol=1e-5, atol=1e-6)
+    if op != "Abs":
+        check_op_grads(op, {"x": x}, opset=opset)
+
+
+def test_round_half_to_even():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.4, 2.6], np.float32)
+    assert_matches_reference("Round", {"x": x}, opset=22, expected=[np.round(x)])
+
+
+@pytest.mark.parametrize("opset", [7, 13, 15])
+def test_pow_mixed_types(opset):
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    y = np.array([2, 3, 0], np.int64)
+    if opset == 7:
+        y = y.astype(np.float32)
+    assert_matches_reference("Pow", {"x": x, "y": y}, opset=opset)
