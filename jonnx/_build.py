@@ -148,6 +148,8 @@ class GraphBuilder:
             attrs=types.MappingProxyType(attrs),
             op=op,
             opset=opset,
+            static_inputs=op.static_positions(attrs),
+            prefer_static=op.preferred_static_positions(attrs),
         )
 
     def _attributes(

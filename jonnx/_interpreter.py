@@ -75,8 +75,9 @@ def run_graph(
     Returns:
         A tuple with one value per graph output.
     """
-    env: dict[str, Any] = dict(outer or {})
-    env.update(values)
+    # A subgraph's own initializers are constants of that scope; the values given override
+    # them (Model passes the main graph's params and constants explicitly).
+    env: dict[str, Any] = {**(outer or {}), **graph.initializers, **values}
     for index, node in enumerate(graph.nodes):
         args = tuple(env[name] if name else None for name in node.inputs)
         key = None
@@ -103,7 +104,7 @@ def _run_node(
     key: jax.Array | None,
 ) -> Sequence[Any]:
     op = node.op
-    for i in op.static_inputs:
+    for i in node.static_inputs:
         if i < len(args) and not is_concrete(args[i]):
             raise errors.StaticValueError(_static_message(graph, node, i, env))
 
@@ -119,6 +120,7 @@ def _run_node(
         train=options.train,
         key=key if op.random else None,
         precision=options.precision,
+        n_outputs=len(node.outputs),
         run_graph=run_subgraph,
     )
     fold = not op.random and is_concrete(args) and not _reads_dynamic_outer(node, env)
@@ -165,7 +167,7 @@ def _static_message(graph: Graph, node: Node, index: int, env: Mapping[str, Any]
         name = dynamic[0]
         chain.append(f"{name!r}")
     if name in graph.input_names:
-        chain.append("a graph input that is traced")
+        chain.append(f"an input of graph {graph.name!r}, which is traced")
         hint = (
             f"pass {name!r} as a concrete numpy array outside jax.jit, or use Model.__call__, "
             "which treats it as a static argument"

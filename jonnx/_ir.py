@@ -46,6 +46,8 @@ class Node:
             Graph attributes (If/Loop/Scan bodies) are :class:`Graph` objects.
         op: the registered implementation for the model's opset.
         opset: the model's opset for ``domain``.
+        static_inputs: input positions that must be known at trace time.
+        prefer_static: input positions better known at trace time (see ``OpDef``).
     """
 
     name: str
@@ -56,6 +58,8 @@ class Node:
     attrs: Mapping[str, Any]
     op: OpDef
     opset: int
+    static_inputs: frozenset[int] = frozenset()
+    prefer_static: frozenset[int] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -19,7 +19,7 @@ from jonnx._build import GraphBuilder
 from jonnx._interpreter import RunOptions, run_graph
 from jonnx._ir import Graph
 from jonnx._registry import normalize_domain
-from jonnx._static import static_values
+from jonnx._static import preferred_static_inputs, static_values
 
 __all__ = ["Model", "load"]
 
@@ -131,7 +131,9 @@ class Model:
         input_names: the graph inputs, in order (initializer-backed inputs excluded).
         output_names: the graph outputs, in order.
         static_input_names: inputs that must be known at trace time (they feed a shape, axes,
-            a count); ``__call__`` passes them to ``jax.jit`` as static arguments.
+            a count), or that directly drive control flow (If's condition, Loop's trip count);
+            ``__call__`` passes them to ``jax.jit`` as static arguments (one compilation per
+            distinct value).
     """
 
     def __init__(self, proto: onnx.ModelProto, *, base_dir: str | None = None):
@@ -147,10 +149,17 @@ class Model:
         self._params = {n: jnp.asarray(v) for n, v in inits.items() if n not in self._constants}
         self.input_names = self.graph.input_names
         self.output_names = self.graph.output_names
+        preferred = preferred_static_inputs(self.graph)
         static_inputs = {
-            v.name for v in self.graph.inputs if v.name in static or v.dtype == np.dtype(object)
+            v.name
+            for v in self.graph.inputs
+            if v.name in static or v.name in preferred or v.dtype == np.dtype(object)
         }
         self.static_input_names = tuple(n for n in self.input_names if n in static_inputs)
+        # Strings live on the host as numpy object arrays and cannot leave a jitted function.
+        # They are known at trace time, so they depend only on the static inputs and the
+        # shapes of the others: the trace records them here and __call__ merges them back.
+        self._host_outputs: dict[Any, dict[int, Any]] = {}
         self._jitted = jax.jit(self._call_impl, static_argnums=(2,))
 
     def __repr__(self) -> str:
@@ -203,8 +212,14 @@ class Model:
         outputs = run_graph(self.graph, env, RunOptions(key=key, precision=precision))
         return tuple(_as_output(o) for o in outputs)
 
-    def __call__(self, *inputs: Any, **named_inputs: Any) -> tuple[jax.Array, ...]:
-        """Run the model jit-compiled with its own params (compiled once per input signature)."""
+    def __call__(
+        self, *inputs: Any, key: jax.Array | None = None, **named_inputs: Any
+    ) -> tuple[jax.Array, ...]:
+        """Run the model jit-compiled with its own params (compiled once per input signature).
+
+        ``key`` feeds random ops, as in :meth:`apply`. String outputs (numpy object arrays)
+        are computed at trace time and returned as they are.
+        """
         values = self._bind(inputs, named_inputs)
         dynamic, static = [], []
         for name, value in zip(self.input_names, values):
@@ -212,15 +227,25 @@ class Model:
                 static.append(_Static(np.asarray(value)))
             else:
                 dynamic.append(value)
-        return self._jitted(self._params, tuple(dynamic), tuple(static))
+        dynamic, static = tuple(dynamic), tuple(static)
+        outputs = self._jitted(self._params, dynamic, static, key)
+        if self._host_outputs:
+            host = self._host_outputs.get((static, _signature(dynamic)), {})
+            outputs = tuple(host.get(i, o) for i, o in enumerate(outputs))
+        return outputs
 
-    def _call_impl(self, params, dynamic: tuple, static: tuple) -> tuple:
+    def _call_impl(self, params, dynamic: tuple, static: tuple, key) -> tuple:
         dyn, sta = iter(dynamic), iter(static)
         values = [
             next(sta).value if name in self.static_input_names else next(dyn)
             for name in self.input_names
         ]
-        return self.apply(params, *values)
+        outputs = self.apply(params, *values, key=key)
+        host = {i: o for i, o in enumerate(outputs) if _is_host_value(o)}
+        if host:
+            self._host_outputs[(static, _signature(dynamic))] = host
+            outputs = tuple(None if i in host else o for i, o in enumerate(outputs))
+        return outputs
 
     def _bind(self, inputs: tuple, named: Mapping[str, Any]) -> list[Any]:
         names = self.input_names
@@ -250,6 +275,18 @@ class Model:
         if isinstance(value, np.ndarray) and value.dtype == object:
             return value
         return jnp.asarray(value)
+
+
+def _is_host_value(value: Any) -> bool:
+    """A value JAX cannot hold: a string tensor, or a sequence holding one."""
+    if isinstance(value, list):
+        return any(_is_host_value(v) for v in value)
+    return isinstance(value, np.ndarray) and value.dtype == object
+
+
+def _signature(dynamic: tuple) -> tuple:
+    """Shapes and dtypes of the dynamic inputs: what a trace's host values may depend on."""
+    return tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in jax.tree_util.tree_leaves(dynamic))
 
 
 def _as_output(value: Any) -> Any:

@@ -50,8 +50,14 @@ class OpDef:
         domain, op_type, since_version: the key it is registered under.
         fn: the implementation, ``fn(inputs, attrs, ctx) -> tuple``.
         static_inputs: input positions whose values must be known at trace time (a shape,
-            axes, a count). The interpreter hands them over as numpy arrays, or raises
-            :class:`jonnx.errors.StaticValueError` naming the chain that made them dynamic.
+            axes, a count), or a function of the node's attributes giving them (when it
+            depends on them: Cast to string). The interpreter hands them over as numpy arrays,
+            or raises :class:`jonnx.errors.StaticValueError` naming the chain that made them
+            dynamic.
+        prefer_static: input positions the op handles better when known (If's condition,
+            Loop's trip count), or a function of the attributes giving them. A scalar graph
+            input that feeds one directly is passed to ``jax.jit`` as a static argument by
+            ``Model.__call__``; traced, the op still runs (``lax.cond``, ``lax.while_loop``).
         shape_only: the outputs depend only on input shapes and dtypes (Shape, Size), so
             they are known at trace time even when the inputs are not.
         random: the op draws from ``ctx.key``; it is never evaluated at trace time.
@@ -61,9 +67,20 @@ class OpDef:
     op_type: str
     since_version: int
     fn: OpFn
-    static_inputs: frozenset[int] = frozenset()
+    static_inputs: frozenset[int] | Callable[[Mapping[str, Any]], Iterable[int]] = frozenset()
+    prefer_static: frozenset[int] | Callable[[Mapping[str, Any]], Iterable[int]] = frozenset()
     shape_only: bool = False
     random: bool = False
+
+    def static_positions(self, attrs: Mapping[str, Any]) -> frozenset[int]:
+        """The input positions that must be static for a node with these attributes."""
+        spec = self.static_inputs
+        return frozenset(spec(attrs)) if callable(spec) else spec
+
+    def preferred_static_positions(self, attrs: Mapping[str, Any]) -> frozenset[int]:
+        """The input positions better passed as static for a node with these attributes."""
+        spec = self.prefer_static
+        return frozenset(spec(attrs)) if callable(spec) else spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +93,7 @@ class OpContext:
         train: whether the model runs in training mode.
         key: a PRNG key for this node (already folded with the node's position), or None.
         precision: ``jax.lax.Precision`` (or None for JAX's default) for matmul/conv.
+        n_outputs: how many outputs the node declares (Split divides by it), or None.
         run_graph: runs a subgraph attribute: ``run_graph(graph, inputs) -> tuple``; set by
             the interpreter so control-flow ops can evaluate their bodies.
     """
@@ -87,6 +105,7 @@ class OpContext:
     train: bool = False
     key: jax.Array | None = None
     precision: Any = None
+    n_outputs: int | None = None
     run_graph: Callable[..., tuple] | None = None
 
     def where(self) -> str:
@@ -116,7 +135,8 @@ def register(
     *,
     since: int | Iterable[int],
     domain: str = "",
-    static_inputs: Iterable[int] = (),
+    static_inputs: Iterable[int] | Callable[[Mapping[str, Any]], Iterable[int]] = (),
+    prefer_static: Iterable[int] | Callable[[Mapping[str, Any]], Iterable[int]] = (),
     shape_only: bool = False,
     random: bool = False,
 ) -> Callable[[OpFn], OpFn]:
@@ -126,7 +146,9 @@ def register(
         op_type: the ONNX op type, e.g. ``"Relu"``.
         since: one since_version or several whose semantics ``fn`` covers.
         domain: the op's domain; ``""`` (or ``"ai.onnx"``) is the default domain.
-        static_inputs: input positions that must be known at trace time.
+        static_inputs: input positions that must be known at trace time, or a function of
+            the node's attributes returning them.
+        prefer_static: input positions the op handles better when known at trace time.
         shape_only: outputs depend only on input shapes and dtypes.
         random: the op draws from ``ctx.key`` and must never be folded.
 
@@ -159,7 +181,8 @@ def register(
                 op_type=op_type,
                 since_version=int(version),
                 fn=fn,
-                static_inputs=frozenset(static_inputs),
+                static_inputs=static_inputs if callable(static_inputs) else frozenset(static_inputs),
+                prefer_static=prefer_static if callable(prefer_static) else frozenset(prefer_static),
                 shape_only=shape_only,
                 random=random,
             )

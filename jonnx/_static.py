@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from jonnx._ir import Graph, Node
 
-__all__ = ["static_values"]
+__all__ = ["preferred_static_inputs", "static_values"]
 
 
 def _subgraphs(node: Node) -> Iterable[Graph]:
@@ -26,7 +26,7 @@ def _subgraphs(node: Node) -> Iterable[Graph]:
 def _seeds(graph: Graph) -> set[str]:
     seeds: set[str] = set()
     for node in graph.nodes:
-        for i in node.op.static_inputs:
+        for i in node.static_inputs:
             if i < len(node.inputs) and node.inputs[i]:
                 seeds.add(node.inputs[i])
         for sub in _subgraphs(node):
@@ -55,3 +55,18 @@ def static_values(graph: Graph) -> frozenset[str]:
             need.add(name)
             stack.append(name)
     return frozenset(need)
+
+
+def preferred_static_inputs(graph: Graph) -> frozenset[str]:
+    """Graph inputs that feed a prefer-static slot directly (If's condition, Loop's count).
+
+    Only direct feeds count: following a chain back would make data inputs static (an
+    ``If`` on ``x.sum() > 0`` must not recompile for every ``x``).
+    """
+    inputs = set(graph.input_names)
+    found: set[str] = set()
+    for node in graph.nodes:
+        for i in node.prefer_static:
+            if i < len(node.inputs) and node.inputs[i] in inputs:
+                found.add(node.inputs[i])
+    return frozenset(found)

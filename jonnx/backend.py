@@ -19,7 +19,7 @@ import onnx
 import onnx.helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
-from jonnx._model import Model
+from jonnx._model import Model, load
 
 __all__ = ["JonnxBackend", "JonnxRep", "prepare", "run_model", "run_node", "supports_device"]
 
@@ -33,19 +33,23 @@ def _to_numpy(value: Any) -> Any:
 
 
 class JonnxRep(BackendRep):
-    """A prepared model: ``run(inputs)`` calls the jit-compiled :class:`jonnx.Model`."""
+    """A prepared model: ``run(inputs)`` calls the jit-compiled :class:`jonnx.Model`.
 
-    def __init__(self, model: Model):
+    ``key``, if given, feeds the model's random ops (Dropout in training mode, RandomNormal...).
+    """
+
+    def __init__(self, model: Model, key: jax.Array | None = None):
         self.model = model
+        self.key = key
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Run on ``inputs`` (a list in graph-input order, a dict by name, or one array)."""
         if isinstance(inputs, dict):
-            outputs = self.model(**inputs)
+            outputs = self.model(key=self.key, **inputs)
         elif isinstance(inputs, (list, tuple)):
-            outputs = self.model(*inputs)
+            outputs = self.model(*inputs, key=self.key)
         else:
-            outputs = self.model(inputs)
+            outputs = self.model(inputs, key=self.key)
         return tuple(_to_numpy(o) for o in outputs)
 
 
@@ -54,10 +58,11 @@ class JonnxBackend(Backend):
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> JonnxRep:
-        """Load ``model`` (an ``onnx.ModelProto``, bytes or a path) for running."""
-        from jonnx._model import load
+        """Load ``model`` (an ``onnx.ModelProto``, bytes or a path) for running.
 
-        return JonnxRep(load(model, base_dir=kwargs.get("base_dir")))
+        Keyword options: ``base_dir`` (folder for external data), ``key`` (PRNG key for random ops).
+        """
+        return JonnxRep(load(model, base_dir=kwargs.get("base_dir")), key=kwargs.get("key"))
 
     @classmethod
     def run_model(

@@ -26,15 +26,21 @@ from jonnx._registry import OpContext, lookup, normalize_domain, register, regis
 # Each module registers one op family on import.
 from jonnx.ops import (  # noqa: F401
     activation,
+    cast,
+    control,
+    detection,
     elementwise,
     indexing,
     logic,
+    loss,
     nn,
     normalization,
+    quantize,
     random,
     reduce,
     resize,
     rnn,
+    sequence,
     shape,
 )
 
@@ -48,6 +54,7 @@ def call(
     opset: int | None = None,
     key: jax.Array | None = None,
     train: bool = False,
+    n_outputs: int | None = None,
     **attrs: Any,
 ) -> Any:
     """Run one ONNX op on arrays, with the op's exact ONNX semantics.
@@ -61,6 +68,7 @@ def call(
             knows for ai.onnx, or the newest registered for other domains).
         key: PRNG key, for random ops.
         train: training-mode semantics (Dropout, BatchNormalization).
+        n_outputs: how many outputs to produce, for ops that split by it (Split).
         **attrs: the op's attributes; the schema's defaults fill in the rest.
 
     Returns:
@@ -87,7 +95,10 @@ def call(
     args = tuple(
         np.asarray(x) if i in op.static_inputs and x is not None else x for i, x in enumerate(inputs)
     )
-    ctx = OpContext(node="<call>", op_type=op_type, domain=domain, opset=opset, train=train, key=key)
+    ctx = OpContext(
+        node="<call>", op_type=op_type, domain=domain, opset=opset, train=train, key=key,
+        n_outputs=n_outputs,
+    )
     outputs = op.fn(args, merged, ctx)
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

@@ -1,1 +1,304 @@
-"""Placeholder: this family is being written."""
+"""Activations, the softmax family (Softmax, LogSoftmax, Hardmax) and Clip.
+
+Formulations are chosen for sane gradients: exponentials sit behind the double-where trick
+(``expm1(min(x, 0))``) so a masked branch cannot overflow into a NaN gradient, Softplus is
+``logaddexp(x, 0)`` and LogSoftmax subtracts the running max. Float attributes (alpha, beta,
+...) are Python floats, so JAX's weak typing keeps float16/bfloat16 inputs in their dtype.
+
+Before opset 13 Softmax, LogSoftmax and Hardmax coerce the input to 2-D at ``axis`` (default
+1) and normalise over the flattened trailing dims; from 13 they work along one axis (default
+-1). Clip takes ``min``/``max`` attributes in opsets 1 and 6 and optional scalar inputs from
+11; like ``Min(max, Max(input, min))``, ``min > max`` gives ``max`` everywhere and NaN
+propagates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jonnx._registry import register
+from jonnx.ops._util import normalize_axis
+
+
+def _is_int(x) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.integer)
+
+
+def _dtype(x):
+    return jnp.result_type(x)
+
+
+def _unary(fn):
+    def apply(inputs, attrs, ctx):
+        return (fn(inputs[0], attrs),)
+
+    return apply
+
+
+def _neg_expm1(x):
+    """``expm1(x)`` evaluated only where ``x <= 0`` (no overflow in the masked branch)."""
+    return jnp.expm1(jnp.minimum(x, 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pointwise activations
+
+
+def _relu(x, attrs):
+    # jax.nn.relu's derivative at 0 is 0 (jnp.maximum would split it 0.5/0.5).
+    return jax.nn.relu(x) if not _is_int(x) else jnp.maximum(x, 0).astype(_dtype(x))
+
+
+register("Relu", since=(1, 6, 13, 14))(_unary(_relu))
+
+
+def _leaky_relu(x, attrs):
+    return jnp.where(x < 0, attrs["alpha"] * x, x)
+
+
+register("LeakyRelu", since=(1, 6, 16))(_unary(_leaky_relu))
+
+
+def _elu(x, attrs):
+    return jnp.where(x < 0, attrs["alpha"] * _neg_expm1(x), x)
+
+
+register("Elu", since=(1, 6, 22))(_unary(_elu))
+
+
+def _selu(x, attrs):
+    return attrs["gamma"] * jnp.where(x <= 0, attrs["alpha"] * _neg_expm1(x), x)
+
+
+register("Selu", since=(1, 6, 22))(_unary(_selu))
+
+
+def _celu(x, alpha):
+    # max(0, x) + min(0, alpha * expm1(x / alpha)): for either sign of alpha the second term
+    # is nonzero only where x < 0, so it is evaluated there alone (double where).
+    return jnp.where(x > 0, x, alpha * jnp.expm1(jnp.minimum(x, 0) / alpha))
+
+
+@register("Celu", since=(12, 28))
+def celu(inputs, attrs, ctx):
+    """ONNX ``Celu``, opsets 12+."""
+    if attrs["alpha"] == 0:
+        raise ctx.error("alpha must be nonzero")
+    return (_celu(inputs[0], attrs["alpha"]),)
+
+
+def _sigmoid(x, attrs):
+    return jax.nn.sigmoid(x)
+
+
+register("Sigmoid", since=(1, 6, 13))(_unary(_sigmoid))
+
+
+def _hard_sigmoid(x, alpha, beta):
+    return jnp.clip(alpha * x + beta, 0, 1)
+
+
+register("HardSigmoid", since=(1, 6, 22))(
+    _unary(lambda x, attrs: _hard_sigmoid(x, attrs["alpha"], attrs["beta"]))
+)
+register("HardSwish", since=(14, 22))(_unary(lambda x, attrs: x * _hard_sigmoid(x, 1 / 6, 0.5)))
+
+
+def _softplus(x, attrs):
+    return jnp.logaddexp(x, jnp.zeros((), _dtype(x)))
+
+
+register("Softplus", since=(1, 22))(_unary(_softplus))
+
+
+def _softsign(x, attrs):
+    return x / (1 + jnp.abs(x))
+
+
+register("Softsign", since=(1, 22))(_unary(_softsign))
+register("Tanh", since=(1, 6, 13))(_unary(lambda x, attrs: jnp.tanh(x)))
+
+
+@register("Gelu", since=20)
+def gelu(inputs, attrs, ctx):
+    """ONNX ``Gelu``, opset 20: exact (erf) or ``approximate="tanh"``."""
+    (x,) = inputs
+    approximate = attrs["approximate"]
+    if approximate not in ("none", "tanh"):
+        raise ctx.error(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    if approximate == "tanh":
+        inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)
+        return (0.5 * x * (1 + jnp.tanh(inner)),)
+    return (0.5 * x * (1 + lax.erf(x * (1 / math.sqrt(2)))),)
+
+
+def _thresholded_relu(x, attrs):
+    return jnp.where(x > attrs["alpha"], x, jnp.zeros((), _dtype(x)))
+
+
+register("ThresholdedRelu", since=(10, 22))(_unary(_thresholded_relu))
+
+
+@register("Shrink", since=9)
+def shrink(inputs, attrs, ctx):
+    """ONNX ``Shrink``, opset 9. Integer inputs are computed in floating point and truncated
+    back to their type, as the reference implementation does."""
+    (x,) = inputs
+    lambd, bias = attrs["lambd"], attrs["bias"]
+    dtype = _dtype(x)
+    xf = x.astype(jnp.result_type(float)) if _is_int(x) else x
+    y = jnp.where(xf < -lambd, xf + bias, jnp.where(xf > lambd, xf - bias, jnp.zeros((), xf.dtype)))
+    return (y.astype(dtype),)
+
+
+def _mish(x, attrs):
+    return x * jnp.tanh(_softplus(x, attrs))
+
+
+register("Mish", since=(18, 22))(_unary(_mish))
+register("Swish", since=24)(_unary(lambda x, attrs: x * jax.nn.sigmoid(attrs["alpha"] * x)))
+
+
+# ---------------------------------------------------------------------------------------------
+# PRelu
+
+
+def _prelu(x, slope):
+    if _is_int(x):
+        return jnp.where(x < 0, x * slope, x).astype(_dtype(x))
+    return jnp.where(x < 0, slope * x, x)
+
+
+@register("PRelu", since=(1, 6))
+def prelu_legacy(inputs, attrs, ctx):
+    """ONNX ``PRelu``, opsets 1 and 6: ``slope`` is one value shared by every channel, or one
+    value per channel (dim 1, as Caffe2 implemented these versions), or else a shape that
+    broadcasts unidirectionally to X."""
+    x, slope = inputs
+    x_shape, s_shape = jnp.shape(x), jnp.shape(slope)
+    size = math.prod(s_shape)
+    if size == 1:
+        slope = jnp.reshape(slope, ())
+    elif len(x_shape) >= 2 and len(s_shape) == 1 and size == x_shape[1]:
+        slope = jnp.reshape(slope, (size,) + (1,) * (len(x_shape) - 2))
+    return (_prelu(x, _unidirectional_slope(x, slope, ctx)),)
+
+
+def _unidirectional_slope(x, slope, ctx):
+    try:
+        out_shape = jnp.broadcast_shapes(jnp.shape(x), jnp.shape(slope))
+    except ValueError:
+        out_shape = None
+    if out_shape != jnp.shape(x):
+        raise ctx.error(
+            f"slope of shape {jnp.shape(slope)} does not broadcast unidirectionally to X of "
+            f"shape {jnp.shape(x)}"
+        )
+    return slope
+
+
+@register("PRelu", since=(7, 9, 16))
+def prelu(inputs, attrs, ctx):
+    """ONNX ``PRelu``, opsets 7+: ``slope`` broadcasts unidirectionally to X."""
+    x, slope = inputs
+    return (_prelu(x, _unidirectional_slope(x, slope, ctx)),)
+
+
+# ---------------------------------------------------------------------------------------------
+# Softmax family
+
+
+def _hardmax_axis(x, axis):
+    n = jnp.shape(x)[axis]
+    return jax.nn.one_hot(jnp.argmax(x, axis=axis), n, axis=axis, dtype=_dtype(x))
+
+
+_SOFTMAX = {
+    "Softmax": lambda x, axis: jax.nn.softmax(x, axis=axis),
+    "LogSoftmax": lambda x, axis: jax.nn.log_softmax(x, axis=axis),
+    "Hardmax": _hardmax_axis,
+}
+
+
+def _softmax_2d(name):
+    fn = _SOFTMAX[name]
+
+    def apply(inputs, attrs, ctx):
+        (x,) = inputs
+        shape = jnp.shape(x)
+        rank = len(shape)
+        axis = attrs["axis"]
+        # axis == rank is allowed: the trailing block is then empty (size 1).
+        if not -rank <= axis <= rank:
+            raise ctx.error(f"axis {axis} is out of range for a tensor of rank {rank}")
+        axis = axis if axis >= 0 else axis + rank
+        rows = math.prod(shape[:axis])
+        cols = math.prod(shape[axis:])
+        if rows * cols == 0:
+            return (jnp.asarray(x),)
+        return (jnp.reshape(fn(jnp.reshape(x, (rows, cols)), 1), shape),)
+
+    apply.__doc__ = f"ONNX ``{name}``, opsets 1 and 11: normalised over the 2-D coercion at ``axis``."
+    return apply
+
+
+def _softmax_axis(name):
+    fn = _SOFTMAX[name]
+
+    def apply(inputs, attrs, ctx):
+        (x,) = inputs
+        axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
+        if jnp.size(x) == 0:
+            return (jnp.asarray(x),)
+        return (fn(x, axis),)
+
+    apply.__doc__ = f"ONNX ``{name}``, opsets 13+: normalised along ``axis``."
+    return apply
+
+
+for _name in _SOFTMAX:
+    register(_name, since=(1, 11))(_softmax_2d(_name))
+    register(_name, since=13)(_softmax_axis(_name))
+
+
+# ---------------------------------------------------------------------------------------------
+# Clip
+
+
+def _clip(x, lo, hi):
+    # Min(max, Max(input, min)), exactly as ONNX words it: min > max yields max everywhere.
+    # jnp.clip is that composition, so its gradient at a bound is what jnp.clip gives.
+    if lo is None and hi is None:
+        return x
+    return jnp.clip(x, lo, hi)
+
+
+@register("Clip", since=1)
+def clip_1(inputs, attrs, ctx):
+    """ONNX ``Clip``, opset 1: ``min``/``max`` attributes, unbounded where absent."""
+    return (_clip(inputs[0], attrs["min"], attrs["max"]),)
+
+
+@register("Clip", since=6)
+def clip_6(inputs, attrs, ctx):
+    """ONNX ``Clip``, opset 6: ``min``/``max`` attributes (defaults +-3.402823e38)."""
+    return (_clip(inputs[0], attrs["min"], attrs["max"]),)
+
+
+@register("Clip", since=(11, 12, 13))
+def clip(inputs, attrs, ctx):
+    """ONNX ``Clip``, opsets 11+: optional scalar ``min``/``max`` inputs."""
+    x = inputs[0]
+    lo = inputs[1] if len(inputs) > 1 else None
+    hi = inputs[2] if len(inputs) > 2 else None
+    dtype = _dtype(x)
+    for name, bound in (("min", lo), ("max", hi)):
+        if bound is not None and jnp.size(bound) != 1:
+            raise ctx.error(f"{name} must be a scalar, got shape {jnp.shape(bound)}")
+    lo = None if lo is None else jnp.reshape(lo, ()).astype(dtype)
+    hi = None if hi is None else jnp.reshape(hi, ()).astype(dtype)
+    return (_clip(x, lo, hi),)

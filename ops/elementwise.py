@@ -57,12 +57,15 @@ register("Pow", since=(7, 12, 13, 15))(_binary(_pow, legacy=False))
 
 @register("Mod", since=(10, 13, 28))
 def mod(inputs, attrs, ctx):
-    """ONNX ``Mod``, opsets 10+: sign of the divisor (``fmod=0``) or of the dividend (``fmod=1``)."""
+    """ONNX ``Mod``, opsets 10+: sign of the divisor (``fmod=0``) or of the dividend (``fmod=1``).
+
+    Floats with ``fmod=0`` (numpy's ``mod``) are defined from opset 28 on.
+    """
     a, b = inputs
     if attrs["fmod"]:
         return (jnp.fmod(a, b),)
-    if not _is_int(a):
-        raise ctx.error("fmod=0 is only defined for integer inputs; floats need fmod=1")
+    if not _is_int(a) and ctx.opset < 28:
+        raise ctx.error("before opset 28, fmod=0 is only defined for integer inputs; floats need fmod=1")
     return (jnp.mod(a, b),)
 
 

@@ -1,1 +1,540 @@
-"""Placeholder: this family is being written."""
+"""Indexing: gathers, scatters, TopK, NonZero, cumulative ops, Compress, Unique, OneHot,
+ReverseSequence and TensorScatter.
+
+ONNX calls an out-of-range index an error; JAX clamps out-of-range gather indices and drops
+out-of-range scatter updates. These ops take the fast path: negative indices are wrapped
+with a ``where``, gathers clamp (``mode="clip"``) and scatters drop (``mode="drop"``), which
+agree with ONNX on every valid input. Where the indices are known at trace time (numpy
+values: initializers, constants, folded shape arithmetic) they are checked here and a bad
+index raises :class:`jonnx.errors.NodeError` naming it. Traced indices are not checked yet.
+
+Ops whose output *shape* depends on values (NonZero, Compress, Unique) declare those inputs
+static, so they work on values known at trace time and raise
+:class:`jonnx.errors.StaticValueError` on traced ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jonnx._registry import register
+from jonnx.ops._util import index_dtype, normalize_axis, static_ints
+
+# --------------------------------------------------------------------------------------
+# Shared helpers
+
+
+def _is_strings(x) -> bool:
+    """A concrete string tensor: JAX cannot hold it, so such ops run in numpy."""
+    return isinstance(x, np.ndarray) and x.dtype == object
+
+
+def _strings_need_concrete(ctx, *arrays) -> None:
+    """JAX cannot hold strings: an op on a string tensor needs all its inputs concrete."""
+    if any(a is not None and not isinstance(a, np.ndarray) for a in arrays):
+        raise ctx.error("string tensors can only be indexed by values known at trace time")
+
+
+def _check_range(indices, size: int, ctx, what: str = "index") -> None:
+    """Raise naming the first index outside ``[-size, size)`` when ``indices`` is concrete.
+
+    Traced indices pass unchecked (the fast path clamps/drops them); a checked mode
+    (checkify) will hook in here.
+    """
+    if not isinstance(indices, np.ndarray) or indices.size == 0:
+        return
+    bad = (indices < -size) | (indices >= size)
+    if bad.any():
+        pos = tuple(int(p) for p in np.argwhere(bad)[0])
+        raise ctx.error(
+            f"{what} {int(indices[pos])} at position {pos} is out of range [-{size}, {size - 1}]"
+        )
+
+
+def _wrap(indices, size):
+    """Negative indices count from the end, as ONNX (opset 11+) defines."""
+    xp = np if isinstance(indices, np.ndarray) else jnp
+    return xp.where(indices < 0, indices + size, indices)
+
+
+def _as_int_indices(indices):
+    if isinstance(indices, np.ndarray):
+        # Concrete int64 indices: keep them numpy so jnp sees no int64 under x64-off.
+        return indices.astype(index_dtype(), copy=False)
+    return indices
+
+
+# --------------------------------------------------------------------------------------
+# Gather family
+
+
+@register("Gather", since=(1, 11, 13))
+def gather(inputs, attrs, ctx):
+    """ONNX ``Gather``, all opsets (negative indices wrap, as opset 11+ defines)."""
+    data, indices = inputs
+    axis = normalize_axis(attrs["axis"], np.ndim(data), ctx)
+    size = np.shape(data)[axis]
+    _check_range(indices, size, ctx)
+    idx = _as_int_indices(_wrap(indices, size))
+    if _is_strings(data):
+        _strings_need_concrete(ctx, idx)
+        return (np.take(data, idx, axis=axis),)
+    return (jnp.take(data, idx, axis=axis, mode="clip"),)
+
+
+def _elements_index(data_shape, indices, axis):
+    """Full index tuple for an elementwise gather/scatter along ``axis`` of ``indices``' shape."""
+    shape = np.shape(indices)
+    index = []
+    for d in range(len(shape)):
+        if d == axis:
+            index.append(indices)
+        else:
+            iota = np.arange(shape[d], dtype=index_dtype())
+            index.append(iota.reshape([-1 if i == d else 1 for i in range(len(shape))]))
+    return tuple(index)
+
+
+@register("GatherElements", since=(11, 13))
+def gather_elements(inputs, attrs, ctx):
+    """ONNX ``GatherElements``, opsets 11+."""
+    data, indices = inputs
+    rank = np.ndim(data)
+    axis = normalize_axis(attrs["axis"], rank, ctx)
+    if np.ndim(indices) != rank:
+        raise ctx.error(f"indices have rank {np.ndim(indices)}, data rank {rank}; they must match")
+    for d, (n, m) in enumerate(zip(np.shape(indices), np.shape(data))):
+        if d != axis and n > m:
+            raise ctx.error(
+                f"indices shape {np.shape(indices)} exceeds data shape {np.shape(data)} on axis {d}"
+            )
+    size = np.shape(data)[axis]
+    _check_range(indices, size, ctx)
+    idx = _as_int_indices(_wrap(indices, size))
+    index = _elements_index(np.shape(data), idx, axis)
+    if _is_strings(data):
+        _strings_need_concrete(ctx, idx)
+        return (data[index],)
+    return (jnp.asarray(data).at[index].get(mode="clip"),)
+
+
+def _nd_index(data, indices, batch_dims, ctx):
+    """Index tuple for GatherND/ScatterND over ``data`` reshaped to one leading batch dim."""
+    dshape, ishape = np.shape(data), np.shape(indices)
+    if not ishape:
+        raise ctx.error("indices must have rank >= 1")
+    k = ishape[-1]
+    if batch_dims < 0 or batch_dims >= min(len(dshape), len(ishape)):
+        raise ctx.error(f"batch_dims {batch_dims} must be in [0, min(rank(data), rank(indices)))")
+    if dshape[:batch_dims] != ishape[:batch_dims]:
+        raise ctx.error(f"batch dims of data {dshape} and indices {ishape} differ")
+    if k > len(dshape) - batch_dims:
+        raise ctx.error(
+            f"indices' last dim {k} exceeds rank(data) - batch_dims = {len(dshape) - batch_dims}"
+        )
+    sizes = dshape[batch_dims:batch_dims + k]
+    if isinstance(indices, np.ndarray):
+        for j, n in enumerate(sizes):
+            _check_range(indices[..., j], n, ctx, f"index (coordinate {j})")
+    sizes_arr = np.asarray(sizes, dtype=index_dtype()).reshape((1,) * (len(ishape) - 1) + (k,))
+    idx = _as_int_indices(_wrap(indices, sizes_arr))
+    nbatch = math.prod(dshape[:batch_dims])
+    xp = np if isinstance(idx, np.ndarray) else jnp
+    idx = xp.reshape(idx, (nbatch,) + ishape[batch_dims:])
+    batch = np.arange(nbatch, dtype=index_dtype()).reshape((nbatch,) + (1,) * (idx.ndim - 2))
+    index = (batch,) + tuple(idx[..., j] for j in range(k))
+    return index, (nbatch,) + dshape[batch_dims:]
+
+
+def _gather_nd(inputs, batch_dims, ctx):
+    data, indices = inputs
+    index, flat_shape = _nd_index(data, indices, batch_dims, ctx)
+    dshape, ishape = np.shape(data), np.shape(indices)
+    out_shape = dshape[:batch_dims] + ishape[batch_dims:-1] + dshape[batch_dims + ishape[-1]:]
+    if _is_strings(data):
+        _strings_need_concrete(ctx, indices)
+        return (data.reshape(flat_shape)[index].reshape(out_shape),)
+    flat = jnp.reshape(data, flat_shape)
+    return (jnp.reshape(flat.at[index].get(mode="clip"), out_shape),)
+
+
+@register("GatherND", since=11)
+def gather_nd_11(inputs, attrs, ctx):
+    """ONNX ``GatherND``-11 (no ``batch_dims``)."""
+    return _gather_nd(inputs, 0, ctx)
+
+
+@register("GatherND", since=(12, 13))
+def gather_nd(inputs, attrs, ctx):
+    """ONNX ``GatherND``, opsets 12+."""
+    return _gather_nd(inputs, attrs["batch_dims"], ctx)
+
+
+# --------------------------------------------------------------------------------------
+# Scatter family
+
+_REDUCTIONS = ("none", "add", "mul", "max", "min")
+# Beyond this many repeats of one target, a multiplying scatter runs as one (faster) scatter
+# that JAX cannot differentiate, rather than one scatter per repeat.
+_MAX_MUL_LAYERS = 16
+
+
+def _scatter(data, index, updates, reduction, ctx):
+    if reduction not in _REDUCTIONS:
+        raise ctx.error(f"unknown reduction {reduction!r}; expected one of {_REDUCTIONS}")
+    if _is_strings(data):
+        if reduction != "none":
+            raise ctx.error(f"reduction {reduction!r} is not defined for strings")
+        _strings_need_concrete(ctx, *index, updates)
+        out = data.copy()
+        out[index] = updates
+        return out
+    data = jnp.asarray(data)
+    updates = jnp.asarray(updates, dtype=data.dtype)
+    layers = _unique_layers(index, np.shape(data))
+    if layers is None:
+        return _scatter_once(data, index, updates, reduction, unique=False)
+    if len(layers) == 1 or (reduction == "mul" and len(layers) <= _MAX_MUL_LAYERS):
+        # Concrete indices: scatter each layer of distinct targets with unique_indices=True,
+        # which JAX can differentiate for mul (it cannot when targets repeat).
+        for mask in layers:
+            sub_index = tuple(i[mask] for i in np.broadcast_arrays(*index))
+            sub_updates = updates if len(layers) == 1 else updates[mask]
+            data = _scatter_once(data, sub_index, sub_updates, reduction, unique=True)
+        return data
+    return _scatter_once(data, index, updates, reduction, unique=False)
+
+
+def _scatter_once(data, index, updates, reduction, unique: bool):
+    at = data.at[index]
+    # mode="drop" matches ONNX on valid indices; a checked mode will hook in here.
+    kw = {"mode": "drop", "unique_indices": unique}
+    if reduction == "none":
+        return at.set(updates, **kw)
+    if reduction == "add":
+        return at.add(updates, **kw)
+    if reduction == "mul":
+        return at.multiply(updates, **kw)
+    if reduction == "max":
+        return at.max(updates, **kw)
+    return at.min(updates, **kw)
+
+
+def _unique_layers(index, shape):
+    """Boolean masks splitting concrete scatter targets into layers without repeats, in
+    order of occurrence; None when any index array is traced."""
+    if not all(isinstance(i, np.ndarray) for i in index):
+        return None
+    arrays = np.broadcast_arrays(*index)
+    if arrays[0].size == 0:
+        return [np.ones(arrays[0].shape, bool)]
+    flat = np.ravel_multi_index(tuple(a.reshape(-1) for a in arrays), shape[:len(index)], mode="clip")
+    order = np.argsort(flat, kind="stable")
+    ordered = flat[order]
+    starts = np.r_[0, np.nonzero(np.diff(ordered))[0] + 1]
+    group_start = np.repeat(starts, np.diff(np.r_[starts, ordered.size]))
+    rank = np.empty_like(order)
+    rank[order] = np.arange(ordered.size) - group_start
+    rank = rank.reshape(arrays[0].shape)
+    return [rank == r for r in range(int(rank.max()) + 1)]
+
+
+def _scatter_nd(inputs, reduction, ctx):
+    data, indices, updates = inputs
+    dshape, ishape = np.shape(data), np.shape(indices)
+    index, _ = _nd_index(data, indices, 0, ctx)
+    want = ishape[:-1] + dshape[ishape[-1]:]
+    if np.shape(updates) != want:
+        raise ctx.error(f"updates have shape {np.shape(updates)}; expected {want}")
+    # _nd_index adds a leading batch dim of size 1: scatter into data[None].
+    if _is_strings(data):
+        out = _scatter(data[None], index, np.asarray(updates)[None], reduction, ctx)
+        return (out[0],)
+    out = _scatter(jnp.expand_dims(data, 0), index, jnp.expand_dims(updates, 0), reduction, ctx)
+    return (out[0],)
+
+
+@register("ScatterND", since=(11, 13))
+def scatter_nd_11(inputs, attrs, ctx):
+    """ONNX ``ScatterND``, opsets 11-15 (no ``reduction``)."""
+    return _scatter_nd(inputs, "none", ctx)
+
+
+@register("ScatterND", since=(16, 18))
+def scatter_nd(inputs, attrs, ctx):
+    """ONNX ``ScatterND``, opsets 16+ (``reduction`` none/add/mul; max/min from 18)."""
+    return _scatter_nd(inputs, attrs["reduction"], ctx)
+
+
+def _scatter_elements(inputs, axis, reduction, ctx):
+    data, indices, updates = inputs
+    rank = np.ndim(data)
+    axis = normalize_axis(axis, rank, ctx)
+    if np.shape(indices) != np.shape(updates):
+        raise ctx.error(f"indices {np.shape(indices)} and updates {np.shape(updates)} differ in shape")
+    if np.ndim(indices) != rank:
+        raise ctx.error(f"indices have rank {np.ndim(indices)}, data rank {rank}; they must match")
+    size = np.shape(data)[axis]
+    _check_range(indices, size, ctx)
+    idx = _as_int_indices(_wrap(indices, size))
+    index = _elements_index(np.shape(data), idx, axis)
+    return (_scatter(data, index, updates, reduction, ctx),)
+
+
+@register("ScatterElements", since=(11, 13))
+def scatter_elements_11(inputs, attrs, ctx):
+    """ONNX ``ScatterElements``, opsets 11-15 (no ``reduction``)."""
+    return _scatter_elements(inputs, attrs["axis"], "none", ctx)
+
+
+@register("ScatterElements", since=(16, 18))
+def scatter_elements(inputs, attrs, ctx):
+    """ONNX ``ScatterElements``, opsets 16+ (``reduction`` none/add/mul; max/min from 18)."""
+    return _scatter_elements(inputs, attrs["axis"], attrs["reduction"], ctx)
+
+
+@register("Scatter", since=(9, 11))
+def scatter(inputs, attrs, ctx):
+    """ONNX ``Scatter``, opsets 9-10 (deprecated at 11): ``ScatterElements`` without reduction."""
+    return _scatter_elements(inputs, attrs["axis"], "none", ctx)
+
+
+@register("TensorScatter", since=24)
+def tensor_scatter(inputs, attrs, ctx):
+    """ONNX ``TensorScatter``, opsets 24+: writes ``update`` into a KV cache along ``axis``."""
+    cache, update, write_indices = inputs
+    rank = np.ndim(cache)
+    axis = normalize_axis(attrs["axis"], rank, ctx)
+    if axis == 0:
+        raise ctx.error("axis must not be the batch axis 0")
+    mode = attrs["mode"]
+    if mode not in ("linear", "circular"):
+        raise ctx.error(f"mode must be 'linear' or 'circular', got {mode!r}")
+    cshape, ushape = np.shape(cache), np.shape(update)
+    if len(ushape) != rank or any(c != u for d, (c, u) in enumerate(zip(cshape, ushape)) if d != axis):
+        raise ctx.error(f"update shape {ushape} must match cache shape {cshape} except on axis {axis}")
+    batch, max_len, seq_len = cshape[0], cshape[axis], ushape[axis]
+    if seq_len > max_len:
+        raise ctx.error(f"update length {seq_len} exceeds the cache length {max_len}")
+    if write_indices is None:
+        write_indices = np.zeros(batch, index_dtype())
+    if isinstance(write_indices, np.ndarray) and write_indices.size:
+        if (write_indices < 0).any() or (mode == "linear" and (write_indices + seq_len > max_len).any()):
+            raise ctx.error(
+                f"write_indices {write_indices.tolist()} with an update of length {seq_len} "
+                f"do not fit a cache of length {max_len} in {mode} mode"
+            )
+    xp = np if isinstance(write_indices, np.ndarray) else jnp
+    pos = xp.reshape(write_indices, (batch, 1)) + np.arange(seq_len, dtype=index_dtype())
+    if mode == "circular":
+        pos = pos % max_len
+    pos = _as_int_indices(pos)
+    rows = np.arange(batch, dtype=index_dtype())[:, None]
+    moved = jnp.moveaxis(cache, axis, 1)
+    out = moved.at[rows, pos].set(jnp.moveaxis(jnp.asarray(update, moved.dtype), axis, 1), mode="drop")
+    return (jnp.moveaxis(out, 1, axis),)
+
+
+# --------------------------------------------------------------------------------------
+# TopK
+
+
+def _top_k(x, k: int, axis: int, largest: bool, ctx):
+    rank = np.ndim(x)
+    axis = normalize_axis(axis, rank, ctx)
+    n = np.shape(x)[axis]
+    if not 0 <= k <= n:
+        raise ctx.error(f"k={k} is out of range for axis {axis} of size {n}")
+    x = jnp.asarray(x)
+    if largest:
+        key = x
+    elif jnp.issubdtype(x.dtype, jnp.integer):
+        key = ~x  # reverses the order of signed and unsigned ints without overflow
+    else:
+        key = -x
+    # lax.top_k puts equal values in index order, which is ONNX's tie rule.
+    _, indices = jax.lax.top_k(key, k, axis=axis)
+    values = jnp.take_along_axis(x, indices, axis=axis, mode="clip")
+    return values, indices.astype(index_dtype())
+
+
+@register("TopK", since=1)
+def top_k_1(inputs, attrs, ctx):
+    """ONNX ``TopK``-1: ``k`` is an attribute; always the largest, sorted."""
+    return _top_k(inputs[0], attrs["k"], attrs["axis"], True, ctx)
+
+
+@register("TopK", since=10, static_inputs=(1,))
+def top_k_10(inputs, attrs, ctx):
+    """ONNX ``TopK``-10: ``k`` is a static input; always the largest, sorted."""
+    (k,) = static_ints(inputs[1])
+    return _top_k(inputs[0], k, attrs["axis"], True, ctx)
+
+
+@register("TopK", since=(11, 24), static_inputs=(1,))
+def top_k(inputs, attrs, ctx):
+    """ONNX ``TopK``, opsets 11+. ``sorted=0`` returns sorted results too (ONNX leaves the
+    order unspecified)."""
+    (k,) = static_ints(inputs[1])
+    return _top_k(inputs[0], k, attrs["axis"], bool(attrs["largest"]), ctx)
+
+
+# --------------------------------------------------------------------------------------
+# Ops whose output shape depends on values: the data is static
+
+
+@register("NonZero", since=(9, 13), static_inputs=(0,))
+def non_zero(inputs, attrs, ctx):
+    """ONNX ``NonZero``, opsets 9+. The input must be known at trace time (the output shape
+    depends on its values)."""
+    x = np.asarray(inputs[0])
+    if x.ndim == 0:
+        return (np.zeros((0, int(bool(x))), index_dtype()),)
+    return (np.stack(np.nonzero(x)).astype(index_dtype()).reshape(x.ndim, -1),)
+
+
+@register("Compress", since=(9, 11, 28), static_inputs=(1,))
+def compress(inputs, attrs, ctx):
+    """ONNX ``Compress``, all opsets. ``condition`` must be known at trace time."""
+    x, condition = inputs
+    condition = np.asarray(condition).reshape(-1).astype(bool)
+    axis = attrs["axis"]
+    if axis is None:
+        x = x.reshape(-1) if _is_strings(x) else jnp.reshape(x, (-1,))
+        axis = 0
+    axis = normalize_axis(axis, np.ndim(x), ctx)
+    keep = np.nonzero(condition)[0]
+    size = np.shape(x)[axis]
+    if keep.size and keep[-1] >= size:
+        raise ctx.error(f"condition selects index {int(keep[-1])} beyond the axis size {size}")
+    keep = keep.astype(index_dtype())
+    if _is_strings(x):
+        return (np.take(x, keep, axis=axis),)
+    return (jnp.take(x, keep, axis=axis, mode="clip"),)
+
+
+@register("Unique", since=(11, 28), static_inputs=(0,))
+def unique(inputs, attrs, ctx):
+    """ONNX ``Unique``, opsets 11+. The input must be known at trace time."""
+    x = np.asarray(inputs[0])
+    axis = attrs["axis"]
+    if axis is not None:
+        axis = normalize_axis(axis, x.ndim, ctx)
+    flat = x.reshape(-1) if axis is None else x
+    y, first, inverse, counts = np.unique(
+        flat, return_index=True, return_inverse=True, return_counts=True,
+        axis=None if axis is None else axis,
+    )
+    inverse = inverse.reshape(-1)
+    if not attrs["sorted"]:
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        y = np.take(y, order, axis=0 if axis is None else axis)
+        first, counts, inverse = first[order], counts[order], rank[inverse]
+    dt = index_dtype()
+    return y, first.astype(dt), inverse.astype(dt), counts.astype(dt)
+
+
+# --------------------------------------------------------------------------------------
+# Cumulative ops
+
+
+def _cumulative(x, axis_input, attrs, ctx, op, identity):
+    (axis,) = static_ints(axis_input)
+    axis = normalize_axis(axis, np.ndim(x), ctx)
+    x = jnp.asarray(x)
+    reverse = bool(attrs["reverse"])
+    if attrs["exclusive"]:
+        # Shift by one along the axis (exact, unlike subtracting x afterwards).
+        n = x.shape[axis]
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, 1) if reverse else (1, 0)
+        start = 1 if reverse else 0
+        x = jax.lax.slice_in_dim(jnp.pad(x, pad, constant_values=identity), start, start + n, axis=axis)
+    return (op(x, axis=axis, reverse=reverse),)
+
+
+@register("CumSum", since=(11, 14), static_inputs=(1,))
+def cum_sum(inputs, attrs, ctx):
+    """ONNX ``CumSum``, opsets 11+ (``exclusive``, ``reverse``). ``axis`` is static."""
+    return _cumulative(inputs[0], inputs[1], attrs, ctx, jax.lax.cumsum, 0)
+
+
+@register("CumProd", since=26, static_inputs=(1,))
+def cum_prod(inputs, attrs, ctx):
+    """ONNX ``CumProd``, opsets 26+ (``exclusive``, ``reverse``). ``axis`` is static."""
+    return _cumulative(inputs[0], inputs[1], attrs, ctx, jax.lax.cumprod, 1)
+
+
+# --------------------------------------------------------------------------------------
+# OneHot and ReverseSequence
+
+
+def _one_hot(inputs, attrs, ctx, wrap_negative: bool):
+    indices, depth, values = inputs
+    depth_values = np.asarray(depth).reshape(-1)
+    if depth_values.size != 1:
+        raise ctx.error(f"depth must hold one value, got shape {np.shape(depth)}")
+    depth = int(depth_values[0])
+    if depth < 1:
+        raise ctx.error(f"depth must be positive, got {depth}")
+    if math.prod(np.shape(values)) != 2:
+        raise ctx.error(f"values must be [off_value, on_value], got shape {np.shape(values)}")
+    rank = np.ndim(indices) + 1
+    axis = normalize_axis(attrs["axis"], rank, ctx)
+    indices = jnp.asarray(indices)
+    if not jnp.issubdtype(indices.dtype, jnp.integer):
+        indices = indices.astype(index_dtype())  # ONNX casts non-integer indices (truncation)
+    if wrap_negative:
+        indices = jnp.where(indices < 0, indices + depth, indices)
+    classes = np.arange(depth, dtype=index_dtype()).reshape([-1 if d == axis else 1 for d in range(rank)])
+    # Out-of-range indices match no class, so their row is all off_value, as ONNX says.
+    hot = jnp.expand_dims(indices, axis) == classes
+    values = jnp.reshape(values, (2,))
+    return (jnp.where(hot, values[1], values[0]),)
+
+
+@register("OneHot", since=9, static_inputs=(1,))
+def one_hot_9(inputs, attrs, ctx):
+    """ONNX ``OneHot``-9: indices outside ``[0, depth)`` (negative ones too) give all off."""
+    return _one_hot(inputs, attrs, ctx, wrap_negative=False)
+
+
+@register("OneHot", since=(11, 28), static_inputs=(1,))
+def one_hot(inputs, attrs, ctx):
+    """ONNX ``OneHot``, opsets 11+: indices in ``[-depth, -1]`` count from the end."""
+    return _one_hot(inputs, attrs, ctx, wrap_negative=True)
+
+
+@register("ReverseSequence", since=(10, 28))
+def reverse_sequence(inputs, attrs, ctx):
+    """ONNX ``ReverseSequence``, opsets 10+."""
+    x, lens = inputs
+    rank = np.ndim(x)
+    if rank < 2:
+        raise ctx.error(f"input must have rank >= 2, got {rank}")
+    batch_axis, time_axis = attrs["batch_axis"], attrs["time_axis"]
+    if {batch_axis, time_axis} != {0, 1}:
+        raise ctx.error(f"batch_axis {batch_axis} and time_axis {time_axis} must be 0 and 1")
+    steps, batch = np.shape(x)[time_axis], np.shape(x)[batch_axis]
+    if np.shape(lens) != (batch,):
+        raise ctx.error(f"sequence_lens has shape {np.shape(lens)}; expected ({batch},)")
+    if isinstance(lens, np.ndarray) and ((lens < 0) | (lens > steps)).any():
+        raise ctx.error(f"sequence_lens {lens.tolist()} must lie in [0, {steps}]")
+    xp = np if isinstance(lens, np.ndarray) else jnp
+    t = np.arange(steps, dtype=index_dtype())[:, None]  # (time, batch)
+    lens = _as_int_indices(xp.reshape(lens, (1, batch)))
+    src = xp.where(t < lens, lens - 1 - t, t)
+    if batch_axis == 0:
+        src = src.T
+    src = xp.reshape(src, src.shape + (1,) * (rank - 2))
+    if _is_strings(x):
+        _strings_need_concrete(ctx, src)
+        return (np.take_along_axis(x, np.broadcast_to(src, x.shape), axis=time_axis),)
+    src = jnp.broadcast_to(src, np.shape(x))
+    return (jnp.take_along_axis(x, src, axis=time_axis, mode="clip"),)

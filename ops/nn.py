@@ -1,1 +1,641 @@
-"""Placeholder: this family is being written."""
+"""Neural-network core ops: convolutions (Conv, ConvTranspose, DeformConv, Col2Im), pooling
+(Average/Max/Lp, their Global forms, MaxUnpool) and products (Gemm, MatMul, Einsum).
+
+Each Conv is one ``lax.conv_general_dilated`` and each pool one ``lax.reduce_window``, so XLA
+sees whole convolutions and windows, never per-position Python. The tensor layout handed to
+XLA is chosen in one place (:func:`_dimension_numbers`, NCHW today) so a graph-level layout
+pass can switch it without touching the op bodies.
+
+Geometry follows the ONNX spec: explicit ``pads`` are ``[x1_begin, x2_begin, ..., x1_end,
+...]``; ``SAME_*`` pads to ``ceil(in / stride)`` outputs with the odd cell at the end
+(``SAME_UPPER``) or the beginning (``SAME_LOWER``); ``ceil_mode`` adds a last, partial window
+only when it starts inside the input or its left padding, and cells of that extension are
+never counted by AveragePool's divisor.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jonnx._registry import register
+from jonnx.ops._util import index_dtype, static_ints
+
+# --------------------------------------------------------------------------- layout
+
+
+def _dimension_numbers(nd: int) -> lax.ConvDimensionNumbers:
+    """The layout XLA sees for an ``nd``-spatial convolution: ONNX's own NC(D)HW / OI(D)HW."""
+    spatial = "DHW"[-nd:] if nd <= 3 else "".join(chr(ord("a") + i) for i in range(nd))
+    lhs = "NC" + spatial
+    return lax.conv_dimension_numbers((1,) * (nd + 2), (1,) * (nd + 2), (lhs, "OI" + spatial, lhs))
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+def _ints(value, n: int, default: int, what: str, ctx) -> tuple[int, ...]:
+    """An optional per-axis attribute as ``n`` ints (``default`` everywhere when absent)."""
+    if value is None or len(value) == 0:
+        return (default,) * n
+    value = tuple(int(v) for v in value)
+    if len(value) != n:
+        raise ctx.error(f"{what} {value} must have {n} entries, one per spatial axis")
+    return value
+
+
+def _explicit_pads(attrs, n: int, ctx) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    pads = attrs.get("pads")
+    if pads is None or len(pads) == 0:
+        return (0,) * n, (0,) * n
+    pads = tuple(int(p) for p in pads)
+    if len(pads) != 2 * n:
+        raise ctx.error(f"pads {pads} must have {2 * n} entries (begins, then ends)")
+    if any(p < 0 for p in pads):
+        raise ctx.error(f"pads {pads} must not be negative")
+    return pads[:n], pads[n:]
+
+
+def _auto_pad(attrs) -> str:
+    mode = attrs.get("auto_pad") or "NOTSET"
+    return mode.decode() if isinstance(mode, bytes) else mode
+
+
+def _window_pads(in_shape, kernel, strides, dilations, attrs, ctx, *, ceil_mode=False):
+    """Per-axis ``(lo, hi, extra)`` padding for a sliding window (Conv and the pools).
+
+    ``lo``/``hi`` are the pads ONNX defines (explicit or from ``auto_pad``); ``extra`` is the
+    additional end padding that ``ceil_mode`` needs for its last, partial window.
+    """
+    n = len(in_shape)
+    mode = _auto_pad(attrs)
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if mode in ("SAME_UPPER", "SAME_LOWER"):
+        lo, hi = [], []
+        for size, s, w in zip(in_shape, strides, span):
+            out = -(-size // s)
+            total = max(0, (out - 1) * s + w - size)
+            small, big = total // 2, total - total // 2
+            lo.append(small if mode == "SAME_UPPER" else big)
+            hi.append(big if mode == "SAME_UPPER" else small)
+        lo, hi = tuple(lo), tuple(hi)
+    elif mode == "VALID":
+        lo, hi = (0,) * n, (0,) * n
+    elif mode == "NOTSET":
+        lo, hi = _explicit_pads(attrs, n, ctx)
+    else:
+        raise ctx.error(f"auto_pad {mode!r} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
+    extra = []
+    for size, s, w, a, b in zip(in_shape, strides, span, lo, hi):
+        if size + a + b < w:
+            raise ctx.error(
+                f"the window spans {w} cells but the padded input has only {size + a + b} "
+                f"(input spatial shape {tuple(in_shape)})"
+            )
+        out = (size + a + b - w) // s + 1
+        if ceil_mode and mode == "NOTSET":
+            out_ceil = -(-(size + a + b - w) // s) + 1
+            # The last window must start inside the input or its left padding.
+            if (out_ceil - 1) * s >= size + a:
+                out_ceil -= 1
+            out = max(out, out_ceil)
+        extra.append(max(0, (out - 1) * s + w - (size + a + b)))
+    return lo, hi, tuple(extra)
+
+
+def _kernel_attr(attrs, w_shape, ctx) -> None:
+    kernel = attrs.get("kernel_shape")
+    if kernel is not None and len(kernel) and tuple(kernel) != tuple(w_shape):
+        raise ctx.error(f"kernel_shape {tuple(kernel)} does not match the weights' spatial shape {tuple(w_shape)}")
+
+
+def _add_bias(y, b, ctx):
+    if b is None:
+        return y
+    if jnp.ndim(b) != 1 or jnp.shape(b)[0] != jnp.shape(y)[1]:
+        raise ctx.error(f"bias of shape {jnp.shape(b)} does not match {jnp.shape(y)[1]} output channels")
+    return y + jnp.reshape(b, (1, -1) + (1,) * (jnp.ndim(y) - 2))
+
+
+# --------------------------------------------------------------------------- Conv
+
+
+def _conv(x, w, b, attrs, ctx):
+    if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x):
+        raise ctx.error(f"X of shape {jnp.shape(x)} and W of shape {jnp.shape(w)} need the same rank, at least 3")
+    n = jnp.ndim(x) - 2
+    group = int(attrs["group"])
+    c_in, m = jnp.shape(x)[1], jnp.shape(w)[0]
+    if group < 1 or c_in != jnp.shape(w)[1] * group or m % group:
+        raise ctx.error(
+            f"X has {c_in} channels and W has shape {jnp.shape(w)}: with group={group}, W must be "
+            f"(M, C/group, ...) with M divisible by group"
+        )
+    _kernel_attr(attrs, jnp.shape(w)[2:], ctx)
+    strides = _ints(attrs["strides"], n, 1, "strides", ctx)
+    dilations = _ints(attrs["dilations"], n, 1, "dilations", ctx)
+    lo, hi, _ = _window_pads(jnp.shape(x)[2:], jnp.shape(w)[2:], strides, dilations, attrs, ctx)
+    y = lax.conv_general_dilated(
+        x, w, window_strides=strides, padding=tuple(zip(lo, hi)), rhs_dilation=dilations,
+        dimension_numbers=_dimension_numbers(n), feature_group_count=group, precision=ctx.precision,
+    )
+    return _add_bias(y, b, ctx)
+
+
+@register("Conv", since=(1, 11, 22))
+def conv(inputs, attrs, ctx):
+    """ONNX ``Conv``, all opsets (1-D, 2-D, 3-D, grouped, dilated, any auto_pad)."""
+    x, w, b = (tuple(inputs) + (None,))[:3]
+    return (_conv(x, w, b, attrs, ctx),)
+
+
+@register("ConvTranspose", since=(1, 11, 22))
+def conv_transpose(inputs, attrs, ctx):
+    """ONNX ``ConvTranspose``, all opsets: one dilated-input convolution with the flipped kernel."""
+    x, w, b = (tuple(inputs) + (None,))[:3]
+    if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x):
+        raise ctx.error(f"X of shape {jnp.shape(x)} and W of shape {jnp.shape(w)} need the same rank, at least 3")
+    n = jnp.ndim(x) - 2
+    group = int(attrs["group"])
+    c_in, c_out_g = jnp.shape(w)[0], jnp.shape(w)[1]
+    if group < 1 or jnp.shape(x)[1] != c_in or c_in % group:
+        raise ctx.error(
+            f"X has {jnp.shape(x)[1]} channels and W has shape {jnp.shape(w)}: W must be "
+            f"(C, M/group, ...) with C divisible by group={group}"
+        )
+    kernel = jnp.shape(w)[2:]
+    _kernel_attr(attrs, kernel, ctx)
+    in_shape = jnp.shape(x)[2:]
+    strides = _ints(attrs["strides"], n, 1, "strides", ctx)
+    dilations = _ints(attrs["dilations"], n, 1, "dilations", ctx)
+    out_pad = _ints(attrs["output_padding"], n, 0, "output_padding", ctx)
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    full = [s * (i - 1) + op + w_ for s, i, op, w_ in zip(strides, in_shape, out_pad, span)]
+    mode = _auto_pad(attrs)
+    output_shape = attrs["output_shape"]
+    if output_shape is not None and len(output_shape):
+        output_shape = tuple(int(v) for v in output_shape)[-n:]
+        if len(output_shape) != n:
+            raise ctx.error(f"output_shape {tuple(attrs['output_shape'])} must name {n} spatial sizes")
+    elif mode in ("SAME_UPPER", "SAME_LOWER"):
+        output_shape = tuple(i * s for i, s in zip(in_shape, strides))
+    else:
+        output_shape = None
+    if output_shape is not None:
+        # Spec: the extra cell of an odd total goes to the end for SAME_UPPER, else the start.
+        lo, hi = [], []
+        for f, o in zip(full, output_shape):
+            total = f - o
+            small, big = total // 2, total - total // 2
+            lo.append(small if mode == "SAME_UPPER" else big)
+            hi.append(big if mode == "SAME_UPPER" else small)
+    elif mode == "VALID":
+        lo, hi = [0] * n, [0] * n
+    elif mode == "NOTSET":
+        lo, hi = (list(p) for p in _explicit_pads(attrs, n, ctx))
+    else:
+        raise ctx.error(f"auto_pad {mode!r} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
+    # (C, M/g, k...) -> (M, C/g, k...) per group, kernel flipped: a transposed convolution is
+    # a convolution of the stride-dilated input with the flipped, transposed kernel.
+    kw = jnp.reshape(w, (group, c_in // group, c_out_g) + kernel)
+    kw = jnp.swapaxes(kw, 1, 2).reshape((group * c_out_g, c_in // group) + kernel)
+    kw = jnp.flip(kw, axis=tuple(range(2, n + 2)))
+    conv_lo = [w_ - 1 - p for w_, p in zip(span, lo)]
+    conv_hi = [w_ - 1 - p + op for w_, p, op in zip(span, hi, out_pad)]
+    y = lax.conv_general_dilated(
+        x, kw, window_strides=(1,) * n,
+        padding=tuple((max(a, 0), max(c, 0)) for a, c in zip(conv_lo, conv_hi)),
+        lhs_dilation=strides, rhs_dilation=dilations,
+        dimension_numbers=_dimension_numbers(n), feature_group_count=group, precision=ctx.precision,
+    )
+    if any(a < 0 or c < 0 for a, c in zip(conv_lo, conv_hi)):
+        # Pads larger than the kernel span crop the output; XLA wants non-negative padding.
+        index = tuple(
+            slice(-min(a, 0), jnp.shape(y)[2 + i] + min(c, 0)) for i, (a, c) in enumerate(zip(conv_lo, conv_hi))
+        )
+        y = y[(slice(None), slice(None)) + index]
+    return (_add_bias(y, b, ctx),)
+
+
+# --------------------------------------------------------------------------- pooling
+
+
+def _pool_setup(x, attrs, ctx):
+    """Kernel, strides, dilations and per-axis pads for a pooling node."""
+    if jnp.ndim(x) < 3:
+        raise ctx.error(f"input of shape {jnp.shape(x)} needs a batch, a channel and spatial axes")
+    n = jnp.ndim(x) - 2
+    if attrs.get("kernel_shape") is None or len(attrs["kernel_shape"]) != n:
+        raise ctx.error(f"kernel_shape {attrs.get('kernel_shape')} must have {n} entries")
+    kernel = tuple(int(k) for k in attrs["kernel_shape"])
+    strides = _ints(attrs.get("strides"), n, 1, "strides", ctx)
+    dilations = _ints(attrs.get("dilations"), n, 1, "dilations", ctx)
+    if any(v < 1 for v in kernel + strides + dilations):
+        raise ctx.error(f"kernel_shape {kernel}, strides {strides} and dilations {dilations} must be positive")
+    lo, hi, extra = _window_pads(
+        jnp.shape(x)[2:], kernel, strides, dilations, attrs, ctx, ceil_mode=bool(attrs.get("ceil_mode"))
+    )
+    return kernel, strides, dilations, lo, hi, extra
+
+
+def _reduce_window(x, init, op, kernel, strides, dilations, lo, hi, extra):
+    # A numpy init value stays concrete under jit, so JAX picks its max/sum window primitives
+    # (with their efficient gradients) instead of a generic reduction.
+    return lax.reduce_window(
+        x, np.asarray(init, np.dtype(jnp.result_type(x))), op,
+        window_dimensions=(1, 1) + kernel, window_strides=(1, 1) + strides,
+        padding=((0, 0), (0, 0)) + tuple((a, b + e) for a, b, e in zip(lo, hi, extra)),
+        window_dilation=(1, 1) + dilations,
+    )
+
+
+def _lowest(dtype):
+    dtype = np.dtype(dtype)
+    return -np.inf if jnp.issubdtype(dtype, jnp.floating) else np.iinfo(dtype).min
+
+
+def _argmax_window(x, kernel, strides, dilations, lo, hi, extra):
+    """Row-major flat index (over the whole tensor) of each window's maximum."""
+    shape = jnp.shape(x)
+    dtype, idx_dtype = jnp.result_type(x), index_dtype()
+    # An iota inside the computation (XLA fuses it), not a constant the size of the input.
+    flat = jnp.reshape(lax.iota(idx_dtype, math.prod(shape)), shape)
+
+    def pick(a, b):
+        (va, ia), (vb, ib) = a, b
+        # The largest value; the first (row-major) position among equal ones, like ONNX's loop.
+        take_a = (va > vb) | ((va == vb) & (ia < ib))
+        return jnp.where(take_a, va, vb), jnp.where(take_a, ia, ib)
+
+    _, idx = lax.reduce_window(
+        (lax.stop_gradient(x), flat),
+        (jnp.asarray(_lowest(dtype), dtype), jnp.asarray(np.iinfo(idx_dtype).max, idx_dtype)),
+        pick,
+        window_dimensions=(1, 1) + kernel, window_strides=(1, 1) + strides,
+        padding=((0, 0), (0, 0)) + tuple((a, b + e) for a, b, e in zip(lo, hi, extra)),
+        window_dilation=(1, 1) + dilations,
+    )
+    return idx
+
+
+def _column_major(idx, shape):
+    """Row-major flat indices re-expressed with column-major spatial offsets (storage_order=1)."""
+    spatial = shape[2:]
+    plane = math.prod(spatial)
+    base, rest = idx // plane * plane, idx % plane
+    coords = []
+    for size in reversed(spatial):
+        coords.append(rest % size)
+        rest = rest // size
+    col, step = jnp.zeros_like(idx), 1
+    for coord, size in zip(reversed(coords), spatial):  # the first spatial axis varies fastest
+        col = col + coord * step
+        step *= size
+    return base + col
+
+
+def _max_pool(x, attrs, ctx, with_indices: bool):
+    kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx)
+    dilated = any(d > 1 for d in dilations)
+    idx = _argmax_window(x, kernel, strides, dilations, lo, hi, extra) if with_indices or dilated else None
+    if dilated:
+        # JAX cannot transpose a dilated max window (no VJP for select_and_gather), so read the
+        # maxima through their indices: a gather, differentiable in both modes.
+        y = jnp.take(jnp.reshape(x, (-1,)), idx, mode="clip")
+    else:
+        y = _reduce_window(x, _lowest(jnp.result_type(x)), lax.max, kernel, strides, dilations, lo, hi, extra)
+    if not with_indices:
+        return (y,)
+    if attrs.get("storage_order"):
+        idx = _column_major(idx, jnp.shape(x))
+    return y, idx
+
+
+@register("MaxPool", since=1)
+def max_pool_1(inputs, attrs, ctx):
+    """ONNX ``MaxPool``-1 (no Indices output)."""
+    return _max_pool(inputs[0], attrs, ctx, with_indices=False)
+
+
+@register("MaxPool", since=(8, 10, 11, 12, 22))
+def max_pool(inputs, attrs, ctx):
+    """ONNX ``MaxPool``, opsets 8+: Y and the flattened int64 Indices (``storage_order``).
+
+    Indices are computed only when the model reads them (XLA drops them otherwise under jit).
+    """
+    return _max_pool(inputs[0], attrs, ctx, with_indices=True)
+
+
+def _window_count(spatial, kernel, strides, dilations, lo, hi, extra, include_pad: bool, dtype):
+    """How many cells each window averages: a trace-time constant of shape ``(1, 1, *out)``."""
+    with jax.ensure_compile_time_eval():
+        ones = np.ones((1, 1) + tuple(spatial), np.float32)
+        if include_pad:
+            ones = np.pad(ones, ((0, 0), (0, 0)) + tuple(zip(lo, hi)), constant_values=1.0)
+            lo, hi = (0,) * len(lo), (0,) * len(hi)
+        count = _reduce_window(jnp.asarray(ones), 0.0, lax.add, kernel, strides, dilations, lo, hi, extra)
+        return np.asarray(count).astype(dtype)
+
+
+@register("AveragePool", since=(1, 7, 10, 11, 19, 22))
+def average_pool(inputs, attrs, ctx):
+    """ONNX ``AveragePool``, all opsets (pads excluded from the divisor before opset 7)."""
+    x = inputs[0]
+    kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx)
+    total = _reduce_window(x, 0, lax.add, kernel, strides, dilations, lo, hi, extra)
+    count = _window_count(
+        jnp.shape(x)[2:], kernel, strides, dilations, lo, hi, extra,
+        bool(attrs.get("count_include_pad")), jnp.result_type(x),
+    )
+    return (total / count,)
+
+
+
+
+def _p_norm(total, p):
+    """``total ** (1/p)`` with a finite gradient at 0 (where the window is all zeros)."""
+    positive = total > 0
+    safe = jnp.where(positive, total, jnp.ones_like(total))
+    root = jnp.sqrt(safe) if p == 2 else safe ** (1.0 / p)
+    return jnp.where(positive, root, jnp.zeros_like(total))
+
+
+def _abs_pow(x, p):
+    return x * x if p == 2 else jnp.abs(x) ** p
+
+
+@register("LpPool", since=(1, 2, 11, 18, 22))
+def lp_pool(inputs, attrs, ctx):
+    """ONNX ``LpPool``, all opsets (``p`` is a float in opset 1, an int after)."""
+    x = inputs[0]
+    p = attrs["p"]
+    if p <= 0:
+        raise ctx.error(f"p={p} must be positive")
+    kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx)
+    total = _reduce_window(_abs_pow(x, p), 0, lax.add, kernel, strides, dilations, lo, hi, extra)
+    return (_p_norm(total, p).astype(jnp.result_type(x)),)
+
+
+
+
+def _spatial_axes(x, ctx):
+    if jnp.ndim(x) < 3:
+        raise ctx.error(f"input of shape {jnp.shape(x)} needs a batch, a channel and spatial axes")
+    return tuple(range(2, jnp.ndim(x)))
+
+
+@register("GlobalAveragePool", since=(1, 22))
+def global_average_pool(inputs, attrs, ctx):
+    """ONNX ``GlobalAveragePool``, all opsets."""
+    x = inputs[0]
+    return (jnp.mean(x, axis=_spatial_axes(x, ctx), keepdims=True),)
+
+
+@register("GlobalMaxPool", since=(1, 22))
+def global_max_pool(inputs, attrs, ctx):
+    """ONNX ``GlobalMaxPool``, all opsets."""
+    x = inputs[0]
+    return (jnp.max(x, axis=_spatial_axes(x, ctx), keepdims=True),)
+
+
+@register("GlobalLpPool", since=(1, 2, 22))
+def global_lp_pool(inputs, attrs, ctx):
+    """ONNX ``GlobalLpPool``, all opsets (``p`` is a float in opset 1, an int after)."""
+    x = inputs[0]
+    p = attrs["p"]
+    if p <= 0:
+        raise ctx.error(f"p={p} must be positive")
+    total = jnp.sum(_abs_pow(x, p), axis=_spatial_axes(x, ctx), keepdims=True)
+    return (_p_norm(total, p).astype(jnp.result_type(x)),)
+
+
+@register("MaxUnpool", since=(9, 11, 22), static_inputs=(2,))
+def max_unpool(inputs, attrs, ctx):
+    """ONNX ``MaxUnpool``, all opsets: scatters X to the flat positions I of the output.
+
+    With ``output_shape``, I indexes the flattened ``output_shape`` tensor (the MaxPool input
+    it came from), as onnxruntime does; the ReferenceEvaluator instead scatters into the
+    inferred shape and pads it, which only agrees when the two shapes share their last axes.
+    Out-of-range indices are dropped (JAX scatter semantics).
+    """
+    x, idx, output_shape = (tuple(inputs) + (None, None))[:3]
+    if jnp.shape(idx) != jnp.shape(x):
+        raise ctx.error(f"I of shape {jnp.shape(idx)} must have X's shape {jnp.shape(x)}")
+    n = jnp.ndim(x) - 2
+    kernel = _ints(attrs["kernel_shape"], n, 0, "kernel_shape", ctx)
+    strides = _ints(attrs["strides"], n, 1, "strides", ctx)
+    lo, hi = _explicit_pads(attrs, n, ctx)
+    if output_shape is not None:
+        shape = static_ints(output_shape)
+        if len(shape) != jnp.ndim(x):
+            raise ctx.error(f"output_shape {shape} must have rank {jnp.ndim(x)}")
+    else:
+        shape = jnp.shape(x)[:2] + tuple(
+            (i - 1) * s + k - a - b for i, s, k, a, b in zip(jnp.shape(x)[2:], strides, kernel, lo, hi)
+        )
+    flat = jnp.zeros((math.prod(shape),), jnp.result_type(x))
+    flat = flat.at[jnp.reshape(idx, (-1,))].set(jnp.reshape(x, (-1,)), mode="drop")
+    return (jnp.reshape(flat, shape),)
+
+
+# --------------------------------------------------------------------------- products
+
+
+def _gemm(a, b, c, attrs, ctx):
+    if jnp.ndim(a) != 2 or jnp.ndim(b) != 2:
+        raise ctx.error(f"A and B must be matrices, got shapes {jnp.shape(a)} and {jnp.shape(b)}")
+    if attrs["transA"]:
+        a = a.T
+    if attrs["transB"]:
+        b = b.T
+    if jnp.shape(a)[1] != jnp.shape(b)[0]:
+        raise ctx.error(f"inner dimensions differ: {jnp.shape(a)} @ {jnp.shape(b)} (after transA/transB)")
+    dtype = jnp.result_type(a)
+    alpha, beta = float(attrs["alpha"]), float(attrs["beta"])
+    y = jnp.matmul(a, b, precision=ctx.precision)
+    if alpha != 1.0:
+        y = (alpha * y).astype(dtype)
+    if c is not None and beta != 0.0:
+        out_shape = jnp.shape(y)
+        try:
+            fits = np.broadcast_shapes(jnp.shape(c), out_shape) == out_shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ctx.error(f"C of shape {jnp.shape(c)} does not broadcast to the output {out_shape}")
+        y = y + (c if beta == 1.0 else (beta * c).astype(dtype))
+    return y
+
+
+@register("Gemm", since=(1, 6))
+def gemm_1(inputs, attrs, ctx):
+    """ONNX ``Gemm``-1/6: C must match (M, N) unless ``broadcast=1``."""
+    a, b, c = inputs
+    if not attrs["broadcast"] and c is not None:
+        m = jnp.shape(a)[1 if attrs["transA"] else 0]
+        nn = jnp.shape(b)[0 if attrs["transB"] else 1]
+        if tuple(jnp.shape(c)) != (m, nn):
+            raise ctx.error(f"C has shape {jnp.shape(c)}, not {(m, nn)}; before opset 7 this needs broadcast=1")
+    return (_gemm(a, b, c, attrs, ctx),)
+
+
+@register("Gemm", since=(7, 9, 11, 13))
+def gemm(inputs, attrs, ctx):
+    """ONNX ``Gemm``, opsets 7+: C broadcasts unidirectionally (optional from opset 11)."""
+    a, b, c = (tuple(inputs) + (None,))[:3]
+    return (_gemm(a, b, c, attrs, ctx),)
+
+
+@register("MatMul", since=(1, 9, 13))
+def matmul(inputs, attrs, ctx):
+    """ONNX ``MatMul``, all opsets (numpy ``matmul`` semantics, 1-D operands included)."""
+    a, b = inputs
+    if jnp.ndim(a) == 0 or jnp.ndim(b) == 0:
+        raise ctx.error(f"MatMul operands must have rank >= 1, got shapes {jnp.shape(a)} and {jnp.shape(b)}")
+    return (jnp.matmul(a, b, precision=ctx.precision),)
+
+
+@register("Einsum", since=(12, 28))
+def einsum(inputs, attrs, ctx):
+    """ONNX ``Einsum``, all opsets (explicit and implicit output, ellipsis)."""
+    equation = attrs["equation"]
+    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    if not equation:
+        raise ctx.error("the equation attribute is empty")
+    operands = [x for x in inputs if x is not None]
+    named = equation.split("->")[0].count(",") + 1
+    if named != len(operands):
+        raise ctx.error(f"equation {equation!r} names {named} operands, got {len(operands)}")
+    return (jnp.einsum(equation, *operands, precision=ctx.precision),)
+
+
+# --------------------------------------------------------------------------- im2col family
+
+
+@register("Col2Im", since=18, static_inputs=(1, 2))
+def col2im(inputs, attrs, ctx):
+    """ONNX ``Col2Im``-18: sums column blocks back into an image (the adjoint of im2col)."""
+    x, image_shape, block_shape = inputs
+    image, block = static_ints(image_shape), static_ints(block_shape)
+    n = len(image)
+    if len(block) != n or jnp.ndim(x) != 3:
+        raise ctx.error(
+            f"input of shape {jnp.shape(x)} must be (N, C*prod(block_shape), L); image_shape "
+            f"{image} and block_shape {block} must have the same length"
+        )
+    strides = _ints(attrs["strides"], n, 1, "strides", ctx)
+    dilations = _ints(attrs["dilations"], n, 1, "dilations", ctx)
+    lo, hi = _explicit_pads(attrs, n, ctx)
+    batch, cols, length = jnp.shape(x)
+    if cols % math.prod(block):
+        raise ctx.error(f"input dim 1 ({cols}) is not a multiple of prod(block_shape) {math.prod(block)}")
+    channels = cols // math.prod(block)
+    out = tuple(
+        (i + a + b - ((k - 1) * d + 1)) // s + 1 for i, a, b, k, d, s in zip(image, lo, hi, block, dilations, strides)
+    )
+    if math.prod(out) != length:
+        raise ctx.error(f"input has {length} blocks but the geometry gives {out} = {math.prod(out)}")
+    dtype = jnp.result_type(x)
+
+    def im2col(img):
+        return lax.conv_general_dilated_patches(
+            img, block, strides, tuple(zip(lo, hi)), rhs_dilation=dilations,
+            dimension_numbers=_dimension_numbers(n), precision=ctx.precision,
+        )
+
+    adjoint = jax.linear_transpose(im2col, jax.ShapeDtypeStruct((batch, channels) + image, dtype))
+    (y,) = adjoint(jnp.reshape(x, (batch, cols) + out))
+    return (y,)
+
+
+def _deform_sample(x, coords, offset_group):
+    """Multilinear samples of ``x`` (N, C, *in) at ``coords`` (nd, N, G, L), zeros outside.
+
+    Returns (N, G, L, C/G): ONNX's GridSample with ``align_corners=1`` and zero padding.
+    """
+    n, c = jnp.shape(x)[:2]
+    spatial = jnp.shape(x)[2:]
+    nd = len(spatial)
+    cg = c // offset_group
+    table = jnp.moveaxis(jnp.reshape(x, (n, offset_group, cg, math.prod(spatial))), 2, 3)
+    lower = [jnp.floor(p) for p in coords]
+    rows = jnp.arange(n)[:, None, None]
+    groups = jnp.arange(offset_group)[None, :, None]
+    out = 0
+    for corner in range(2 ** nd):
+        flat, weight, inside = 0, 1, True
+        for d in range(nd):
+            q = lower[d] + ((corner >> (nd - 1 - d)) & 1)
+            weight = weight * (1 - jnp.abs(coords[d] - q))
+            inside = inside & (q >= 0) & (q <= spatial[d] - 1)
+            flat = flat * spatial[d] + jnp.clip(q, 0, spatial[d] - 1).astype(jnp.int32)
+        weight = jnp.where(inside, weight, jnp.zeros_like(weight))
+        out = out + table[rows, groups, flat] * weight[..., None]
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("group", "offset_group", "strides", "dilations", "lo", "precision"))
+def _deform_core(x, w, offset, mask, *, group, offset_group, strides, dilations, lo, precision):
+    # Jitted as a unit: eagerly, its many small gathers would each compile on their own.
+    n, c = jnp.shape(x)[:2]
+    oc, kernel = jnp.shape(w)[0], tuple(jnp.shape(w)[2:])
+    nd, k, out = len(kernel), math.prod(kernel), tuple(jnp.shape(offset)[2:])
+    dtype = jnp.result_type(x)
+    offset = jnp.reshape(offset, (n, offset_group) + kernel + (nd,) + out)
+    coords = []
+    for d in range(nd):
+        kshape, oshape = [1] * nd, [1] * nd
+        kshape[d], oshape[d] = kernel[d], out[d]
+        kpos = (np.arange(kernel[d]) * dilations[d]).reshape(kshape + [1] * nd)
+        base = kpos + (np.arange(out[d]) * strides[d] - lo[d]).reshape([1] * nd + oshape)
+        pos = offset[(slice(None), slice(None)) + (slice(None),) * nd + (d,)] + base.astype(dtype)
+        coords.append(jnp.reshape(pos, (n, offset_group, k * math.prod(out))))
+    cols = _deform_sample(x, coords, offset_group)  # (N, G, K*L, C/G)
+    if mask is not None:
+        cols = cols * jnp.reshape(mask, (n, offset_group, k * math.prod(out), 1))
+    cols = jnp.reshape(cols, (n, offset_group, k, math.prod(out), c // offset_group))
+    cols = jnp.transpose(cols, (0, 1, 4, 2, 3)).reshape((n, group, c // group * k, math.prod(out)))
+    kw = jnp.reshape(w, (group, oc // group, c // group * k))
+    y = jnp.einsum("gok,ngkl->ngol", kw, cols, precision=precision)
+    return jnp.reshape(y, (n, oc) + out).astype(dtype)
+
+
+@register("DeformConv", since=(19, 22))
+def deform_conv(inputs, attrs, ctx):
+    """ONNX ``DeformConv``, all opsets: bilinear (multilinear in N-D) sampling at offset positions."""
+    x, w, offset, b, mask = (tuple(inputs) + (None,) * 5)[:5]
+    if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x) or jnp.ndim(offset) != jnp.ndim(x):
+        raise ctx.error(
+            f"X {jnp.shape(x)}, W {jnp.shape(w)} and offset {jnp.shape(offset)} need the same rank, at least 3"
+        )
+    nd = jnp.ndim(x) - 2
+    n, c = jnp.shape(x)[:2]
+    oc, kernel = jnp.shape(w)[0], tuple(jnp.shape(w)[2:])
+    _kernel_attr(attrs, kernel, ctx)
+    group, offset_group = int(attrs["group"]), int(attrs["offset_group"])
+    if group < 1 or c != jnp.shape(w)[1] * group or oc % group:
+        raise ctx.error(f"X has {c} channels and W has shape {jnp.shape(w)}: inconsistent with group={group}")
+    k = math.prod(kernel)
+    if offset_group < 1 or c % offset_group or jnp.shape(offset)[1] != offset_group * k * nd:
+        raise ctx.error(
+            f"offset of shape {jnp.shape(offset)} needs {offset_group * k * nd} channels "
+            f"(offset_group * prod(kernel) * {nd}) and X's {c} channels divisible by offset_group"
+        )
+    strides = _ints(attrs["strides"], nd, 1, "strides", ctx)
+    dilations = _ints(attrs["dilations"], nd, 1, "dilations", ctx)
+    lo, hi = _explicit_pads(attrs, nd, ctx)
+    out = tuple(jnp.shape(offset)[2:])
+    want = tuple(
+        (i + a + e - (kk - 1) * d - 1) // s + 1
+        for i, a, e, kk, d, s in zip(jnp.shape(x)[2:], lo, hi, kernel, dilations, strides)
+    )
+    if out != want:
+        raise ctx.error(f"offset's spatial shape {out} differs from the output shape {want}")
+    y = _deform_core(x, w, offset, mask, group=group, offset_group=offset_group, strides=strides,
+                     dilations=dilations, lo=lo, precision=ctx.precision)
+    return (_add_bias(y, b, ctx),)

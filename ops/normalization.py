@@ -1,1 +1,353 @@
-"""Placeholder: this family is being written."""
+"""Normalization: BatchNormalization, InstanceNormalization, LayerNormalization,
+GroupNormalization, LpNormalization, MeanVarianceNormalization, RMSNormalization, LRN, and
+Dropout.
+
+Training behaviour follows ONNX, switched on either by the node (BatchNormalization's
+``training_mode``, Dropout's ``training_mode`` input, the opset 1-6 ``is_test=0``) or by the
+run's train flag (``ctx.train``), so a model exported in eval mode can be trained:
+
+* BatchNormalization normalises with the batch's mean and population variance and returns
+  running statistics updated by ONNX's rule ``running * momentum + batch * (1 - momentum)``
+  (PyTorch's ``momentum`` is ``1 -`` this one), held under ``stop_gradient``.
+* Dropout draws its mask from the node's PRNG key (``ctx.rng()``) and scales kept values by
+  ``1 / (1 - ratio)``. The ``seed`` attribute is ignored: randomness always comes from the
+  caller's key.
+
+Ops with ``stash_type`` compute their statistics in that type or in the input's own, whichever
+is wider: float16/bfloat16 inputs are normalised in float32 as the spec says, and float64
+inputs keep float64 rather than being narrowed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jonnx._interpreter import is_concrete
+from jonnx._registry import register
+from jonnx.ops._util import normalize_axes, normalize_axis, onnx_dtype
+
+
+def _dtype(x) -> np.dtype:
+    return np.dtype(jnp.result_type(x))
+
+
+def _rsqrt_eps(v, eps):
+    return lax.rsqrt(v + jnp.asarray(eps, _dtype(v)))
+
+
+def _stash_dtype(x, stash_type) -> np.dtype:
+    """The dtype statistics are computed in: ``stash_type``, widened to ``x``'s if wider."""
+    stash = onnx_dtype(stash_type) if stash_type is not None else _dtype(x)
+    return np.dtype(jnp.promote_types(stash, _dtype(x)))
+
+
+def _moments(x, axes):
+    """Mean and population variance over ``axes`` (kept as size-1 dims)."""
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    centered = x - mean
+    var = jnp.mean(centered * centered, axis=axes, keepdims=True)
+    return mean, var
+
+
+# --------------------------------------------------------------------------------------------
+# BatchNormalization
+
+
+def _bn_param(p, x, spatial: bool):
+    """A per-channel parameter shaped to broadcast against ``x`` (N, C, D1, ...)."""
+    rank = jnp.ndim(x)
+    if spatial or jnp.ndim(p) == 1:
+        return jnp.reshape(p, (-1,) + (1,) * (rank - 2))
+    return p  # spatial=0: per-activation parameters of shape (C, D1, ..., Dn)
+
+
+def _bn_axes(x, spatial: bool) -> tuple[int, ...]:
+    rank = jnp.ndim(x)
+    return (0,) + tuple(range(2, rank)) if spatial else (0,)
+
+
+def _bn_inference(x, scale, bias, mean, var, eps, spatial=True):
+    dtype = _dtype(x)
+    s, b, m, v = (_bn_param(p, x, spatial) for p in (scale, bias, mean, var))
+    y = (x - m) * _rsqrt_eps(v, eps) * s + b
+    return y.astype(dtype)
+
+
+def _bn_batch_stats(x, spatial: bool):
+    """The batch's mean and population variance, shaped like the running statistics."""
+    mean, var = _moments(x, _bn_axes(x, spatial))
+    return jnp.squeeze(mean, 0), jnp.squeeze(var, 0)
+
+
+def _bn_training(x, scale, bias, running_mean, running_var, momentum, eps, spatial=True):
+    """Training-mode BatchNormalization: ``(y, new_running_mean, new_running_var)``.
+
+    ``y`` uses the batch statistics (population variance); the running statistics follow
+    ONNX's momentum rule and carry no gradient.
+    """
+    batch_mean, batch_var = _bn_batch_stats(x, spatial)
+    if spatial:
+        batch_mean = jnp.reshape(batch_mean, (-1,))
+        batch_var = jnp.reshape(batch_var, (-1,))
+    y = _bn_inference(x, scale, bias, batch_mean, batch_var, eps, spatial)
+
+    def update(running, batch):
+        running_dtype = _dtype(running)
+        new = running * momentum + batch.astype(running_dtype) * (1 - momentum)
+        return lax.stop_gradient(new.astype(running_dtype))
+
+    return y, update(running_mean, batch_mean), update(running_var, batch_var)
+
+
+def _bn_legacy(inputs, attrs, training: bool, spatial: bool):
+    """Opsets 1-9: five outputs in training (Y, mean, var, saved_mean, saved_var)."""
+    x, scale, bias, mean, var = inputs
+    eps, momentum = attrs["epsilon"], attrs["momentum"]
+    if not training:
+        # Only Y is defined in test mode; the statistics pass through for graphs that list more.
+        return (_bn_inference(x, scale, bias, mean, var, eps, spatial), mean, var, mean, var)
+    y, new_mean, new_var = _bn_training(x, scale, bias, mean, var, momentum, eps, spatial)
+    saved_mean, saved_var = _bn_batch_stats(x, spatial)
+    if spatial:
+        saved_mean, saved_var = jnp.reshape(saved_mean, (-1,)), jnp.reshape(saved_var, (-1,))
+    return y, new_mean, new_var, saved_mean.astype(_dtype(x)), saved_var.astype(_dtype(x))
+
+
+@register("BatchNormalization", since=(1, 6))
+def batch_normalization_1(inputs, attrs, ctx):
+    """ONNX ``BatchNormalization``-1/6: ``is_test=0`` (the default) is training mode.
+
+    ``saved_var`` is the batch variance; ``consumed_inputs`` is ignored.
+    """
+    training = not attrs["is_test"] or ctx.train
+    return _bn_legacy(inputs, attrs, training, bool(attrs["spatial"]))
+
+
+@register("BatchNormalization", since=7)
+def batch_normalization_7(inputs, attrs, ctx):
+    """ONNX ``BatchNormalization``-7: inference unless the run is in training mode."""
+    return _bn_legacy(inputs, attrs, ctx.train, bool(attrs["spatial"]))
+
+
+@register("BatchNormalization", since=9)
+def batch_normalization_9(inputs, attrs, ctx):
+    """ONNX ``BatchNormalization``-9: per-channel statistics; training only with ``train``."""
+    return _bn_legacy(inputs, attrs, ctx.train, True)
+
+
+@register("BatchNormalization", since=(14, 15))
+def batch_normalization(inputs, attrs, ctx):
+    """ONNX ``BatchNormalization``, opsets 14+: ``training_mode`` attribute or ``train``.
+
+    In training mode, outputs 1 and 2 (the updated running statistics) are returned even
+    when the node (exported in eval mode) does not list them.
+    """
+    x, scale, bias, mean, var = inputs
+    eps, momentum = attrs["epsilon"], attrs["momentum"]
+    if attrs["training_mode"] or ctx.train:
+        return _bn_training(x, scale, bias, mean, var, momentum, eps)
+    return (_bn_inference(x, scale, bias, mean, var, eps),)
+
+
+# --------------------------------------------------------------------------------------------
+# Instance, layer, group, RMS, Lp and mean-variance normalization
+
+
+@register("InstanceNormalization", since=(1, 6, 22))
+def instance_normalization(inputs, attrs, ctx):
+    """ONNX ``InstanceNormalization``, all opsets (``consumed_inputs`` of opset 1 ignored)."""
+    x, scale, bias = inputs
+    rank = jnp.ndim(x)
+    if rank < 3:
+        raise ctx.error(f"input must have rank >= 3 (N, C, D1, ...), got rank {rank}")
+    mean, var = _moments(x, tuple(range(2, rank)))
+    y = (x - mean) * _rsqrt_eps(var, attrs["epsilon"])
+    shape = (-1,) + (1,) * (rank - 2)
+    return ((y * jnp.reshape(scale, shape) + jnp.reshape(bias, shape)).astype(_dtype(x)),)
+
+
+@register("LayerNormalization", since=17)
+def layer_normalization(inputs, attrs, ctx):
+    """ONNX ``LayerNormalization``-17, with the optional ``Mean`` and ``InvStdDev`` outputs."""
+    x, scale = inputs[:2]
+    bias = inputs[2] if len(inputs) > 2 else None
+    rank = jnp.ndim(x)
+    axis = normalize_axis(attrs["axis"], rank, ctx)
+    dtype = _dtype(x)
+    xs = x.astype(_stash_dtype(x, attrs["stash_type"]))
+    mean, var = _moments(xs, tuple(range(axis, rank)))
+    inv_std = _rsqrt_eps(var, attrs["epsilon"])
+    y = ((xs - mean) * inv_std).astype(dtype) * scale
+    if bias is not None:
+        y = y + bias
+    stats_dtype = onnx_dtype(attrs["stash_type"])
+    return y.astype(dtype), mean.astype(stats_dtype), inv_std.astype(stats_dtype)
+
+
+def _group_norm(x, scale, bias, attrs, ctx, per_channel: bool):
+    num_groups = attrs["num_groups"]
+    if num_groups is None:
+        raise ctx.error("the num_groups attribute is required")
+    shape = jnp.shape(x)
+    if len(shape) < 2:
+        raise ctx.error(f"input must have rank >= 2 (N, C, ...), got shape {shape}")
+    n, c = shape[:2]
+    if num_groups <= 0 or c % num_groups:
+        raise ctx.error(f"num_groups={num_groups} does not divide the {c} channels")
+    dtype = _dtype(x)
+    xs = x.astype(_stash_dtype(x, attrs.get("stash_type")))
+    grouped = jnp.reshape(xs, (n, num_groups, -1))
+    mean, var = _moments(grouped, (2,))
+    normed = ((grouped - mean) * _rsqrt_eps(var, attrs["epsilon"])).astype(dtype)
+    trailing = (1,) * (len(shape) - 2)
+    if per_channel:
+        normed = jnp.reshape(normed, shape)
+        y = normed * jnp.reshape(scale, (-1,) + trailing) + jnp.reshape(bias, (-1,) + trailing)
+    else:
+        # Opset 18: one scale and bias per group, shared by that group's channels.
+        y = normed * jnp.reshape(scale, (-1, 1)) + jnp.reshape(bias, (-1, 1))
+        y = jnp.reshape(y, shape)
+    return (y.astype(dtype),)
+
+
+@register("GroupNormalization", since=18)
+def group_normalization_18(inputs, attrs, ctx):
+    """ONNX ``GroupNormalization``-18: ``scale`` and ``bias`` have one entry per group."""
+    x, scale, bias = inputs
+    return _group_norm(x, scale, bias, attrs, ctx, per_channel=False)
+
+
+@register("GroupNormalization", since=21)
+def group_normalization_21(inputs, attrs, ctx):
+    """ONNX ``GroupNormalization``-21: per-channel ``scale``/``bias``, ``stash_type``."""
+    x, scale, bias = inputs
+    return _group_norm(x, scale, bias, attrs, ctx, per_channel=True)
+
+
+@register("RMSNormalization", since=23)
+def rms_normalization(inputs, attrs, ctx):
+    """ONNX ``RMSNormalization``-23: the output takes ``scale``'s type."""
+    x, scale = inputs
+    rank = jnp.ndim(x)
+    axis = normalize_axis(attrs["axis"], rank, ctx)
+    xs = x.astype(_stash_dtype(x, attrs["stash_type"]))
+    mean_square = jnp.mean(xs * xs, axis=tuple(range(axis, rank)), keepdims=True)
+    normed = (xs * _rsqrt_eps(mean_square, attrs["epsilon"])).astype(_dtype(x))
+    return ((normed * scale).astype(_dtype(scale)),)
+
+
+@register("LpNormalization", since=(1, 22))
+def lp_normalization(inputs, attrs, ctx):
+    """ONNX ``LpNormalization``, all opsets; an all-zero slice gives zeros (not NaN)."""
+    (x,) = inputs
+    axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
+    p = attrs["p"]
+    if p == 1:
+        norm = jnp.sum(jnp.abs(x), axis=axis, keepdims=True)
+    elif p == 2:
+        square = jnp.sum(x * x, axis=axis, keepdims=True)
+        nonzero = square > 0
+        norm = jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, square, 1)), 0)
+    else:
+        raise ctx.error(f"p={p} is not supported; ONNX defines only p=1 and p=2")
+    nonzero = norm > 0
+    return (jnp.where(nonzero, x / jnp.where(nonzero, norm, 1), 0).astype(_dtype(x)),)
+
+
+@register("MeanVarianceNormalization", since=(9, 13))
+def mean_variance_normalization(inputs, attrs, ctx):
+    """ONNX ``MeanVarianceNormalization``, all opsets: ``(X - E[X]) / (sqrt(Var[X]) + 1e-9)``.
+
+    The variance is computed as ``E[(X - E[X])^2]`` rather than the function body's
+    ``E[X^2] - E[X]^2``: equal in exact arithmetic, never negative in floating point.
+    """
+    (x,) = inputs
+    axes = normalize_axes(attrs["axes"], jnp.ndim(x), ctx)
+    mean, var = _moments(x, axes)
+    positive = var > 0
+    std = jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1)), 0)
+    return (((x - mean) / (std + jnp.asarray(1e-9, _dtype(x)))).astype(_dtype(x)),)
+
+
+@register("LRN", since=(1, 13))
+def lrn(inputs, attrs, ctx):
+    """ONNX ``LRN``, all opsets: the square sum runs over a window of ``size`` channels."""
+    (x,) = inputs
+    size = attrs["size"]
+    if size is None or size < 1:
+        raise ctx.error(f"size must be a positive integer, got {size}")
+    rank = jnp.ndim(x)
+    if rank < 3:
+        raise ctx.error(f"input must have rank >= 3 (N, C, D1, ...), got rank {rank}")
+    window = (1, size) + (1,) * (rank - 2)
+    padding = ((0, 0), ((size - 1) // 2, math.ceil((size - 1) / 2))) + ((0, 0),) * (rank - 2)
+    square_sum = lax.reduce_window(x * x, jnp.zeros((), _dtype(x)), lax.add, window, (1,) * rank, padding)
+    alpha, beta, bias = attrs["alpha"], attrs["beta"], attrs["bias"]
+    return ((x / (bias + (alpha / size) * square_sum) ** beta).astype(_dtype(x)),)
+
+
+# --------------------------------------------------------------------------------------------
+# Dropout
+
+
+def _dropout(x, ratio, active, ctx, mask_dtype):
+    """``(y, mask)``; ``active`` is a Python bool or a traced bool scalar."""
+    dtype = _dtype(x)
+    ratio_known = is_concrete(ratio) or isinstance(ratio, (int, float))
+    if active is False or (ratio_known and float(np.asarray(ratio)) == 0.0):
+        return x, jnp.ones(jnp.shape(x), mask_dtype)
+    keep = jax.random.bernoulli(ctx.rng(), 1.0 - jnp.asarray(ratio, jnp.float32), jnp.shape(x))
+    scale = (1.0 / (1.0 - jnp.asarray(ratio))).astype(dtype)
+    dropped = jnp.where(keep, x * scale, jnp.zeros((), dtype))
+    if active is not True:  # a traced training_mode input: choose at run time
+        dropped = jnp.where(active, dropped, x)
+        keep = jnp.logical_or(keep, jnp.logical_not(active))
+    return dropped.astype(dtype), keep.astype(mask_dtype)
+
+
+@register("Dropout", since=(1, 6), random=True)
+def dropout_1(inputs, attrs, ctx):
+    """ONNX ``Dropout``-1/6: ``is_test=0`` (the default) is training mode; the mask is float.
+
+    ``consumed_inputs`` is ignored.
+    """
+    (x,) = inputs
+    active = not attrs["is_test"] or ctx.train
+    return _dropout(x, attrs["ratio"], bool(active), ctx, _dtype(x))
+
+
+@register("Dropout", since=(7, 10), random=True)
+def dropout_7(inputs, attrs, ctx):
+    """ONNX ``Dropout``-7/10: active only when the run is in training mode.
+
+    The mask has the input's type in opset 7 and is bool from opset 10.
+    """
+    (x,) = inputs
+    mask_dtype = np.dtype(bool) if ctx.opset >= 10 else _dtype(x)
+    return _dropout(x, attrs["ratio"], bool(ctx.train), ctx, mask_dtype)
+
+
+@register("Dropout", since=(12, 13, 22), random=True)
+def dropout(inputs, attrs, ctx):
+    """ONNX ``Dropout``, opsets 12+: optional ``ratio`` and ``training_mode`` inputs.
+
+    Active when ``training_mode`` is true or the run is in training mode. The ``seed``
+    attribute is ignored: the mask comes from the node's PRNG key (``ctx.rng()``).
+    """
+    x = inputs[0]
+    ratio = inputs[1] if len(inputs) > 1 and inputs[1] is not None else np.float32(0.5)
+    training = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    if ctx.train:
+        active = True
+    elif training is None:
+        active = False
+    elif is_concrete(training):
+        active = bool(np.asarray(training))
+    else:
+        active = jnp.asarray(training, bool).reshape(())
+    return _dropout(x, ratio, active, ctx, np.dtype(bool))

@@ -1,1 +1,196 @@
-"""Placeholder: this family is being written."""
+"""Reductions: ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceProd, ReduceL1, ReduceL2,
+ReduceLogSum, ReduceLogSumExp, ReduceSumSquare, and ArgMax / ArgMin.
+
+The axes are an attribute up to opset 12 (ReduceSum) or 17 (the others) and a static input
+after that, where ``noop_with_empty_axes=1`` turns an empty axes list into the identity.
+Reductions over an empty set give the reduction's identity, as the spec says: 0 for sums and
+norms, 1 for products, -inf for ReduceMax / ReduceLogSum / ReduceLogSumExp (the dtype's
+minimum for integers, False for bool), +inf for ReduceMin (the maximum, True). ReduceLogSumExp
+subtracts the maximum first, and ReduceL2's gradient at an all-zero slice is 0, not NaN.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jonnx._registry import register
+from jonnx.ops._util import index_dtype, normalize_axes, normalize_axis, static_ints
+
+
+def _is_float(x) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def _as_float(x):
+    """Integer inputs (allowed by the older schemas) computed in floating point."""
+    return x if _is_float(x) else jnp.asarray(x, jnp.result_type(float))
+
+
+def _lowest(dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return False
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return -np.inf
+    return jnp.iinfo(dtype).min
+
+
+def _highest(dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return True
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return np.inf
+    return jnp.iinfo(dtype).max
+
+
+def _max(x, axis, keepdims):
+    return jnp.max(x, axis=axis, keepdims=keepdims, initial=_lowest(jnp.result_type(x)))
+
+
+def _min(x, axis, keepdims):
+    return jnp.min(x, axis=axis, keepdims=keepdims, initial=_highest(jnp.result_type(x)))
+
+
+def _sum(x, axis, keepdims):
+    return jnp.sum(x, axis=axis, keepdims=keepdims, dtype=jnp.result_type(x))
+
+
+def _prod(x, axis, keepdims):
+    return jnp.prod(x, axis=axis, keepdims=keepdims, dtype=jnp.result_type(x))
+
+
+def _mean(x, axis, keepdims):
+    dtype = jnp.result_type(x)
+    return jnp.mean(_as_float(x), axis=axis, keepdims=keepdims).astype(dtype)
+
+
+def _l1(x, axis, keepdims):
+    return _sum(jnp.abs(x), axis, keepdims)
+
+
+def _sum_square(x, axis, keepdims):
+    return _sum(x * x, axis, keepdims)
+
+
+def _l2(x, axis, keepdims):
+    dtype = jnp.result_type(x)
+    s = _sum_square(_as_float(x), axis, keepdims)
+    # sqrt's derivative is infinite at 0: route zero slices around it (gradient 0 there).
+    positive = s > 0
+    root = jnp.sqrt(jnp.where(positive, s, 1))
+    return jnp.where(positive, root, 0).astype(dtype)
+
+
+def _log_sum(x, axis, keepdims):
+    dtype = jnp.result_type(x)
+    return jnp.log(_sum(_as_float(x), axis, keepdims)).astype(dtype)
+
+
+def _log_sum_exp(x, axis, keepdims):
+    dtype = jnp.result_type(x)
+    x = _as_float(x)
+    m = _max(x, axis, True)
+    # Shift by the (finite) maximum so exp never overflows; the shift cancels in value and
+    # gradient, so it is held constant.
+    shift = lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0))
+    out = jnp.log(jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)) + shift
+    if not keepdims:
+        out = jnp.squeeze(out, axis=axis)
+    return out.astype(dtype)
+
+
+_KINDS = {
+    "ReduceSum": _sum,
+    "ReduceMean": _mean,
+    "ReduceMax": _max,
+    "ReduceMin": _min,
+    "ReduceProd": _prod,
+    "ReduceL1": _l1,
+    "ReduceL2": _l2,
+    "ReduceLogSum": _log_sum,
+    "ReduceLogSumExp": _log_sum_exp,
+    "ReduceSumSquare": _sum_square,
+}
+
+
+def _reduce(fn, x, axes, keepdims, noop, ctx):
+    rank = jnp.ndim(x)
+    if not axes:
+        if noop:
+            return x
+        axes = tuple(range(rank))
+    else:
+        axes = normalize_axes(axes, rank, ctx)
+    return fn(x, axes, bool(keepdims))
+
+
+def _reduce_attr_axes(fn):
+    def apply(inputs, attrs, ctx):
+        x = inputs[0]
+        axes = attrs["axes"]
+        return (_reduce(fn, x, tuple(axes) if axes is not None else (), attrs["keepdims"], False, ctx),)
+
+    apply.__doc__ = "ONNX reduction with the ``axes`` attribute (opsets before the axes input)."
+    return apply
+
+
+def _reduce_input_axes(fn):
+    def apply(inputs, attrs, ctx):
+        x = inputs[0]
+        axes = static_ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else ()
+        return (_reduce(fn, x, axes, attrs["keepdims"], attrs["noop_with_empty_axes"], ctx),)
+
+    apply.__doc__ = (
+        "ONNX reduction with a static ``axes`` input; ``noop_with_empty_axes=1`` and empty "
+        "axes give the input unchanged (as the spec says, also for L1/L2/SumSquare/LogSum...)."
+    )
+    return apply
+
+
+# (attribute-axes since_versions, input-axes since_versions)
+_VERSIONS = {
+    "ReduceSum": ((1, 11), (13,)),
+    "ReduceMean": ((1, 11, 13), (18,)),
+    "ReduceMax": ((1, 11, 12, 13), (18, 20)),
+    "ReduceMin": ((1, 11, 12, 13), (18, 20)),
+    "ReduceProd": ((1, 11, 13), (18,)),
+    "ReduceL1": ((1, 11, 13), (18,)),
+    "ReduceL2": ((1, 11, 13), (18,)),
+    "ReduceLogSum": ((1, 11, 13), (18, 28)),
+    "ReduceLogSumExp": ((1, 11, 13), (18, 28)),
+    "ReduceSumSquare": ((1, 11, 13), (18,)),
+}
+
+for _name, (_attr_versions, _input_versions) in _VERSIONS.items():
+    register(_name, since=_attr_versions)(_reduce_attr_axes(_KINDS[_name]))
+    register(_name, since=_input_versions, static_inputs=(1,))(_reduce_input_axes(_KINDS[_name]))
+
+
+def _arg(find, inputs, attrs, ctx):
+    (x,) = inputs
+    rank = jnp.ndim(x)
+    axis = normalize_axis(attrs["axis"], rank, ctx)
+    keepdims = bool(attrs["keepdims"])
+    if jnp.shape(x)[axis] == 0:
+        raise ctx.error(f"cannot take an arg-reduction over the empty axis {axis}")
+    if attrs.get("select_last_index"):
+        n = jnp.shape(x)[axis]
+        idx = (n - 1) - find(jnp.flip(x, axis), axis=axis, keepdims=keepdims)
+    else:
+        idx = find(x, axis=axis, keepdims=keepdims)
+    return (idx.astype(index_dtype()),)
+
+
+@register("ArgMax", since=(1, 11, 12, 13))
+def argmax(inputs, attrs, ctx):
+    """ONNX ``ArgMax``, all opsets (negative axis from 11, ``select_last_index`` from 12)."""
+    return _arg(jnp.argmax, inputs, attrs, ctx)
+
+
+@register("ArgMin", since=(1, 11, 12, 13))
+def argmin(inputs, attrs, ctx):
+    """ONNX ``ArgMin``, all opsets (negative axis from 11, ``select_last_index`` from 12)."""
+    return _arg(jnp.argmin, inputs, attrs, ctx)

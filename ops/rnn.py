@@ -1,1 +1,210 @@
-"""Placeholder: this family is being written."""
+"""Recurrent layers: RNN, GRU, LSTM.
+
+Each direction is one ``jax.lax.scan`` over the time axis. The input projection
+``X @ W^T + Wb`` of every step is one matmul before the scan; only ``H @ R^T`` runs inside it.
+
+``sequence_lens`` may be traced: steps past a sequence's length are masked (the state is
+carried unchanged and ``Y`` is zero there), so ``Y_h``/``Y_c`` hold the state at each
+sequence's last valid step. The reverse direction reads each sequence backwards *within its
+length*, through a per-batch index permutation (the identity on the padding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jonnx._registry import register
+
+# name (lower case) -> (function of x, alpha, beta; default alpha; default beta). The defaults
+# are onnxruntime's and Keras's; an activation consumes an alpha/beta only if it takes one.
+_ACTIVATIONS: dict[str, tuple[Callable, float | None, float | None]] = {
+    "relu": (lambda x, a, b: jax.nn.relu(x), None, None),
+    "tanh": (lambda x, a, b: jnp.tanh(x), None, None),
+    "sigmoid": (lambda x, a, b: jax.nn.sigmoid(x), None, None),
+    "affine": (lambda x, a, b: a * x + b, 1.0, 0.0),
+    "leakyrelu": (lambda x, a, b: jnp.where(x >= 0, x, a * x), 0.01, None),
+    "thresholdedrelu": (lambda x, a, b: jnp.where(x >= a, x, jnp.zeros_like(x)), 1.0, None),
+    "scaledtanh": (lambda x, a, b: a * jnp.tanh(b * x), 1.0, 1.0),
+    "hardsigmoid": (lambda x, a, b: jnp.clip(a * x + b, 0, 1), 0.2, 0.5),
+    # double where: the unused exp branch must not overflow into a NaN gradient
+    "elu": (lambda x, a, b: jnp.where(x >= 0, x, a * jnp.expm1(jnp.where(x >= 0, 0, x))), 1.0, None),
+    "softsign": (lambda x, a, b: x / (1 + jnp.abs(x)), None, None),
+    "softplus": (lambda x, a, b: jax.nn.softplus(x), None, None),
+}
+
+_Act = Callable[[jax.Array], jax.Array]
+
+# kind -> (gates per step, default activations of one direction)
+_KINDS = {"RNN": (1, ("Tanh",)), "GRU": (3, ("Sigmoid", "Tanh")), "LSTM": (4, ("Sigmoid", "Tanh", "Tanh"))}
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _activations(kind: str, attrs, num_directions: int, ctx) -> list[list[_Act]]:
+    """The activation functions of each direction, alpha/beta bound."""
+    per_dir = len(_KINDS[kind][1])
+    names = [_text(n) for n in (attrs["activations"] or _KINDS[kind][1])]
+    if len(names) == per_dir and num_directions == 2:
+        names = names * 2
+    # RNN's schema default lists two (one per direction) even for one direction.
+    if len(names) < per_dir * num_directions:
+        raise ctx.error(f"needs {per_dir * num_directions} activations, got {names}")
+    alphas = list(attrs["activation_alpha"] or ())
+    betas = list(attrs["activation_beta"] or ())
+    funcs = []
+    for name in names[: per_dir * num_directions]:
+        entry = _ACTIVATIONS.get(name.lower())
+        if entry is None:
+            raise ctx.error(f"unknown activation {name!r}; expected one of {sorted(_ACTIVATIONS)}")
+        fn, alpha, beta = entry
+        if alpha is not None and alphas:
+            alpha = float(alphas.pop(0))
+        if beta is not None and betas:
+            beta = float(betas.pop(0))
+        funcs.append(lambda x, fn=fn, alpha=alpha, beta=beta: fn(x, alpha, beta))
+    return [funcs[d * per_dir:(d + 1) * per_dir] for d in range(num_directions)]
+
+
+def _reverse_within_lengths(x: jax.Array, lengths: jax.Array | None) -> jax.Array:
+    """``x`` (time, batch, ...) with each batch entry's first ``length`` steps reversed."""
+    if lengths is None:
+        return jnp.flip(x, 0)
+    t = jnp.arange(x.shape[0])[:, None]
+    idx = jnp.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)
+    idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=0)
+
+
+def _cell(kind: str, acts: Sequence[_Act], r, rb, p, clip, linear_before_reset, input_forget):
+    """One direction's step ``(state, (x_proj_t, mask_t)) -> (state, h_t)``."""
+    hidden = r.shape[-1]
+
+    def clipped(v):
+        return v if clip is None else jnp.clip(v, -clip, clip)
+
+    def step(state, xs):
+        xw, mask = xs
+        h = state[0]
+        if kind == "RNN":
+            new = (acts[0](clipped(xw + h @ r.T + rb)),)
+        elif kind == "GRU":
+            f, g = acts
+            hr = h @ r[: 2 * hidden].T + rb[: 2 * hidden]
+            z = f(clipped(xw[:, :hidden] + hr[:, :hidden]))
+            rg = f(clipped(xw[:, hidden:2 * hidden] + hr[:, hidden:]))
+            rh, rbh = r[2 * hidden:], rb[2 * hidden:]
+            if linear_before_reset:
+                pre = xw[:, 2 * hidden:] + rg * (h @ rh.T + rbh)
+            else:
+                pre = xw[:, 2 * hidden:] + (rg * h) @ rh.T + rbh
+            ht = g(clipped(pre))
+            new = ((1 - z) * ht + z * h,)
+        else:  # LSTM, gates in order i, o, f, c; peepholes in order i, o, f
+            f, g, hact = acts
+            c = state[1]
+            gates = xw + h @ r.T + rb
+            gi, go, gf, gc = (gates[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            i = f(clipped(gi + p[:hidden] * c))
+            if input_forget:
+                fg = 1 - i
+            else:
+                fg = f(clipped(gf + p[2 * hidden:] * c))
+            c_new = fg * c + i * g(clipped(gc))
+            o = f(clipped(go + p[hidden:2 * hidden] * c_new))
+            new = (o * hact(c_new), c_new)
+        if mask is not None:
+            new = tuple(jnp.where(mask, n, s) for n, s in zip(new, state))
+            return new, jnp.where(mask, new[0], jnp.zeros_like(new[0]))
+        return new, new[0]
+
+    return step
+
+
+def _recurrent(kind: str, inputs, attrs, ctx):
+    x, w, r = inputs[:3]
+    b, lens, h0 = (inputs[i] if len(inputs) > i else None for i in (3, 4, 5))
+    c0 = inputs[6] if kind == "LSTM" and len(inputs) > 6 else None
+    p = inputs[7] if kind == "LSTM" and len(inputs) > 7 else None
+    layout = attrs.get("layout") or 0
+    direction = _text(attrs["direction"])
+    if direction == "foward":  # opset 1's schema default has this typo
+        direction = "forward"
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise ctx.error(f"direction must be forward, reverse or bidirectional, got {direction!r}")
+    num_dir = 2 if direction == "bidirectional" else 1
+    gates = _KINDS[kind][0]
+    hidden = r.shape[-1]
+    if attrs["hidden_size"] is not None and attrs["hidden_size"] != hidden:
+        raise ctx.error(f"hidden_size={attrs['hidden_size']} but R has shape {tuple(r.shape)}")
+    if tuple(w.shape[:2]) != (num_dir, gates * hidden) or tuple(r.shape) != (num_dir, gates * hidden, hidden):
+        raise ctx.error(
+            f"W {tuple(w.shape)} / R {tuple(r.shape)} do not fit direction={direction!r} with "
+            f"hidden size {hidden} ({gates} gate(s))"
+        )
+    dtype = x.dtype
+    if layout:
+        x = jnp.swapaxes(x, 0, 1)
+        h0 = None if h0 is None else jnp.swapaxes(h0, 0, 1)
+        c0 = None if c0 is None else jnp.swapaxes(c0, 0, 1)
+    seq, batch = x.shape[0], x.shape[1]
+    if b is None:
+        b = jnp.zeros((num_dir, 2 * gates * hidden), dtype)
+    if h0 is None:
+        h0 = jnp.zeros((num_dir, batch, hidden), dtype)
+    if kind == "LSTM":
+        c0 = jnp.zeros((num_dir, batch, hidden), dtype) if c0 is None else c0
+        p = jnp.zeros((num_dir, 3 * hidden), dtype) if p is None else p
+    clip = attrs["clip"]
+    acts = _activations(kind, attrs, num_dir, ctx)
+    if lens is not None:
+        lens = jnp.asarray(lens).astype(jnp.int32)
+        mask = (jnp.arange(seq)[:, None] < lens[None, :])[..., None]
+    else:
+        mask = None
+
+    ys, hs, cs = [], [], []
+    for d in range(num_dir):
+        reverse = direction == "reverse" or d == 1
+        xd = _reverse_within_lengths(x, lens) if reverse else x
+        xw = jnp.einsum("tbi,gi->tbg", xd, w[d]) + b[d, : gates * hidden]
+        step = _cell(
+            kind, acts[d], r[d], b[d, gates * hidden:], p[d] if p is not None else None, clip,
+            attrs.get("linear_before_reset"), attrs.get("input_forget"),
+        )
+        init = (h0[d], c0[d]) if kind == "LSTM" else (h0[d],)
+        state, y = lax.scan(step, init, (xw, mask))
+        ys.append(_reverse_within_lengths(y, lens) if reverse else y)
+        hs.append(state[0])
+        if kind == "LSTM":
+            cs.append(state[1])
+    y = jnp.stack(ys, 1).astype(dtype)  # (seq, num_dir, batch, hidden)
+    finals = [jnp.stack(hs, 0).astype(dtype)] + ([jnp.stack(cs, 0).astype(dtype)] if cs else [])
+    if layout:
+        y = jnp.transpose(y, (2, 0, 1, 3))
+        finals = [jnp.swapaxes(f, 0, 1) for f in finals]
+    return (y, *finals)
+
+
+@register("RNN", since=(1, 7, 14, 22))
+def rnn(inputs, attrs, ctx):
+    """ONNX ``RNN``, all opsets (``layout`` from 14; opset 1's ``output_sequence`` is moot:
+    ``Y`` is produced whenever the node asks for it)."""
+    return _recurrent("RNN", inputs, attrs, ctx)
+
+
+@register("GRU", since=(1, 3, 7, 14, 22))
+def gru(inputs, attrs, ctx):
+    """ONNX ``GRU``, all opsets (``linear_before_reset`` from 3, ``layout`` from 14)."""
+    return _recurrent("GRU", inputs, attrs, ctx)
+
+
+@register("LSTM", since=(1, 7, 14, 22))
+def lstm(inputs, attrs, ctx):
+    """ONNX ``LSTM``, all opsets (``layout`` from 14)."""
+    return _recurrent("LSTM", inputs, attrs, ctx)

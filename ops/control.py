@@ -1,0 +1,272 @@
+"""Control flow: If, Loop and Scan over subgraphs, on ``jax.lax``.
+
+Subgraph bodies run through ``ctx.run_graph``, which gives them the enclosing scopes' values,
+so bodies may read outer values at any nesting depth.
+
+* ``If`` with a condition known at trace time picks its branch statically (the branches may
+  then differ in shape); otherwise it is ``lax.cond``.
+* ``Loop`` with a static trip count is ``lax.scan`` (differentiable); a data-dependent exit
+  freezes the carried values once the condition turns false. Without a trip count it is
+  ``lax.while_loop``. Loops that carry sequences, or whose inputs are all known at trace time,
+  are unrolled at trace time.
+* ``Scan`` is ``lax.scan`` with the scan axes moved to the front.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jonnx._interpreter import is_concrete
+from jonnx._registry import register
+from jonnx._static import static_values
+from jonnx.ops._util import index_dtype, normalize_axis
+
+# Loops unrolled at trace time (sequence-carrying or fully static ones) stop with an error
+# past this many iterations instead of running without end.
+MAX_UNROLLED_ITERATIONS = 100_000
+
+_SUBGRAPH_VERSIONS = (1, 11, 13, 16, 19, 21, 23, 24, 25)
+
+
+def _is_true(value: Any) -> bool:
+    return bool(np.asarray(value).reshape(-1)[0])
+
+
+def _structure(values) -> Any:
+    return jax.tree_util.tree_map(lambda v: (jnp.shape(v), jnp.result_type(v)), list(values))
+
+
+@register("If", since=_SUBGRAPH_VERSIONS, prefer_static=(0,))
+def if_(inputs, attrs, ctx):
+    """ONNX ``If``, all opsets: a static choice when the condition is known, else ``lax.cond``."""
+    (cond,) = inputs
+    then_branch, else_branch = attrs["then_branch"], attrs["else_branch"]
+    if is_concrete(cond):
+        return ctx.run_graph(then_branch if _is_true(cond) else else_branch, {})
+    if len(then_branch.outputs) != len(else_branch.outputs):
+        raise ctx.error(
+            f"the branches have {len(then_branch.outputs)} and {len(else_branch.outputs)} outputs"
+        )
+
+    def run(branch):
+        return lambda: tuple(
+            jnp.asarray(v) if isinstance(v, np.ndarray) else v for v in ctx.run_graph(branch, {})
+        )
+
+    then_shapes = jax.eval_shape(run(then_branch))
+    else_shapes = jax.eval_shape(run(else_branch))
+    if jax.tree_util.tree_structure(then_shapes) != jax.tree_util.tree_structure(else_shapes) or any(
+        (a.shape, a.dtype) != (b.shape, b.dtype)
+        for a, b in zip(jax.tree_util.tree_leaves(then_shapes), jax.tree_util.tree_leaves(else_shapes))
+    ):
+        raise ctx.error(
+            "the condition depends on runtime data, and the branches' outputs differ in shape or "
+            f"type ({_describe(then_shapes)} vs {_describe(else_shapes)}), which one compiled "
+            "computation cannot hold; make the condition known at trace time"
+        )
+    return lax.cond(jnp.reshape(cond, ()).astype(bool), run(then_branch), run(else_branch))
+
+
+def _describe(shapes) -> str:
+    return str([f"{a.dtype}{list(a.shape)}" for a in jax.tree_util.tree_leaves(shapes)])
+
+
+class _DynamicExit(Exception):
+    """Raised inside a scan trace when the loop condition turns out to depend on runtime data."""
+
+
+def _loop_static(attrs) -> tuple[int, ...]:
+    """A Loop with scan outputs needs its trip count at trace time: they stack per iteration."""
+    body = attrs["body"]
+    n_state = len(body.inputs) - 2
+    return (0,) if len(body.outputs) - 1 - n_state > 0 else ()
+
+
+@register("Loop", since=_SUBGRAPH_VERSIONS, static_inputs=_loop_static, prefer_static=(0, 1))
+def loop(inputs, attrs, ctx):
+    """ONNX ``Loop``, all opsets: ``lax.scan`` for a static trip count, else ``lax.while_loop``."""
+    trip, cond, *state = inputs
+    body = attrs["body"]
+    n_state = len(state)
+    n_scan = len(body.outputs) - 1 - n_state
+    if n_scan < 0 or len(body.inputs) != 2 + n_state:
+        raise ctx.error(
+            f"the body takes {len(body.inputs)} inputs and gives {len(body.outputs)} outputs, "
+            f"which does not fit {n_state} loop-carried values"
+        )
+    names = body.input_names
+
+    def step(i, flag, carried):
+        values = {names[0]: i, names[1]: flag, **dict(zip(names[2:], carried))}
+        out = ctx.run_graph(body, values)
+        return out[0], list(out[1 : 1 + n_state]), list(out[1 + n_state :])
+
+    static_trip = trip is None or is_concrete(trip)
+    carries_sequences = any(isinstance(s, list) for s in state)
+    everything_static = static_trip and is_concrete(cond) and is_concrete(state)
+    # A body that needs its iteration number or a carried value at trace time (to slice by
+    # it, say) cannot be one scan step; unrolled, each iteration sees them as constants.
+    needs_static_step = bool(static_values(body) & set(names[:1] + names[2:]))
+    if static_trip and (carries_sequences or everything_static or needs_static_step):
+        return _unrolled(trip, cond, state, step, n_scan, ctx)
+    if trip is not None and static_trip:
+        length = int(np.asarray(trip).reshape(-1)[0])
+        if cond is None or (is_concrete(cond) and _is_true(cond)):
+            try:
+                return _scanned(length, step, state, n_scan, ctx, static_flag=True)
+            except _DynamicExit:
+                pass
+        return _scanned(length, step, state, n_scan, ctx, static_flag=False, cond=cond)
+    if n_scan:
+        raise ctx.error(
+            "a Loop without a trip count known at trace time cannot have scan outputs: their "
+            "length would depend on runtime data"
+        )
+    return _while(trip, cond, state, step)
+
+
+def _iteration(i) -> jax.Array:
+    return jnp.asarray(i, index_dtype())
+
+
+def _unrolled(trip, cond, state, step, n_scan, ctx):
+    """Run the loop at trace time, one body evaluation per iteration."""
+    limit = MAX_UNROLLED_ITERATIONS if trip is None else int(np.asarray(trip).reshape(-1)[0])
+    flag = np.asarray(True) if cond is None else cond
+    scans: list[list] = [[] for _ in range(n_scan)]
+    i = 0
+    while i < limit and (not is_concrete(flag) or _is_true(flag)):
+        if not is_concrete(flag):
+            raise ctx.error("the loop condition depends on runtime data while it carries a sequence")
+        flag, state, outs = step(np.asarray(i, np.int64), flag, state)
+        for acc, value in zip(scans, outs):
+            acc.append(value)
+        i += 1
+    if trip is None and i >= limit:
+        raise ctx.error(f"the loop ran {limit} iterations at trace time without its condition turning false")
+    stacked = []
+    for acc in scans:
+        if not acc:
+            raise ctx.error("a Loop that runs zero times cannot give scan outputs of known shape")
+        stacked.append(jnp.stack([jnp.asarray(v) for v in acc]))
+    return (*state, *stacked)
+
+
+def _scanned(length, step, state, n_scan, ctx, *, static_flag: bool, cond=None):
+    """``lax.scan`` over a static trip count; with a dynamic exit, carried values freeze."""
+
+    def body(carry, i):
+        flag, carried = carry
+        if static_flag:
+            new_flag, new_state, outs = step(_iteration(i), np.asarray(True), carried)
+            if not (is_concrete(new_flag) and _is_true(new_flag)):
+                raise _DynamicExit
+            return (flag, _match(new_state, carried, ctx)), [jnp.asarray(o) for o in outs]
+        new_flag, new_state, outs = step(_iteration(i), flag, carried)
+        new_state = _match(new_state, carried, ctx)
+        kept = [jnp.where(flag, n, c) for n, c in zip(new_state, carried)]
+        return (jnp.logical_and(flag, jnp.reshape(new_flag, ()).astype(bool)), kept), [jnp.asarray(o) for o in outs]
+
+    flag0 = jnp.asarray(True) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
+    init = (flag0, [jnp.asarray(s) for s in state])
+    if not static_flag and n_scan:
+        raise ctx.error(
+            "the loop's exit condition depends on runtime data and it has scan outputs, whose "
+            "length would then depend on runtime data"
+        )
+    (_, final), scans = lax.scan(body, init, jnp.arange(length))
+    return (*final, *scans)
+
+
+def _match(new_state, carried, ctx):
+    """Loop-carried values must keep their shape and dtype to live in one compiled loop."""
+    out = []
+    for new, old in zip(new_state, carried):
+        new = jnp.asarray(new)
+        if jnp.shape(new) != jnp.shape(old):
+            raise ctx.error(
+                f"a loop-carried value changes shape from {jnp.shape(old)} to {jnp.shape(new)} "
+                "between iterations; only loops known at trace time may do that"
+            )
+        out.append(new.astype(jnp.result_type(old)))
+    return out
+
+
+def _while(trip, cond, state, step):
+    """``lax.while_loop`` for loops bounded by a runtime trip count or condition only."""
+    limit = None if trip is None else jnp.reshape(jnp.asarray(trip), ()).astype(index_dtype())
+    flag0 = jnp.asarray(True) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
+
+    def keep_going(carry):
+        i, flag, _ = carry
+        return flag if limit is None else jnp.logical_and(flag, i < limit)
+
+    def body(carry):
+        i, flag, carried = carry
+        new_flag, new_state, _ = step(i, flag, carried)
+        new_state = [jnp.asarray(n).astype(jnp.result_type(c)) for n, c in zip(new_state, carried)]
+        return i + 1, jnp.reshape(jnp.asarray(new_flag), ()).astype(bool), new_state
+
+    init = (jnp.asarray(0, index_dtype()), flag0, [jnp.asarray(s) for s in state])
+    _, _, final = lax.while_loop(keep_going, body, init)
+    return tuple(final)
+
+
+def _scan_core(state, scan_inputs, attrs, ctx):
+    """Scan-9+ semantics on unbatched inputs; returns final states and scan outputs."""
+    body = attrs["body"]
+    n_state, n_in = len(state), len(scan_inputs)
+    n_out = len(body.outputs) - n_state
+    in_axes = attrs.get("scan_input_axes") or (0,) * n_in
+    in_dirs = attrs.get("scan_input_directions") or (0,) * n_in
+    out_axes = attrs.get("scan_output_axes") or (0,) * n_out
+    out_dirs = attrs.get("scan_output_directions") or (0,) * n_out
+    xs = []
+    for x, axis, direction in zip(scan_inputs, in_axes, in_dirs):
+        x = jnp.moveaxis(jnp.asarray(x), normalize_axis(axis, jnp.ndim(x), ctx), 0)
+        xs.append(jnp.flip(x, 0) if direction else x)
+    lengths = {jnp.shape(x)[0] for x in xs}
+    if len(lengths) > 1:
+        raise ctx.error(f"scan inputs have different lengths along their scan axes: {sorted(lengths)}")
+    names = body.input_names
+
+    def step(carried, slices):
+        out = ctx.run_graph(body, dict(zip(names, [*carried, *slices])))
+        return _match(list(out[:n_state]), carried, ctx), [jnp.asarray(o) for o in out[n_state:]]
+
+    final, ys = lax.scan(step, [jnp.asarray(s) for s in state], xs)
+    outputs = []
+    for y, axis, direction in zip(ys, out_axes, out_dirs):
+        y = jnp.flip(y, 0) if direction else y
+        outputs.append(jnp.moveaxis(y, 0, normalize_axis(axis, jnp.ndim(y), ctx)))
+    return (*final, *outputs)
+
+
+@register("Scan", since=(9, 11, 16, 19, 21, 23, 24, 25))
+def scan(inputs, attrs, ctx):
+    """ONNX ``Scan``, opsets 9+: ``lax.scan`` over the scan axes."""
+    n_in = attrs["num_scan_inputs"]
+    n_state = len(inputs) - n_in
+    return _scan_core(list(inputs[:n_state]), list(inputs[n_state:]), attrs, ctx)
+
+
+@register("Scan", since=8)
+def scan_8(inputs, attrs, ctx):
+    """ONNX ``Scan``-8: a leading batch axis and optional per-batch ``sequence_lens``."""
+    lens, *rest = inputs
+    n_in = attrs["num_scan_inputs"]
+    n_state = len(rest) - n_in
+    state, scan_inputs = rest[:n_state], rest[n_state:]
+    if lens is not None:
+        full = jnp.shape(scan_inputs[0])[1]
+        if not is_concrete(lens) or np.any(np.asarray(lens) != full):
+            raise ctx.error("Scan-8 with sequence_lens shorter than the scan axis is not supported")
+    # Scan-8's `directions` is Scan-9's `scan_input_directions`; every axis is 0 after the batch.
+    attrs9 = {"body": attrs["body"], "scan_input_directions": attrs.get("directions")}
+    batched = jax.vmap(lambda s, x: _scan_core(list(s), list(x), attrs9, ctx))
+    return batched([jnp.asarray(s) for s in state], [jnp.asarray(x) for x in scan_inputs])

@@ -1,0 +1,237 @@
+"""Linear quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, and the
+integer products MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv.
+
+Scales and zero points are per tensor (a scalar), per axis (1-D along ``axis``) or, from
+opset 21, blocked (``block_size`` copies of each scale along ``axis``). Quantization rounds
+half to even and saturates to the target type's range; float8 targets follow Cast's
+``saturate`` rules. Integer products accumulate in int32, as ONNX specifies.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import onnx
+from jax import lax
+
+from jonnx._registry import register
+from jonnx.ops._util import canonical, normalize_axis, onnx_dtype
+from jonnx.ops.cast import _cast_numeric
+from jonnx.ops.nn import _conv  # Conv's geometry (pads, auto_pad, groups) lives there
+
+_INT_RANGES = {
+    np.dtype(np.uint8): (0, 255),
+    np.dtype(np.int8): (-128, 127),
+    np.dtype(np.uint16): (0, 65535),
+    np.dtype(np.int16): (-32768, 32767),
+    np.dtype(ml_dtypes.uint4): (0, 15),
+    np.dtype(ml_dtypes.int4): (-8, 7),
+    np.dtype(ml_dtypes.uint2): (0, 3),
+    np.dtype(ml_dtypes.int2): (-2, 1),
+}
+_FLOAT_TARGETS = {
+    np.dtype(t)
+    for t in (
+        ml_dtypes.float8_e4m3fn,
+        ml_dtypes.float8_e4m3fnuz,
+        ml_dtypes.float8_e5m2,
+        ml_dtypes.float8_e5m2fnuz,
+        ml_dtypes.float4_e2m1fn,
+        ml_dtypes.float6_e2m3fn,
+        ml_dtypes.float6_e3m2fn,
+    )
+}
+
+
+def _dtype(x) -> np.dtype:
+    return np.dtype(jnp.result_type(x))
+
+
+def _param(p, x_shape, axis, block_size, ctx, what: str):
+    """A scale or zero point shaped to broadcast against ``x`` (per tensor, axis or block)."""
+    if p is None:
+        return None
+    rank = len(x_shape)
+    if jnp.ndim(p) == 0 or (jnp.ndim(p) == 1 and jnp.shape(p)[0] == 1):
+        return jnp.reshape(p, ())
+    axis = normalize_axis(1 if axis is None else int(axis), rank, ctx)
+    if not block_size:
+        if jnp.ndim(p) != 1 or jnp.shape(p)[0] != x_shape[axis]:
+            raise ctx.error(
+                f"{what} of shape {jnp.shape(p)} must be a scalar or 1-D of length {x_shape[axis]} "
+                f"(axis {axis} of the input of shape {tuple(x_shape)}); blocked quantization needs "
+                "block_size"
+            )
+        return jnp.reshape(p, tuple(x_shape[axis] if i == axis else 1 for i in range(rank)))
+    block_size = int(block_size)
+    expected = tuple(-(-d // block_size) if i == axis else d for i, d in enumerate(x_shape))
+    if block_size < 0 or tuple(jnp.shape(p)) != expected:
+        raise ctx.error(
+            f"{what} of shape {jnp.shape(p)} does not fit blocked quantization of an input of shape "
+            f"{tuple(x_shape)} with block_size={block_size} on axis {axis} (expected {expected})"
+        )
+    p = jnp.repeat(p, block_size, axis=axis)
+    return jnp.take(p, jnp.arange(x_shape[axis]), axis=axis)
+
+
+def _divide(x, scale):
+    """``x / scale``, correctly rounded.
+
+    XLA's algebraic simplifier turns ``x / broadcast(s)`` into ``x * broadcast(1 / s)``, which
+    is off by an ulp often enough to move ``round(x / s)`` across a tie (DynamicQuantizeLinear
+    gives 25 instead of 26 on ONNX's own example). The barrier keeps a true division.
+    """
+    scale = jnp.broadcast_to(scale, jnp.broadcast_shapes(jnp.shape(x), jnp.shape(scale)))
+    return x / lax.optimization_barrier(scale)
+
+
+def _saturate_round(q, zero_point, target: np.dtype, saturate: bool, ctx):
+    """``saturate(round(q) + zero_point)`` into ``target`` (round half to even)."""
+    if target in _INT_RANGES:
+        lo, hi = _INT_RANGES[target]
+        acc = jnp.promote_types(_dtype(q), jnp.float32)
+        q = jnp.round(q).astype(acc)
+        if zero_point is not None:
+            q = q + jnp.asarray(zero_point).astype(acc)
+        return jnp.clip(q, lo, hi).astype(target)
+    if target in _FLOAT_TARGETS:
+        if zero_point is not None:
+            q = q + jnp.asarray(zero_point).astype(_dtype(q))
+        return _cast_numeric(q, target, saturate, "up", ctx)
+    raise ctx.error(f"{target} is not a quantized type (uint8/int8/uint16/int16/4-bit/2-bit/float8)")
+
+
+def _quantize_linear(inputs, attrs, ctx):
+    """ONNX ``QuantizeLinear``, opsets 10+: ``y = saturate(round(x / y_scale) + y_zero_point)``."""
+    x, scale, zero_point = (tuple(inputs) + (None,) * 3)[:3]
+    output_dtype = attrs.get("output_dtype") or 0
+    if zero_point is not None:
+        target = _dtype(zero_point)
+        if output_dtype and onnx_dtype(output_dtype) != target:
+            raise ctx.error(
+                f"output_dtype {onnx.TensorProto.DataType.Name(output_dtype)} differs from the "
+                f"zero point's type {target}"
+            )
+    else:
+        target = onnx_dtype(output_dtype) if output_dtype else np.dtype(np.uint8)
+    shape = jnp.shape(x)
+    axis, block = attrs.get("axis"), attrs.get("block_size")
+    scale = _param(scale, shape, axis, block, ctx, "y_scale")
+    zero_point = _param(zero_point, shape, axis, block, ctx, "y_zero_point")
+    precision = attrs.get("precision")
+    # The division runs in the precision attribute's type, else numpy's promotion of x and
+    # the scale (what ONNX's reference and onnxruntime do).
+    compute = onnx_dtype(precision) if precision else jnp.promote_types(_dtype(x), _dtype(scale))
+    q = _divide(jnp.asarray(x).astype(compute), jnp.asarray(scale).astype(compute))
+    saturate = attrs.get("saturate")
+    return (_saturate_round(q, zero_point, target, True if saturate is None else bool(saturate), ctx),)
+
+
+register("QuantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(_quantize_linear)
+
+
+def _dequantize_linear(inputs, attrs, ctx):
+    """ONNX ``DequantizeLinear``, opsets 10+: ``y = (x - x_zero_point) * x_scale``."""
+    x, scale, zero_point = (tuple(inputs) + (None,) * 3)[:3]
+    output_dtype = attrs.get("output_dtype") or 0
+    out = onnx_dtype(output_dtype) if output_dtype else _dtype(scale)
+    shape = jnp.shape(x)
+    axis, block = attrs.get("axis"), attrs.get("block_size")
+    scale = _param(scale, shape, axis, block, ctx, "x_scale")
+    zero_point = _param(zero_point, shape, axis, block, ctx, "x_zero_point")
+    # float32 at least, as the reference computes, then the output type.
+    compute = jnp.promote_types(jnp.float32, _dtype(scale))
+    dx = jnp.asarray(x).astype(compute)
+    if zero_point is not None:
+        dx = dx - jnp.asarray(zero_point).astype(compute)
+    return ((dx * jnp.asarray(scale).astype(compute)).astype(out),)
+
+
+register("DequantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(_dequantize_linear)
+
+
+@register("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(inputs, attrs, ctx):
+    """ONNX ``DynamicQuantizeLinear``, opset 11: uint8 with a scale and zero point from x's range."""
+    (x,) = inputs
+    x = jnp.asarray(x)
+    hi = jnp.maximum(0, jnp.max(x)).astype(jnp.float32)
+    lo = jnp.minimum(0, jnp.min(x)).astype(jnp.float32)
+    scale = jnp.where(hi == lo, jnp.float32(1), hi - lo) / jnp.float32(255)
+    zero_point = jnp.round(jnp.clip(-lo / scale, 0, 255))
+    y = jnp.clip(jnp.round(_divide(x.astype(jnp.float32), scale)) + zero_point, 0, 255).astype(jnp.uint8)
+    return y, scale.astype(x.dtype), zero_point.astype(jnp.uint8)
+
+
+def _centered(x, zero_point, per_row: bool):
+    """``x - zero_point`` in int32; a 1-D zero point of ``A`` is per row (one per M)."""
+    x = jnp.asarray(x).astype(jnp.int32)
+    if zero_point is None:
+        return x
+    zero_point = jnp.asarray(zero_point).astype(jnp.int32)
+    if per_row and jnp.ndim(zero_point) == 1 and jnp.shape(zero_point)[0] > 1:
+        zero_point = zero_point[:, None]
+    return x - zero_point
+
+
+def _requantize(acc, multiplier, zero_point, target: np.dtype, ctx):
+    """``saturate(round(acc * multiplier) + zero_point)`` for the QLinear* ops."""
+    # int32 * float, as numpy (the reference) promotes it: float64 when 64-bit types are on,
+    # so the int32 accumulator is exact and ties round as ONNX's expected outputs do.
+    wide = canonical(np.float64)
+    q = acc.astype(wide) * jnp.asarray(multiplier).astype(wide)
+    return _saturate_round(q, zero_point, target, True, ctx)
+
+
+@register("MatMulInteger", since=10)
+def matmul_integer(inputs, attrs, ctx):
+    """ONNX ``MatMulInteger``, opset 10: ``(A - a_zero_point) @ (B - b_zero_point)`` in int32."""
+    a, b, a_zero, b_zero = (tuple(inputs) + (None,) * 4)[:4]
+    return (jnp.matmul(_centered(a, a_zero, True), _centered(b, b_zero, False)),)
+
+
+def _row_scale(scale):
+    return scale[:, None] if jnp.ndim(scale) == 1 and jnp.shape(scale)[0] > 1 else scale
+
+
+@register("QLinearMatMul", since=(10, 21))
+def qlinear_matmul(inputs, attrs, ctx):
+    """ONNX ``QLinearMatMul``, opsets 10 and 21 (21 adds float8 and float16/bfloat16 scales)."""
+    a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero = inputs
+    acc = jnp.matmul(_centered(a, a_zero, True), _centered(b, b_zero, False))
+    # The scales combine in their own type first, as onnxruntime and the reference do.
+    multiplier = _divide(_row_scale(jnp.asarray(a_scale)) * jnp.asarray(b_scale), jnp.asarray(y_scale))
+    target = _dtype(y_zero) if y_zero is not None else _dtype(a)
+    return (_requantize(acc, multiplier, y_zero, target, ctx),)
+
+
+def _centered_weights(w, zero_point):
+    w = jnp.asarray(w).astype(jnp.int32)
+    if zero_point is None:
+        return w
+    zero_point = jnp.asarray(zero_point).astype(jnp.int32)
+    if jnp.ndim(zero_point) == 1 and jnp.shape(zero_point)[0] == jnp.shape(w)[0]:
+        zero_point = jnp.reshape(zero_point, (-1,) + (1,) * (jnp.ndim(w) - 1))
+    return w - zero_point
+
+
+@register("ConvInteger", since=10)
+def conv_integer(inputs, attrs, ctx):
+    """ONNX ``ConvInteger``, opset 10: Conv of zero-point-centered integers, int32 output."""
+    x, w, x_zero, w_zero = (tuple(inputs) + (None,) * 4)[:4]
+    return (_conv(_centered(x, x_zero, False), _centered_weights(w, w_zero), None, attrs, ctx),)
+
+
+@register("QLinearConv", since=10)
+def qlinear_conv(inputs, attrs, ctx):
+    """ONNX ``QLinearConv``, opset 10: quantized Conv with an int32 bias, requantized to y's type."""
+    x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (tuple(inputs) + (None,) * 9)[:9]
+    bias = None if bias is None else jnp.asarray(bias).astype(jnp.int32)
+    acc = _conv(_centered(x, x_zero, False), _centered_weights(w, w_zero), bias, attrs, ctx)
+    w_scale = jnp.asarray(w_scale)
+    if jnp.ndim(w_scale) == 1 and jnp.shape(w_scale)[0] > 1:  # per output channel
+        w_scale = jnp.reshape(w_scale, (1, -1) + (1,) * (jnp.ndim(acc) - 2))
+    multiplier = _divide(jnp.asarray(x_scale) * w_scale, jnp.asarray(y_scale))
+    target = _dtype(y_zero) if y_zero is not None else _dtype(x)
+    return (_requantize(acc, multiplier, y_zero, target, ctx),)

@@ -1,0 +1,146 @@
+"""Sequences and optionals: Python lists of arrays and ``None``, while their structure is static.
+
+A sequence's length and an optional's presence are known at trace time (they are Python
+structure, not data), so SequenceLength and OptionalHasElement give static values, and
+positions into a sequence must be static too.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jonnx._registry import register
+from jonnx.ops._util import normalize_axis, static_ints
+
+
+def _position(seq, position, ctx, *, insert: bool = False) -> int:
+    n = len(seq)
+    p = n if position is None and insert else -1 if position is None else int(np.asarray(position).reshape(()))
+    high = n if insert else n - 1
+    if not -n <= p <= high:
+        raise ctx.error(f"position {p} is out of range for a sequence of length {n}")
+    return p + n if p < 0 else p
+
+
+def _as_list(seq, ctx) -> list:
+    if not isinstance(seq, list):
+        raise ctx.error(f"expects a sequence, got {type(seq).__name__}")
+    return seq
+
+
+@register("SequenceEmpty", since=11)
+def sequence_empty(inputs, attrs, ctx):
+    """ONNX ``SequenceEmpty``, opset 11."""
+    return ([],)
+
+
+@register("SequenceConstruct", since=11)
+def sequence_construct(inputs, attrs, ctx):
+    """ONNX ``SequenceConstruct``, opset 11."""
+    return (list(inputs),)
+
+
+@register("SequenceAt", since=11, static_inputs=(1,))
+def sequence_at(inputs, attrs, ctx):
+    """ONNX ``SequenceAt``, opset 11 (the position must be known at trace time)."""
+    seq, position = inputs
+    seq = _as_list(seq, ctx)
+    return (seq[_position(seq, position, ctx)],)
+
+
+@register("SequenceInsert", since=11, static_inputs=(2,))
+def sequence_insert(inputs, attrs, ctx):
+    """ONNX ``SequenceInsert``, opset 11."""
+    seq, tensor, position = (*inputs, None)[:3]
+    seq = list(_as_list(seq, ctx))
+    seq.insert(_position(seq, position, ctx, insert=True), tensor)
+    return (seq,)
+
+
+@register("SequenceErase", since=11, static_inputs=(1,))
+def sequence_erase(inputs, attrs, ctx):
+    """ONNX ``SequenceErase``, opset 11."""
+    seq, position = (*inputs, None)[:2]
+    seq = list(_as_list(seq, ctx))
+    del seq[_position(seq, position, ctx)]
+    return (seq,)
+
+
+@register("SequenceLength", since=11, shape_only=True)
+def sequence_length(inputs, attrs, ctx):
+    """ONNX ``SequenceLength``, opset 11 (static: the length is structure)."""
+    return (np.asarray(len(_as_list(inputs[0], ctx)), np.int64),)
+
+
+@register("SplitToSequence", since=(11, 24), static_inputs=(1,))
+def split_to_sequence(inputs, attrs, ctx):
+    """ONNX ``SplitToSequence``, opsets 11+."""
+    x, split = (*inputs, None)[:2]
+    axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
+    dim = jnp.shape(x)[axis]
+    if split is None:
+        parts = [jnp.take(x, i, axis=axis) for i in range(dim)] if not attrs["keepdims"] else (
+            jnp.split(x, dim, axis=axis) if dim else []
+        )
+        return (list(parts),)
+    sizes = static_ints(split)
+    if np.asarray(split).ndim == 0:
+        size = sizes[0]
+        sizes = [size] * (dim // size) + ([dim % size] if dim % size else [])
+    if sum(sizes) != dim:
+        raise ctx.error(f"split sizes {list(sizes)} do not add up to dimension {dim}")
+    bounds = np.cumsum(sizes)[:-1]
+    return (list(jnp.split(x, bounds, axis=axis)),)
+
+
+@register("ConcatFromSequence", since=11)
+def concat_from_sequence(inputs, attrs, ctx):
+    """ONNX ``ConcatFromSequence``, opset 11."""
+    seq = _as_list(inputs[0], ctx)
+    if not seq:
+        raise ctx.error("cannot concatenate an empty sequence")
+    if attrs["new_axis"]:
+        axis = normalize_axis(attrs["axis"], jnp.ndim(seq[0]) + 1, ctx)
+        return (jnp.stack(seq, axis=axis),)
+    axis = normalize_axis(attrs["axis"], jnp.ndim(seq[0]), ctx)
+    return (jnp.concatenate(seq, axis=axis),)
+
+
+@register("SequenceMap", since=17)
+def sequence_map(inputs, attrs, ctx):
+    """ONNX ``SequenceMap``, opset 17: the body runs once per element, at trace time."""
+    body = attrs["body"]
+    sequences = [i for i, v in enumerate(inputs) if isinstance(v, list)]
+    lengths = {len(inputs[i]) for i in sequences}
+    if len(lengths) != 1:
+        raise ctx.error(f"input sequences differ in length: {sorted(lengths)}")
+    (n,) = lengths
+    results = [[] for _ in body.outputs]
+    for k in range(n):
+        args = [v[k] if i in sequences else v for i, v in enumerate(inputs)]
+        for acc, value in zip(results, ctx.run_graph(body, dict(zip(body.input_names, args)))):
+            acc.append(value)
+    return tuple(results)
+
+
+@register("Optional", since=(15, 28))
+def optional(inputs, attrs, ctx):
+    """ONNX ``Optional``, opsets 15+: the value itself, or None when empty."""
+    return (inputs[0] if inputs else None,)
+
+
+@register("OptionalHasElement", since=(15, 18, 28), shape_only=True)
+def optional_has_element(inputs, attrs, ctx):
+    """ONNX ``OptionalHasElement``, opsets 15+ (static: presence is structure)."""
+    value = inputs[0] if inputs else None
+    return (np.asarray(value is not None),)
+
+
+@register("OptionalGetElement", since=(15, 18, 28))
+def optional_get_element(inputs, attrs, ctx):
+    """ONNX ``OptionalGetElement``, opsets 15+."""
+    if not inputs or inputs[0] is None:
+        raise ctx.error("the optional is empty")
+    return (inputs[0],)
+

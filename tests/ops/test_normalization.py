@@ -1,0 +1,366 @@
+"""Normalization ops and Dropout against the ReferenceEvaluator / numpy, over opsets and dtypes.
+
+Training-mode behaviour that a one-node model cannot switch on (the run's train flag, a PRNG
+key) is tested through ``jonnx.ops.call``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jonnx.ops
+from jonnx import errors
+from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
+
+RNG = np.random.default_rng(0)
+
+
+def _f32(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# -- BatchNormalization ------------------------------------------------------------------------
+
+
+def _bn_numpy(x, s, b, mean, var, eps=1e-5, spatial=True):
+    shape = (-1,) + (1,) * (x.ndim - 2) if spatial or s.ndim == 1 else s.shape
+    r = lambda p: p.reshape(shape)
+    return (r(s) * (x - r(mean)) / np.sqrt(r(var) + eps) + r(b)).astype(x.dtype)
+
+
+def _bn_train_numpy(x, s, b, mean, var, momentum=0.9, eps=1e-5, spatial=True):
+    axes = (0,) + tuple(range(2, x.ndim)) if spatial else (0,)
+    bm, bv = x.mean(axis=axes), x.var(axis=axes)  # population variance
+    y = _bn_numpy(x, s, b, bm, bv, eps, spatial)
+    return y, mean * momentum + bm * (1 - momentum), var * momentum + bv * (1 - momentum), bm, bv
+
+
+def _bn_inputs(c=3, shape=(2, 3, 4, 5)):
+    return {"x": _f32(*shape), "s": _f32(c), "b": _f32(c), "mean": _f32(c),
+            "var": RNG.uniform(0.5, 1.5, c).astype(np.float32)}
+
+
+@pytest.mark.parametrize("opset,attrs", [
+    (6, {"is_test": 1}), (7, {}), (9, {}), (14, {}), (15, {"training_mode": 0}),
+])
+def test_batchnorm_inference(opset, attrs):
+    # numpy: the ReferenceEvaluator's BatchNormalization_9 runs training statistics whenever
+    # `momentum` is set (it always is, by default), which opset 9 does not say.
+    inputs = _bn_inputs()
+    assert_matches_reference("BatchNormalization", inputs, opset=opset, epsilon=1e-3, **attrs,
+                             expected=lambda *a: [_bn_numpy(*a, eps=1e-3)])
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5), (2, 3, 2, 2, 2)])
+def test_batchnorm_training_mode_attribute(shape):
+    inputs = _bn_inputs(shape=shape)
+    out = assert_matches_reference("BatchNormalization", inputs, 3, opset=15, training_mode=1,
+                                   momentum=0.8, rtol=1e-4, atol=1e-5)
+    want = _bn_train_numpy(*inputs.values(), momentum=0.8)
+    np.testing.assert_allclose(out[2], want[2], rtol=1e-5)
+
+
+def test_batchnorm_opset6_is_test_0_trains_with_five_outputs():
+    inputs = _bn_inputs()
+    assert_matches_reference("BatchNormalization", inputs, 5, opset=6, is_test=0,
+                             expected=lambda *a: _bn_train_numpy(*a), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [1, 6, 7])
+def test_batchnorm_spatial0_per_activation(opset):
+    # spatial=0: statistics over the batch axis only, parameters of shape (C, D1, ...).
+    x = _f32(4, 3, 5)
+    p = lambda: RNG.uniform(0.5, 1.5, (3, 5)).astype(np.float32)
+    inputs = {"x": x, "s": p(), "b": p(), "mean": p(), "var": p()}
+    legacy = {"is_test": 1} if opset < 7 else {}
+    if opset == 1:
+        legacy["consumed_inputs"] = [0, 0, 0, 1, 1]
+    assert_matches_reference("BatchNormalization", inputs, opset=opset, spatial=0, **legacy,
+                             expected=lambda *a: [_bn_numpy(*a, spatial=False)])
+    got = jonnx.ops.call("BatchNormalization", *inputs.values(), opset=opset, spatial=0, train=True,
+                         **legacy)
+    want = _bn_train_numpy(*inputs.values(), spatial=False)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [7, 9, 15])
+def test_batchnorm_train_flag_switches_eval_export_to_training(opset):
+    inputs = _bn_inputs()
+    got = jonnx.ops.call("BatchNormalization", *inputs.values(), opset=opset, train=True)
+    want = _bn_train_numpy(*inputs.values())
+    assert len(got) == (3 if opset >= 14 else 5)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5)
+    # Without the flag it normalises with the given statistics.
+    y = jonnx.ops.call("BatchNormalization", *inputs.values(), opset=opset)
+    y = y[0] if isinstance(y, tuple) else y
+    np.testing.assert_allclose(np.asarray(y), _bn_numpy(*inputs.values()), rtol=1e-5, atol=1e-5)
+
+
+def test_batchnorm_running_statistics_carry_no_gradient():
+    inputs = _bn_inputs()
+
+    def stats(x, mean):
+        _, new_mean, new_var = jonnx.ops.call("BatchNormalization", x, inputs["s"], inputs["b"], mean,
+                                              inputs["var"], opset=15, training_mode=1)
+        return new_mean.sum() + new_var.sum()
+
+    gx, gm = jax.grad(stats, argnums=(0, 1))(inputs["x"], inputs["mean"])
+    np.testing.assert_array_equal(np.asarray(gx), 0.0)
+    np.testing.assert_array_equal(np.asarray(gm), 0.0)
+
+
+def test_batchnorm_training_gradients():
+    inputs = _bn_inputs(shape=(3, 3, 2))
+    check_op_grads("BatchNormalization", inputs, opset=15, training_mode=1, n_outputs=3,
+                   wrt=["x", "s", "b"])
+
+
+def test_batchnorm_float16_input_with_float32_parameters():
+    inputs = _bn_inputs()
+    inputs["x"] = inputs["x"].astype(np.float16)
+    assert_matches_reference("BatchNormalization", inputs, opset=15, rtol=2e-3, atol=2e-3,
+                             expected=lambda x, *p: [_bn_numpy(x.astype(np.float32), *p).astype(np.float16)])
+
+
+# -- Instance, layer, group, RMS normalization ------------------------------------------------
+
+
+@pytest.mark.parametrize("opset", [6, 22])
+@pytest.mark.parametrize("shape", [(2, 3, 4), (2, 3, 4, 5)])
+def test_instance_normalization(opset, shape):
+    inputs = {"x": _f32(*shape), "s": _f32(3), "b": _f32(3)}
+    assert_matches_reference("InstanceNormalization", inputs, opset=opset, epsilon=1e-2,
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_instance_normalization_opset1_and_gradients():
+    # numpy: the ReferenceEvaluator rejects opset 1's `consumed_inputs` attribute.
+    def expected(x, s, b):
+        mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return [(s[:, None] * (x - mean) / np.sqrt(var + 1e-5) + b[:, None]).astype(x.dtype)]
+
+    inputs = {"x": _f32(2, 3, 4), "s": _f32(3), "b": _f32(3)}
+    assert_matches_reference("InstanceNormalization", inputs, opset=1, consumed_inputs=[0, 0, 0],
+                             rtol=1e-5, atol=1e-5, expected=expected)
+    check_op_grads("InstanceNormalization", inputs, opset=22)
+
+
+@pytest.mark.parametrize("axis", [-1, 1, 0, -2])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_normalization(axis, with_bias):
+    x = _f32(2, 3, 4)
+    norm_shape = x.shape[axis % 3:]
+    inputs = {"x": x, "w": _f32(*norm_shape), "b": _f32(*norm_shape) if with_bias else None}
+    assert_matches_reference("LayerNormalization", inputs, 3, opset=17, axis=axis, epsilon=1e-3,
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_layer_normalization_float16_uses_float32_statistics():
+    x = (_f32(3, 8) * 100 + 1000).astype(np.float16)  # float16 statistics would lose digits
+    w, b = np.ones(8, np.float16), np.zeros(8, np.float16)
+
+    def expected(x, w, b):
+        x32 = x.astype(np.float32)
+        mean = x32.mean(-1, keepdims=True)
+        inv = 1 / np.sqrt(((x32 - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+        return [((x32 - mean) * inv).astype(np.float16) * w + b, mean, inv]
+
+    assert_matches_reference("LayerNormalization", {"x": x, "w": w, "b": b}, 3, opset=17,
+                             expected=expected, rtol=2e-3, atol=2e-3)
+
+
+def test_layer_normalization_gradients():
+    check_op_grads("LayerNormalization", {"x": _f32(2, 5), "w": _f32(5), "b": _f32(5)}, opset=17)
+
+
+def _group_norm_numpy(x, scale, bias, groups, eps=1e-5, per_channel=True):
+    n, c = x.shape[:2]
+    g = x.reshape(n, groups, -1)
+    normed = ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + eps))
+    trailing = (1,) * (x.ndim - 2)
+    if per_channel:
+        normed = normed.reshape(x.shape)
+        return (normed * scale.reshape(-1, *trailing) + bias.reshape(-1, *trailing)).astype(x.dtype)
+    return (normed * scale.reshape(-1, 1) + bias.reshape(-1, 1)).reshape(x.shape).astype(x.dtype)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_group_normalization_21_per_channel(groups):
+    x = _f32(2, 4, 3, 2)
+    inputs = {"x": x, "s": _f32(4), "b": _f32(4)}
+    assert_matches_reference("GroupNormalization", inputs, opset=21, num_groups=groups, rtol=1e-5,
+                             atol=1e-5, expected=lambda x, s, b: [_group_norm_numpy(x, s, b, groups)])
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_group_normalization_18_per_group(groups):
+    # Opset 18's scale and bias have one entry per group (changed to per channel in 21).
+    x = _f32(2, 4, 3)
+    inputs = {"x": x, "s": _f32(groups), "b": _f32(groups)}
+    assert_matches_reference(
+        "GroupNormalization", inputs, opset=18, num_groups=groups, rtol=1e-5, atol=1e-5,
+        expected=lambda x, s, b: [_group_norm_numpy(x, s, b, groups, per_channel=False)])
+    if groups == 2:
+        check_op_grads("GroupNormalization", inputs, opset=18, num_groups=groups)
+
+
+def test_group_normalization_groups_must_divide_channels():
+    inputs = {"x": _f32(2, 4, 3), "s": _f32(4), "b": _f32(4)}
+    model = node_model("GroupNormalization", inputs, opset=21, num_groups=3)
+    with pytest.raises(errors.NodeError, match="does not divide"):
+        run_jonnx(model, inputs)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_rms_normalization(axis):
+    x = _f32(2, 3, 4)
+    inputs = {"x": x, "s": _f32(*x.shape[axis % 3:])}
+    assert_matches_reference("RMSNormalization", inputs, opset=23, axis=axis, rtol=1e-5, atol=1e-5)
+    check_op_grads("RMSNormalization", inputs, opset=23, axis=axis)
+
+
+# -- Lp, mean-variance, LRN ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("opset", [1, 22])
+@pytest.mark.parametrize("p,axis", [(1, -1), (2, 0), (2, 1)])
+def test_lp_normalization(opset, p, axis):
+    # numpy: the ReferenceEvaluator sums x**p without abs, wrong for p=1 with negative entries.
+    x = _f32(3, 4)
+    x[1] = 0.0  # an all-zero row gives zeros
+    def expected(x):
+        norm = np.sum(np.abs(x) ** p, axis=axis, keepdims=True) ** (1 / p)
+        return [np.where(norm == 0, 0, x / np.where(norm == 0, 1, norm)).astype(x.dtype)]
+    assert_matches_reference("LpNormalization", {"x": x}, opset=opset, p=p, axis=axis,
+                             expected=expected)
+
+
+def test_lp_normalization_gradient_finite_at_zero():
+    x = _f32(3, 4)
+    check_op_grads("LpNormalization", {"x": x}, opset=22, p=2)
+    with jax.enable_x64(True):
+        g = jax.grad(lambda x: jonnx.ops.LpNormalization(x, p=2).sum())(jnp.zeros((2, 3)))
+    assert np.all(np.isfinite(np.asarray(g)))
+
+
+def test_lp_normalization_rejects_p3():
+    model = node_model("LpNormalization", {"x": _f32(2, 3)}, opset=22, p=3)
+    with pytest.raises(errors.NodeError, match="p=3"):
+        run_jonnx(model, {"x": _f32(2, 3)})
+
+
+@pytest.mark.parametrize("opset", [9, 13])
+@pytest.mark.parametrize("axes", [None, [1], [0, 1, 2, 3]])
+def test_mean_variance_normalization(opset, axes):
+    attrs = {} if axes is None else {"axes": axes}
+    assert_matches_reference("MeanVarianceNormalization", {"x": _f32(2, 3, 2, 4)}, opset=opset,
+                             rtol=1e-4, atol=1e-5, **attrs)
+
+
+def test_mean_variance_normalization_gradients():
+    check_op_grads("MeanVarianceNormalization", {"x": _f32(2, 3, 2, 2)}, opset=13)
+
+
+def _lrn_numpy(x, size, alpha=1e-4, beta=0.75, bias=1.0):
+    # The spec's window; the ReferenceEvaluator loops over x.shape[0] instead of the channels.
+    c = x.shape[1]
+    sq = np.zeros_like(x)
+    for i in range(c):
+        lo, hi = max(0, i - (size - 1) // 2), min(c - 1, i + math.ceil((size - 1) / 2))
+        sq[:, i] = (x[:, lo:hi + 1] ** 2).sum(axis=1)
+    return (x / (bias + alpha / size * sq) ** beta).astype(x.dtype)
+
+
+@pytest.mark.parametrize("opset", [1, 13])
+@pytest.mark.parametrize("size,shape", [(3, (2, 5, 3, 3)), (4, (1, 6, 2)), (1, (2, 3, 2, 2))])
+def test_lrn(opset, size, shape):
+    x = _f32(*shape)
+    assert_matches_reference("LRN", {"x": x}, opset=opset, size=size, alpha=0.5, beta=0.6, bias=2.0,
+                             expected=lambda x: [_lrn_numpy(x, size, 0.5, 0.6, 2.0)], rtol=1e-5, atol=1e-6)
+
+
+def test_lrn_gradients():
+    check_op_grads("LRN", {"x": _f32(1, 4, 2, 2)}, opset=13, size=3, alpha=0.5)
+
+
+# -- Dropout -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("opset,attrs,mask_dtype", [
+    (1, {"is_test": 1}, np.float32), (6, {"is_test": 1}, np.float32), (7, {}, np.float32),
+    (10, {}, np.bool_), (12, {}, np.bool_), (13, {}, np.bool_), (22, {}, np.bool_),
+])
+def test_dropout_inference_is_identity_with_all_true_mask(opset, attrs, mask_dtype):
+    x = _f32(3, 4)
+    out = assert_matches_reference("Dropout", {"x": x}, 2, opset=opset, **attrs,
+                                   expected=[x, np.ones(x.shape, mask_dtype)])
+    assert out[1].dtype == mask_dtype
+
+
+def test_dropout_training_mode_false_input_is_identity():
+    x = _f32(3, 4)
+    inputs = {"x": x, "r": np.array(0.7, np.float32), "t": np.array(False)}
+    assert_matches_reference("Dropout", inputs, 2, opset=13, initializers=["r", "t"],
+                             expected=[x, np.ones(x.shape, bool)])
+
+
+@pytest.mark.parametrize("opset,how", [(13, "input"), (22, "train"), (10, "train"), (6, "is_test")])
+def test_dropout_training_masks_and_scales(opset, how):
+    x = np.abs(_f32(200, 50)) + 0.1
+    ratio = 0.3
+    key = jax.random.key(7)
+    if how == "input":
+        y, mask = jonnx.ops.call("Dropout", x, np.float32(ratio), np.array(True), opset=opset, key=key)
+    elif how == "train":
+        args = (x, np.float32(ratio)) if opset >= 12 else (x,)
+        extra = {} if opset >= 12 else {"ratio": ratio}
+        y, mask = jonnx.ops.call("Dropout", *args, opset=opset, key=key, train=True, **extra)
+    else:
+        y, mask = jonnx.ops.call("Dropout", x, opset=opset, key=key, is_test=0, ratio=ratio)
+    y, mask = np.asarray(y), np.asarray(mask).astype(bool)
+    np.testing.assert_allclose(y, np.where(mask, x / (1 - ratio), 0), rtol=1e-6)
+    assert abs(mask.mean() - (1 - ratio)) < 0.02
+    # Same key, same mask; another key, another mask (no fixed seed anywhere).
+    again = jonnx.ops.call("Dropout", x, np.float32(ratio), np.array(True), opset=13, key=key)[1]
+    other = jonnx.ops.call("Dropout", x, np.float32(ratio), np.array(True), opset=13,
+                           key=jax.random.key(8))[1]
+    assert not np.array_equal(np.asarray(again), np.asarray(other))
+
+
+def test_dropout_training_without_key_is_an_error():
+    with pytest.raises(errors.NodeError, match="PRNG key"):
+        jonnx.ops.call("Dropout", _f32(2, 2), np.float32(0.5), np.array(True), opset=13)
+
+
+def test_dropout_zero_ratio_needs_no_key():
+    x = _f32(2, 3)
+    y, mask = jonnx.ops.call("Dropout", x, np.float32(0.0), np.array(True), opset=13)
+    np.testing.assert_array_equal(np.asarray(y), x)
+    assert np.asarray(mask).all()
+
+
+def test_dropout_traced_training_mode_under_jit():
+    x = _f32(20, 20)
+    key = jax.random.key(0)
+    f = jax.jit(lambda x, t: jonnx.ops.call("Dropout", x, np.float32(0.5), t, opset=13, key=key))
+    y_on, m_on = f(x, jnp.array(True))
+    y_off, m_off = f(x, jnp.array(False))
+    np.testing.assert_array_equal(np.asarray(y_off), x)
+    assert np.asarray(m_off).all() and not np.asarray(m_on).all()
+    np.testing.assert_allclose(np.asarray(y_on), np.where(np.asarray(m_on), 2 * x, 0), rtol=1e-6)
+
+
+def test_dropout_gradient_is_mask_over_keep_probability():
+    x = _f32(6, 5)
+    key = jax.random.key(3)
+    f = lambda x: jonnx.ops.call("Dropout", x, np.float32(0.25), np.array(True), opset=13, key=key)
+    g = jax.grad(lambda x: f(x)[0].sum())(x)
+    mask = np.asarray(f(x)[1])
+    np.testing.assert_allclose(np.asarray(g), mask / 0.75, rtol=1e-6)

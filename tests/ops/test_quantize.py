@@ -1,0 +1,204 @@
+"""Quantization ops against the ReferenceEvaluator, over opsets, granularities and types."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+
+from jonnx import errors
+from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
+
+RNG = np.random.default_rng(0)
+
+
+def _dequantize(axis=1):
+    """numpy DequantizeLinear: the ReferenceEvaluator has no DequantizeLinear before opset 19."""
+
+    def run(q, s, zp=None):
+        shape = [1] * q.ndim
+        if np.ndim(s) == 1:
+            shape[axis] = -1
+        s = np.reshape(s, shape if np.ndim(s) else ())
+        zp = 0 if zp is None else np.reshape(zp, shape if np.ndim(zp) else ()).astype(np.float32)
+        return [((q.astype(np.float32) - zp) * s).astype(s.dtype)]
+
+    return run
+
+
+def _x(shape=(3, 4), scale=20.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("opset", [10, 13, 19, 21, 25])
+@pytest.mark.parametrize("zp_dtype", [np.uint8, np.int8])
+def test_quantize_per_tensor(opset, zp_dtype):
+    x = _x()
+    zp = np.array(3 if zp_dtype == np.int8 else 128, zp_dtype)
+    assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(0.25), "zp": zp}, opset=opset)
+    assert_matches_reference("DequantizeLinear", {"q": x.astype(zp_dtype), "s": np.float32(0.25), "zp": zp},
+                             opset=opset, expected=None if opset >= 19 else _dequantize())
+
+
+def test_quantize_rounds_half_to_even_and_saturates():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 300.0, -300.0, 127.5], np.float32)
+    want = np.clip(np.rint(x), -128, 127).astype(np.int8)
+    assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(1), "zp": np.int8(0)}, opset=13,
+                             expected=[want])
+
+
+def test_quantize_without_zero_point_is_uint8():
+    x = np.abs(_x())
+    out = assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(0.5)}, opset=13)
+    assert out[0].dtype == np.uint8
+
+
+@pytest.mark.parametrize("opset", [13, 21])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_per_axis(opset, axis):
+    x = _x((3, 4, 5))
+    n = x.shape[axis]
+    s = RNG.uniform(0.1, 1.0, n).astype(np.float32)
+    zp = RNG.integers(-10, 10, n).astype(np.int8)
+    assert_matches_reference("QuantizeLinear", {"x": x, "s": s, "zp": zp}, opset=opset, axis=axis)
+    q = RNG.integers(-128, 127, x.shape).astype(np.int8)
+    assert_matches_reference("DequantizeLinear", {"q": q, "s": s, "zp": zp}, opset=opset, axis=axis,
+                             expected=None if opset >= 19 else _dequantize(axis))
+
+
+@pytest.mark.parametrize("block_size,axis", [(2, 1), (3, 1), (4, 0)])
+def test_blocked(block_size, axis):
+    x = _x((4, 6))
+    sshape = tuple(-(-d // block_size) if i == axis else d for i, d in enumerate(x.shape))
+    s = RNG.uniform(0.1, 1.0, sshape).astype(np.float32)
+    zp = RNG.integers(0, 20, sshape).astype(np.uint8)
+    assert_matches_reference("QuantizeLinear", {"x": x, "s": s, "zp": zp}, opset=21, axis=axis,
+                             block_size=block_size)
+    q = RNG.integers(0, 255, x.shape).astype(np.uint8)
+    assert_matches_reference("DequantizeLinear", {"q": q, "s": s, "zp": zp}, opset=21, axis=axis,
+                             block_size=block_size)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int16, ml_dtypes.int4, ml_dtypes.uint4,
+                                   ml_dtypes.int2, ml_dtypes.uint2])
+def test_wide_and_narrow_integer_types(dtype):
+    x = _x((2, 6), 40.0)
+    zp = np.array(1, dtype)
+    out = assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(2.0), "zp": zp}, opset=25)
+    assert out[0].dtype == np.dtype(dtype)
+    assert_matches_reference("DequantizeLinear", {"q": out[0], "s": np.float32(2.0), "zp": zp}, opset=25)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
+                                   ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz,
+                                   ml_dtypes.float4_e2m1fn])
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_float_targets(dtype, saturate):
+    x = np.array([0.3, -1.7, 1000.0, -1e6, 5e4, 0.0, 3.0], np.float32)
+    zp = np.zeros((), dtype)
+    out = assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(0.5), "zp": zp}, opset=21,
+                                   saturate=saturate)
+    assert out[0].dtype == np.dtype(dtype)
+    q = out[0][np.isfinite(out[0].astype(np.float32))]
+    assert_matches_reference("DequantizeLinear", {"q": q, "s": np.float32(0.5), "zp": zp}, opset=21)
+
+
+def test_output_dtype_and_precision():
+    x = _x()
+    out = assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(0.5)}, opset=21,
+                                   output_dtype=TP.INT4)
+    assert out[0].dtype == np.dtype(ml_dtypes.int4)
+    # precision (opset 23): the division runs in float16; numpy gives the expected value.
+    s = np.float32(0.37)
+    want = np.clip(np.rint(x.astype(np.float16) / s.astype(np.float16)), -128, 127).astype(np.int8)
+    assert_matches_reference("QuantizeLinear", {"x": x, "s": s}, opset=23, output_dtype=TP.INT8,
+                             precision=TP.FLOAT16, expected=[want])
+    q = RNG.integers(0, 255, (3, 4)).astype(np.uint8)
+    out = assert_matches_reference("DequantizeLinear", {"q": q, "s": np.float32(0.5)}, opset=23,
+                                   output_dtype=TP.FLOAT16)
+    assert out[0].dtype == np.float16
+
+
+def test_mismatched_output_dtype_is_an_error():
+    x = _x()
+    inputs = {"x": x, "s": np.float32(0.5), "zp": np.uint8(0)}
+    model = node_model("QuantizeLinear", inputs, opset=21, output_dtype=TP.INT8)
+    with pytest.raises(errors.NodeError, match="output_dtype"):
+        run_jonnx(model, inputs)
+
+
+def test_bad_blocked_scale_shape_is_an_error():
+    x = _x((4, 6))
+    inputs = {"x": x, "s": np.ones((4, 2), np.float32)}
+    model = node_model("QuantizeLinear", inputs, opset=21, axis=1, block_size=2)
+    with pytest.raises(errors.NodeError, match="blocked"):
+        run_jonnx(model, inputs)
+
+
+def test_dequantize_int32_and_float16_scale():
+    q = RNG.integers(-(2**20), 2**20, (3, 4)).astype(np.int32)
+    assert_matches_reference("DequantizeLinear", {"q": q, "s": np.float32(0.01)}, opset=13,
+                             expected=_dequantize())
+    q8 = RNG.integers(0, 255, (3, 4)).astype(np.uint8)
+    out = assert_matches_reference("DequantizeLinear", {"q": q8, "s": np.float16(0.1), "zp": np.uint8(7)},
+                                   opset=19, rtol=1e-3)
+    assert out[0].dtype == np.float16
+
+
+def test_dequantize_differentiable_in_scale():
+    q = RNG.integers(0, 255, (3, 4)).astype(np.uint8)
+    s = RNG.uniform(0.1, 1.0, 4)
+    check_op_grads("DequantizeLinear", {"q": q, "s": s, "zp": np.full(4, 9, np.uint8)}, opset=13, axis=1)
+
+
+@pytest.mark.parametrize("x", [
+    np.array([0, 2, -3, -2.5, 1.34, 0.5], np.float32),
+    np.array([-1.0, -2.1, -1.3, -2.5, -3.34, -4.0], np.float32),
+    np.array([1, 2.1, 1.3, 2.5, 3.34, 4.0, 1.5, 2.6, 3.9, 4.0, 3.0, 2.345], np.float32).reshape(3, 4),
+    np.zeros(4, np.float32),
+])
+def test_dynamic_quantize_linear(x):
+    assert_matches_reference("DynamicQuantizeLinear", {"x": x}, 3, opset=11)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_matmul_integer(dtype):
+    a = RNG.integers(0, 100, (2, 4, 3)).astype(dtype)
+    b = RNG.integers(0, 100, (3, 5)).astype(dtype)
+    assert_matches_reference("MatMulInteger", {"a": a, "b": b, "za": np.array(12, dtype),
+                                               "zb": np.array(3, dtype)}, opset=10)
+    # per-row a zero point, per-column b zero point (numpy: the reference cannot broadcast them)
+    a2 = a[0]
+    za, zb = np.arange(4).astype(dtype), np.arange(5).astype(dtype)
+    want = (a2.astype(np.int32) - za[:, None]) @ (b.astype(np.int32) - zb)
+    assert_matches_reference("MatMulInteger", {"a": a2, "b": b, "za": za, "zb": zb}, opset=10, expected=[want])
+
+
+@pytest.mark.parametrize("opset", [10, 21])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_qlinear_matmul(opset, dtype):
+    a = RNG.integers(0, 100, (2, 4, 3)).astype(dtype)
+    b = RNG.integers(0, 100, (3, 5)).astype(dtype)
+    inputs = {"a": a, "sa": np.float32(0.05), "za": np.array(10, dtype), "b": b, "sb": np.float32(0.02),
+              "zb": np.array(5, dtype), "sy": np.float32(0.3), "zy": np.array(7, dtype)}
+    assert_matches_reference("QLinearMatMul", inputs, opset=opset)
+
+
+def test_conv_integer():
+    x = RNG.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
+    w = RNG.integers(0, 255, (3, 2, 3, 3)).astype(np.uint8)
+    assert_matches_reference("ConvInteger", {"x": x, "w": w, "zx": np.uint8(100), "zw": np.uint8(120)},
+                             opset=10, pads=[1, 1, 1, 1], strides=[2, 1])
+    assert_matches_reference("ConvInteger", {"x": x, "w": w}, opset=10, auto_pad="SAME_UPPER")
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_qlinear_conv(per_channel):
+    x = RNG.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
+    w = RNG.integers(0, 255, (3, 2, 3, 3)).astype(np.uint8)
+    ws = RNG.uniform(0.001, 0.01, 3).astype(np.float32) if per_channel else np.float32(0.005)
+    wz = np.full(3, 120, np.uint8) if per_channel else np.uint8(120)
+    inputs = {"x": x, "sx": np.float32(0.02), "zx": np.uint8(100), "w": w, "sw": ws, "zw": wz,
+              "sy": np.float32(0.05), "zy": np.uint8(128), "b": RNG.integers(-500, 500, 3).astype(np.int32)}
+    assert_matches_reference("QLinearConv", inputs, opset=10, pads=[1, 1, 1, 1])

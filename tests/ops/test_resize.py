@@ -1,0 +1,315 @@
+"""Resize, Upsample, GridSample, AffineGrid, RoiAlign and MaxRoiPool against the
+ReferenceEvaluator, onnxruntime (where the reference lacks or misreads an opset) and numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from jonnx import errors
+from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx, run_reference
+
+RNG = np.random.default_rng(0)
+# The ReferenceEvaluator interpolates in float64 and rounds once; jonnx works in float32.
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _ort(op, inputs, opset, initializers=(), **attrs):
+    """Expected outputs from onnxruntime (for opsets the ReferenceEvaluator gets wrong)."""
+    model = node_model(op, inputs, opset=opset, initializers=initializers, **attrs)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {k: v for k, v in inputs.items() if v is not None and k not in initializers}
+    return sess.run(None, feeds)
+
+
+def _x(shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+# ------------------------------------------------------------------------------- Resize 11+
+
+SCALES = {"up": [1.0, 1.0, 2.0, 1.5], "down": [1.0, 1.0, 0.6, 0.8], "mixed": [1.0, 1.0, 1.7, 0.45]}
+
+
+_CASES = [
+    (opset, mode, ctm, which)
+    for i, (mode, ctm) in enumerate(
+        (m, c) for m in ("nearest", "linear", "cubic")
+        for c in ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
+    )
+    for opset, which in [((11, 13, 18, 19)[i % 4], ("up", "down", "mixed")[i % 3])]
+]
+
+
+@pytest.mark.parametrize("opset,mode,ctm,which", _CASES)
+def test_resize_scales(opset, mode, ctm, which):
+    x = _x((1, 2, 5, 7))
+    scales = np.array(SCALES[which], np.float32)
+    assert_matches_reference(
+        "Resize", {"x": x, "roi": np.array([], np.float32), "scales": scales}, opset=opset,
+        initializers=("roi", "scales"), mode=mode, coordinate_transformation_mode=ctm, **TOL,
+    )
+
+
+@pytest.mark.parametrize("nearest_mode,sizes", [
+    ("round_prefer_floor", [1, 1, 9, 4]), ("round_prefer_ceil", [2, 3, 3, 11]),
+    ("floor", [1, 1, 9, 4]), ("ceil", [2, 3, 3, 11]),
+])
+def test_resize_sizes_nearest_modes(nearest_mode, sizes):
+    x = _x((2, 3, 5, 6))
+    assert_matches_reference(
+        "Resize", {"x": x, "roi": None, "scales": None, "sizes": np.array(sizes, np.int64)}, opset=13,
+        initializers=("sizes",), mode="nearest", nearest_mode=nearest_mode,
+        coordinate_transformation_mode="half_pixel",
+    )
+
+
+@pytest.mark.parametrize("mode,sizes,ctm", [
+    ("linear", [1, 1, 3, 2], "half_pixel"), ("cubic", [1, 1, 3, 2], "half_pixel_symmetric"),
+    ("linear", [1, 1, 8, 4], "half_pixel_symmetric"), ("cubic", [1, 1, 4, 9], "align_corners"),
+])
+def test_resize_antialias_sizes(mode, sizes, ctm):
+    x = _x((1, 1, 9, 7))
+    assert_matches_reference(
+        "Resize", {"x": x, "roi": None, "scales": None, "sizes": np.array(sizes, np.int64)}, opset=19,
+        initializers=("sizes",), mode=mode, antialias=1, coordinate_transformation_mode=ctm, **TOL,
+    )
+
+
+@pytest.mark.parametrize("a,exclude", [(-0.5, 1), (-0.6, 0)])
+def test_resize_cubic_coeff_and_exclude_outside(a, exclude):
+    x = _x((1, 1, 6, 6))
+    assert_matches_reference(
+        "Resize", {"x": x, "roi": None, "scales": np.array([1, 1, 0.7, 1.6], np.float32)}, opset=18,
+        initializers=("scales",), mode="cubic", cubic_coeff_a=a, exclude_outside=exclude, **TOL,
+    )
+
+
+@pytest.mark.parametrize("policy,axes", [
+    ("stretch", [2, 3]), ("not_larger", [3, 2]), ("not_smaller", [3, 1]),
+])
+def test_resize_axes_keep_aspect_ratio(policy, axes):
+    x = _x((1, 3, 4, 6))
+    assert_matches_reference(
+        "Resize", {"x": x, "roi": None, "scales": None, "sizes": np.array([7, 5], np.int64)}, opset=19,
+        initializers=("sizes",), mode="linear", axes=axes, keep_aspect_ratio_policy=policy, **TOL,
+    )
+
+
+@pytest.mark.parametrize("mode,extrapolation", [("nearest", 10.0), ("linear", 0.0)])
+def test_resize_tf_crop_and_resize(mode, extrapolation):
+    x = _x((1, 1, 5, 6))
+    roi = np.array([0.1, -0.2, 0.9, 1.3], np.float32)
+    assert_matches_reference(
+        "Resize", {"x": x, "roi": roi, "scales": None, "sizes": np.array([4, 5], np.int64)}, opset=19,
+        initializers=("roi", "sizes"), mode=mode, axes=[2, 3],
+        coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=extrapolation,
+    )
+
+
+def test_resize_negative_axes():
+    x = _x((1, 3, 4, 6))
+    inputs = {"x": x, "roi": None, "scales": None, "sizes": np.array([7, 5], np.int64)}
+    # The ReferenceEvaluator cannot take negative axes: expect what it gives for axes [3, 1].
+    want = run_reference(node_model("Resize", inputs, opset=19, initializers=("sizes",), mode="linear", axes=[3, 1]), inputs)
+    assert_matches_reference("Resize", inputs, opset=19, initializers=("sizes",), mode="linear",
+                             axes=[-1, -3], expected=want, **TOL)
+
+
+def test_resize_tf_crop_and_resize_scales_output_size_uses_roi():
+    # The changelog: output_dimension = floor(input_dimension * (roi_end - roi_start) * scale).
+    # (The ReferenceEvaluator ignores the roi here.) roi [0, 0.5] of 8 at scale 1 keeps 4
+    # samples at x = y * 0.5 * 7 / 3.
+    x = np.arange(8, dtype=np.float32).reshape(1, 8)
+    roi = np.array([0, 0, 1, 0.5], np.float32)
+    pos = np.arange(4) * 0.5 * 7 / 3
+    assert_matches_reference(
+        "Resize", {"x": x, "roi": roi, "scales": np.array([1, 1], np.float32)}, opset=13,
+        initializers=("roi", "scales"), mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
+        expected=[pos.astype(np.float32)[None]],
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.float16, np.float64])
+def test_resize_dtypes(dtype):
+    x = (RNG.uniform(0, 200, (1, 1, 4, 5))).astype(dtype)
+    rtol = 1e-3 if dtype == np.float16 else 1e-5
+    for mode in ("nearest", "cubic") if dtype == np.uint8 else ("linear",):
+        assert_matches_reference(
+            "Resize", {"x": x, "roi": None, "scales": np.array([1, 1, 1.5, 0.8], np.float32)}, opset=18,
+            initializers=("scales",), mode=mode, rtol=rtol, atol=1 if dtype in (np.uint8, np.int32) else 1e-3,
+        )
+
+
+def test_resize_11_tf_half_pixel_for_nn():
+    x = _x((1, 1, 4, 4))
+    inputs = {"x": x, "roi": np.array([], np.float32), "scales": np.array([1, 1, 1.5, 0.5], np.float32)}
+    attrs = dict(mode="nearest", coordinate_transformation_mode="tf_half_pixel_for_nn")
+    init = ("roi", "scales")
+    assert_matches_reference("Resize", inputs, opset=11, initializers=init,
+                             expected=_ort("Resize", inputs, 11, init, **attrs), **attrs)
+    with pytest.raises(errors.NodeError, match="tf_half_pixel_for_nn"):
+        run_jonnx(node_model("Resize", inputs, opset=13, initializers=init, **attrs), inputs)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_grads(mode):
+    x = _x((1, 2, 4, 5))
+    check_op_grads("Resize", {"x": x, "roi": None, "scales": np.array([1, 1, 1.5, 0.6], np.float32)},
+                   opset=19, initializers=("scales",), mode=mode, antialias=1)
+
+
+def test_resize_errors():
+    x = _x((1, 1, 4, 4))
+    both = {"x": x, "roi": None, "scales": np.array([1, 1, 2, 2], np.float32),
+            "sizes": np.array([1, 1, 8, 8], np.int64)}
+    with pytest.raises(errors.NodeError, match="only one of"):
+        run_jonnx(node_model("Resize", both, opset=13, initializers=("scales", "sizes")), both)
+    bad = {"x": x, "roi": None, "scales": np.array([1, 1, 2, 2], np.float32)}
+    with pytest.raises(errors.NodeError, match="mode"):
+        run_jonnx(node_model("Resize", bad, opset=13, initializers=("scales",), mode="area"), bad)
+    short = {"x": x, "roi": None, "scales": np.array([2, 2], np.float32)}
+    with pytest.raises(errors.NodeError, match="scales has 2 values"):
+        run_jonnx(node_model("Resize", short, opset=13, initializers=("scales",)), short)
+
+
+# ------------------------------------------------------------------- Resize-10 and Upsample
+# The ReferenceEvaluator treats these like Resize-11 (half_pixel) or only handles integer
+# nearest scales; onnxruntime implements the legacy asymmetric mapping they use.
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [[1, 1, 2.0, 3.0], [1, 1, 1.5, 2.5], [1, 1, 0.6, 0.5]])
+def test_resize_10(mode, scales):
+    inputs = {"x": _x((1, 2, 4, 6)), "scales": np.array(scales, np.float32)}
+    assert_matches_reference("Resize", inputs, opset=10, initializers=("scales",), mode=mode,
+                             expected=_ort("Resize", inputs, 10, ("scales",), mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [[1, 1, 2.0, 3.0], [1, 1, 1.5, 2.5]])
+def test_upsample_9(mode, scales):
+    inputs = {"x": _x((1, 2, 3, 4)), "scales": np.array(scales, np.float32)}
+    assert_matches_reference("Upsample", inputs, opset=9, initializers=("scales",), mode=mode,
+                             expected=_ort("Upsample", inputs, 9, ("scales",), mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsample_7(mode):
+    inputs = {"x": _x((1, 2, 3, 4))}
+    attrs = dict(mode=mode, scales=[1.0, 1.0, 2.0, 1.5])
+    assert_matches_reference("Upsample", inputs, opset=7, expected=_ort("Upsample", inputs, 7, **attrs), **attrs)
+
+
+def test_upsample_1_nearest_changelog_example():
+    data = np.array([[[[1, 2], [3, 4]]]], np.float32)
+    expected = np.array([[[[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]]]], np.float32)
+    assert_matches_reference("Upsample", {"x": data}, opset=1, height_scale=2.0, width_scale=2.0,
+                             expected=[expected])
+
+
+def test_upsample_rejects_downscale():
+    inputs = {"x": _x((1, 1, 2, 2))}
+    with pytest.raises(errors.NodeError, match=">= 1"):
+        run_jonnx(node_model("Upsample", inputs, opset=7, scales=[1.0, 1.0, 0.5, 1.0]), inputs)
+
+
+# -------------------------------------------------------------------------------- GridSample
+
+
+def _grid(shape):
+    return RNG.uniform(-1.3, 1.3, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("mode,padding,align", [
+    ("linear", "zeros", 0), ("linear", "border", 1), ("linear", "reflection", 0),
+    ("nearest", "zeros", 1), ("nearest", "border", 0), ("nearest", "reflection", 1),
+    ("cubic", "zeros", 0), ("cubic", "border", 1), ("cubic", "reflection", 0), ("cubic", "reflection", 1),
+])
+def test_grid_sample_2d(mode, padding, align):
+    x, grid = _x((2, 1, 4, 5)), _grid((2, 2, 3, 2))
+    grid[0, 0] = [[-1, -1], [1, 1], [0.25, -0.75]]  # corners and half-way points
+    assert_matches_reference("GridSample", {"x": x, "grid": grid}, opset=20, mode=mode,
+                             padding_mode=padding, align_corners=align, rtol=1e-4, atol=1e-5)
+    old = {"linear": "bilinear", "nearest": "nearest", "cubic": "bicubic"}[mode]
+    got16 = run_jonnx(node_model("GridSample", {"x": x, "grid": grid}, opset=16, mode=old,
+                                 padding_mode=padding, align_corners=align), {"x": x, "grid": grid})
+    got20 = run_jonnx(node_model("GridSample", {"x": x, "grid": grid}, opset=20, mode=mode,
+                                 padding_mode=padding, align_corners=align), {"x": x, "grid": grid})
+    np.testing.assert_array_equal(got16[0], got20[0])
+
+
+@pytest.mark.parametrize("mode,padding", [("linear", "zeros"), ("nearest", "reflection"), ("linear", "border")])
+def test_grid_sample_3d(mode, padding):
+    x, grid = _x((1, 2, 3, 4, 5)), _grid((1, 2, 3, 2, 3))
+    assert_matches_reference("GridSample", {"x": x, "grid": grid}, opset=22, mode=mode,
+                             padding_mode=padding, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_grid_sample_grads(mode):
+    x, grid = _x((1, 2, 4, 4)), RNG.uniform(-0.9, 0.9, (1, 3, 3, 2)).astype(np.float32)
+    check_op_grads("GridSample", {"x": x, "grid": grid}, opset=20, mode=mode, wrt=["x"])
+
+
+def test_grid_sample_16_rejects_5d():
+    inputs = {"x": _x((1, 1, 2, 2, 2)), "grid": _grid((1, 1, 1, 1, 3))}
+    with pytest.raises(errors.NodeError, match="4-D"):
+        run_jonnx(node_model("GridSample", inputs, opset=16), inputs)
+
+
+# -------------------------------------------------------------------------------- AffineGrid
+
+
+@pytest.mark.parametrize("size,align", [([2, 1, 3, 4], 0), ([2, 1, 3, 4], 1), ([1, 2, 2, 3, 4], 1),
+                                        ([1, 2, 2, 3, 4], 0), ([1, 1, 1, 5], 0)])
+def test_affine_grid(size, align):
+    r = len(size) - 2
+    theta = _x((size[0], r, r + 1))
+    assert_matches_reference("AffineGrid", {"theta": theta, "size": np.array(size, np.int64)}, opset=20,
+                             initializers=("size",), align_corners=align)
+    check_op_grads("AffineGrid", {"theta": theta, "size": np.array(size, np.int64)}, opset=20,
+                   initializers=("size",), align_corners=align)
+
+
+# ------------------------------------------------------------------------ RoiAlign, MaxRoiPool
+
+ROIS = np.array([[0, 0, 9, 9], [0, 5, 4, 9], [5.5, 5.3, 9.9, 9.1], [-1, 1, 3, 9.5]], np.float32)  # within the cap for traced rois
+
+
+@pytest.mark.parametrize("mode,ctm,ratio,static_rois", [
+    ("avg", "half_pixel", 0, False), ("avg", "output_half_pixel", 2, False), ("avg", "half_pixel", 0, True),
+    ("max", "half_pixel", 2, False), ("max", "output_half_pixel", 0, False), ("max", "half_pixel", 0, True),
+])
+def test_roi_align(mode, ctm, ratio, static_rois):
+    x = _x((2, 1, 10, 10))
+    inputs = {"x": x, "rois": ROIS, "batch_indices": np.array([0, 1, 0, 1], np.int64)}
+    init = ("rois",) if static_rois else ()
+    assert_matches_reference("RoiAlign", inputs, opset=16, initializers=init, mode=mode,
+                             coordinate_transformation_mode=ctm, sampling_ratio=ratio,
+                             output_height=2, output_width=3, spatial_scale=0.9, rtol=1e-4, atol=1e-5)
+
+
+def test_roi_align_10_has_no_half_pixel_shift():
+    # The ReferenceEvaluator needs the opset-16 attribute; onnxruntime implements opset 10.
+    inputs = {"x": _x((1, 2, 8, 8)), "rois": ROIS[:3] * 0.8, "batch_indices": np.zeros(3, np.int64)}
+    attrs = dict(output_height=2, output_width=3, sampling_ratio=2)
+    assert_matches_reference("RoiAlign", inputs, opset=10, expected=_ort("RoiAlign", inputs, 10, **attrs),
+                             rtol=1e-4, atol=1e-5, **attrs)
+
+
+def test_roi_align_grads():
+    inputs = {"x": _x((1, 1, 6, 6)), "rois": ROIS[:2] * 0.6, "batch_indices": np.zeros(2, np.int64)}
+    check_op_grads("RoiAlign", inputs, opset=22, wrt=["x"], output_height=2, output_width=2, sampling_ratio=2)
+
+
+@pytest.mark.parametrize("opset", [1, 22])
+def test_max_roi_pool(opset):
+    # No ReferenceEvaluator kernel; onnxruntime implements MaxRoiPool-1 (same semantics at 22).
+    x = _x((2, 2, 8, 9))
+    rois = np.array([[0, 0, 0, 7, 7], [1, 2.4, 1.6, 6, 5], [1, 3, 3, 3, 3], [0, -3, 2, 20, 30]], np.float32)
+    attrs = dict(pooled_shape=[3, 2], spatial_scale=0.8)
+    expected = _ort("MaxRoiPool", {"x": x, "rois": rois}, 1, **attrs)
+    assert_matches_reference("MaxRoiPool", {"x": x, "rois": rois}, opset=opset, expected=expected, **attrs)
+    check_op_grads("MaxRoiPool", {"x": x, "rois": rois}, opset=opset, wrt=["x"], **attrs)

@@ -1,0 +1,212 @@
+"""The public Model API: params, apply, __call__, jit/grad/vmap, static values, custom ops."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+
+import jonnx
+from jonnx import errors
+
+TEST_DOMAIN = "jonnx.tests.model"
+
+
+@jonnx.register("ScaleBy", since=1, domain=TEST_DOMAIN, static_inputs=(1,))
+def _scale_by(inputs, attrs, ctx):
+    """A custom op whose second input must be static (it is read as a Python float)."""
+    x, factor = inputs
+    return (x * float(np.asarray(factor).reshape(())),)
+
+
+@jonnx.register("CountTraces", since=1, domain=TEST_DOMAIN)
+def _count_traces(inputs, attrs, ctx):
+    _TRACES.append(jnp.shape(inputs[0]))
+    return (inputs[0],)
+
+
+_TRACES: list = []
+
+
+def _model(nodes, inputs, outputs, inits=(), extra_opsets=()) -> onnx.ModelProto:
+    graph = oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), *extra_opsets])
+
+
+def _flatten_by_shape() -> onnx.ModelProto:
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as PyTorch exports x.view(x.size(0), -1)."""
+    n = oh.make_node
+    nodes = [
+        n("Shape", ["x"], ["s"]),
+        n("Gather", ["s", "zero"], ["batch"], axis=0),
+        n("Unsqueeze", ["batch", "zero1"], ["batch1"]),
+        n("Concat", ["batch1", "minus1"], ["target"], axis=0),
+        n("Reshape", ["x", "target"], ["flat"]),
+        n("MatMul", ["flat", "w"], ["y"]),
+    ]
+    inits = [
+        onnx.numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        onnx.numpy_helper.from_array(np.array([0], np.int64), "zero1"),
+        onnx.numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
+        onnx.numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(6, 2) / 10, "w"),
+    ]
+    return _model(nodes, [oh.make_tensor_value_info("x", 1, ["N", 2, 3])],
+                  [oh.make_tensor_value_info("y", 1, ["N", 2])], inits)
+
+
+def test_params_are_the_float_initializers():
+    m = jonnx.load(_flatten_by_shape())
+    assert set(m.params) == {"w"}
+    assert isinstance(m.params["w"], jax.Array)
+    m.params.clear()  # a fresh dict each time: the model is not changed
+    assert set(m.params) == {"w"}
+
+
+def test_float_initializer_feeding_a_static_input_is_a_constant():
+    model = _model(
+        [oh.make_node("ScaleBy", ["x", "factor"], ["y"], domain=TEST_DOMAIN)],
+        [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])],
+        [onnx.numpy_helper.from_array(np.array(3.0, np.float32), "factor")],
+        [oh.make_opsetid(TEST_DOMAIN, 1)],
+    )
+    m = jonnx.load(model)
+    assert m.params == {}
+    np.testing.assert_allclose(np.asarray(jax.jit(m.apply)({}, np.ones(2, np.float32))[0]), [3.0, 3.0])
+
+
+@pytest.mark.parametrize("batch", [1, 3, 7])
+def test_dynamic_batch_shape_arithmetic_stays_static_under_jit(batch):
+    m = jonnx.load(_flatten_by_shape())
+    x = np.random.default_rng(batch).standard_normal((batch, 2, 3)).astype(np.float32)
+    want = x.reshape(batch, -1) @ (np.arange(12, dtype=np.float32).reshape(6, 2) / 10)
+    np.testing.assert_allclose(np.asarray(jax.jit(m.apply)(m.params, x)[0]), want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(m(x)[0]), want, rtol=1e-5)
+
+
+def test_vmap_over_inputs_and_over_params():
+    m = jonnx.load(_flatten_by_shape())
+    xs = np.random.default_rng(0).standard_normal((5, 4, 2, 3)).astype(np.float32)
+    batched = jax.vmap(lambda x: m.apply(m.params, x)[0])(xs)
+    want = np.stack([x.reshape(4, -1) @ np.asarray(m.params["w"]) for x in xs])
+    np.testing.assert_allclose(np.asarray(batched), want, rtol=1e-5)
+    ws = jnp.stack([m.params["w"] * k for k in range(3)])
+    ensemble = jax.vmap(lambda w: m.apply({"w": w}, xs[0])[0])(ws)
+    np.testing.assert_allclose(np.asarray(ensemble[2]), 2 * want[0], rtol=1e-5)
+
+
+def test_grad_matches_finite_differences():
+    m = jonnx.load(_flatten_by_shape())
+    x = np.random.default_rng(1).standard_normal((3, 2, 3)).astype(np.float64)
+
+    with jax.enable_x64(True):
+        params = {"w": jnp.asarray(m.params["w"], jnp.float64)}
+
+        def loss(p):
+            return jnp.sum(jnp.tanh(m.apply(p, x)[0]))
+
+        g = jax.grad(loss)(params)["w"]
+        eps = 1e-6
+        numeric = np.zeros(params["w"].shape)
+        for idx in np.ndindex(*numeric.shape):
+            d = np.zeros(numeric.shape)
+            d[idx] = eps
+            numeric[idx] = (loss({"w": params["w"] + d}) - loss({"w": params["w"] - d})) / (2 * eps)
+        np.testing.assert_allclose(np.asarray(g), numeric, rtol=1e-6, atol=1e-8)
+
+
+def test_inputs_by_keyword_and_input_errors():
+    m = jonnx.load(_flatten_by_shape())
+    x = np.ones((2, 2, 3), np.float32)
+    np.testing.assert_array_equal(np.asarray(m(x=x)[0]), np.asarray(m(x)[0]))
+    with pytest.raises(errors.InputError, match="missing"):
+        m()
+    with pytest.raises(errors.InputError, match="no input named 'z'"):
+        m(z=x)
+    with pytest.raises(errors.InputError, match="both by position and by name"):
+        m(x, x=x)
+    with pytest.raises(errors.InputError, match="takes 1 input"):
+        m(x, x)
+    with pytest.raises(errors.InputError, match="not trainable initializers"):
+        m.apply({"nope": x}, x)
+
+
+def _reshape_by_input() -> onnx.ModelProto:
+    return _model(
+        [oh.make_node("Reshape", ["x", "shape"], ["y"], name="the_reshape")],
+        [oh.make_tensor_value_info("x", 1, [6]), oh.make_tensor_value_info("shape", 7, [2])],
+        [oh.make_tensor_value_info("y", 1, None)],
+    )
+
+
+def test_graph_input_feeding_a_shape_is_static_in_call():
+    m = jonnx.load(_reshape_by_input())
+    assert m.static_input_names == ("shape",)
+    x = np.arange(6, dtype=np.float32)
+    assert m(x, np.array([2, 3]))[0].shape == (2, 3)
+    assert m(x, np.array([3, 2]))[0].shape == (3, 2)
+
+
+def test_traced_static_input_names_node_input_and_chain():
+    m = jonnx.load(_reshape_by_input())
+    with pytest.raises(errors.StaticValueError, match=r"'the_reshape'.*input 1 \('shape'\).*graph input"):
+        jax.jit(m.apply)({}, np.arange(6, dtype=np.float32), np.array([2, 3]))
+
+
+def test_call_compiles_once_per_signature():
+    model = _model(
+        [oh.make_node("CountTraces", ["x"], ["y"], domain=TEST_DOMAIN)],
+        [oh.make_tensor_value_info("x", 1, ["N"])], [oh.make_tensor_value_info("y", 1, ["N"])],
+        extra_opsets=[oh.make_opsetid(TEST_DOMAIN, 1)],
+    )
+    m = jonnx.load(model)
+    _TRACES.clear()
+    for _ in range(3):
+        m(np.ones(4, np.float32))
+    m(np.ones(5, np.float32))
+    assert _TRACES == [(4,), (5,)]
+
+
+def test_custom_domain_op_runs_and_double_registration_raises():
+    model = _model(
+        [oh.make_node("ScaleBy", ["x", "f"], ["y"], domain=TEST_DOMAIN)],
+        [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])],
+        [onnx.numpy_helper.from_array(np.array(2.0, np.float32), "f")],
+        [oh.make_opsetid(TEST_DOMAIN, 4)],  # newest registered version <= 4 is used
+    )
+    np.testing.assert_array_equal(np.asarray(jonnx.load(model)(np.ones(2, np.float32))[0]), [2.0, 2.0])
+    with pytest.raises(ValueError, match="already registered"):
+        jonnx.register("ScaleBy", since=1, domain=TEST_DOMAIN)(_scale_by)
+
+
+def test_ops_callable_without_a_model():
+    x = np.array([-1.0, 4.0], np.float32)
+    np.testing.assert_array_equal(np.asarray(jonnx.ops.Sqrt(np.abs(x))), [1.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(jonnx.ops.call("Reshape", x, np.array([2, 1]))), [[-1.0], [4.0]])
+    with pytest.raises(AttributeError):
+        jonnx.ops.NoSuchOp  # noqa: B018
+
+
+def test_int64_with_x64_disabled_computes_in_int32():
+    # Documented behaviour: with jax_enable_x64 off (JAX's default) int64 tensors are held as
+    # int32; shape arithmetic folded at trace time stays exact in int64.
+    model = _model(
+        [oh.make_node("Add", ["a", "b"], ["y"])],
+        [oh.make_tensor_value_info("a", 7, [2]), oh.make_tensor_value_info("b", 7, [2])],
+        [oh.make_tensor_value_info("y", 7, [2])],
+    )
+    (y,) = jonnx.load(model)(np.array([1, 2], np.int64), np.array([3, 4], np.int64))
+    assert y.dtype == (jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+    np.testing.assert_array_equal(np.asarray(y), [4, 6])
+
+
+def test_node_errors_name_the_node():
+    model = _model(
+        [oh.make_node("Reshape", ["x", "shape"], ["y"], name="bad_reshape")],
+        [oh.make_tensor_value_info("x", 1, [6])], [oh.make_tensor_value_info("y", 1, None)],
+        [onnx.numpy_helper.from_array(np.array([4, 4], np.int64), "shape")],
+    )
+    with pytest.raises(errors.NodeError, match="'bad_reshape'.*cannot reshape"):
+        jonnx.load(model)(np.ones(6, np.float32))
