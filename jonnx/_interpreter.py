@@ -122,8 +122,14 @@ def _run_node(
         precision=options.precision,
         n_outputs=len(node.outputs),
         run_graph=run_subgraph,
+        graph=graph,
     )
-    fold = not op.random and is_concrete(args) and not _reads_dynamic_outer(node, env)
+    fold = (
+        not op.random
+        and not op.reads_graph
+        and is_concrete(args)
+        and not _reads_dynamic_outer(node, env)
+    )
     try:
         if fold:
             with jax.ensure_compile_time_eval(), jax.enable_x64(True):

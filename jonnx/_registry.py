@@ -61,6 +61,8 @@ class OpDef:
         shape_only: the outputs depend only on input shapes and dtypes (Shape, Size), so
             they are known at trace time even when the inputs are not.
         random: the op draws from ``ctx.key``; it is never evaluated at trace time.
+        reads_graph: the op reads values of the enclosing graph beyond its inputs (through
+            ``ctx.graph``: Gradient), so it is never evaluated at trace time either.
     """
 
     domain: str
@@ -71,6 +73,7 @@ class OpDef:
     prefer_static: frozenset[int] | Callable[[Mapping[str, Any]], Iterable[int]] = frozenset()
     shape_only: bool = False
     random: bool = False
+    reads_graph: bool = False
 
     def static_positions(self, attrs: Mapping[str, Any]) -> frozenset[int]:
         """The input positions that must be static for a node with these attributes."""
@@ -96,6 +99,7 @@ class OpContext:
         n_outputs: how many outputs the node declares (Split divides by it), or None.
         run_graph: runs a subgraph attribute: ``run_graph(graph, inputs) -> tuple``; set by
             the interpreter so control-flow ops can evaluate their bodies.
+        graph: the graph holding the node (Gradient differentiates through it).
     """
 
     node: str = "<call>"
@@ -107,6 +111,7 @@ class OpContext:
     precision: Any = None
     n_outputs: int | None = None
     run_graph: Callable[..., tuple] | None = None
+    graph: Any = None
 
     def where(self) -> str:
         """``node 'name' (Op, domain 'd', opset N)`` for error messages."""
@@ -139,6 +144,7 @@ def register(
     prefer_static: Iterable[int] | Callable[[Mapping[str, Any]], Iterable[int]] = (),
     shape_only: bool = False,
     random: bool = False,
+    reads_graph: bool = False,
 ) -> Callable[[OpFn], OpFn]:
     """Register ``fn`` as the implementation of ``op_type`` for the given since_versions.
 
@@ -151,6 +157,7 @@ def register(
         prefer_static: input positions the op handles better when known at trace time.
         shape_only: outputs depend only on input shapes and dtypes.
         random: the op draws from ``ctx.key`` and must never be folded.
+        reads_graph: the op reads the enclosing graph (``ctx.graph``) and must never be folded.
 
     Returns:
         A decorator that registers the function and returns it unchanged.
@@ -185,6 +192,7 @@ def register(
                 prefer_static=prefer_static if callable(prefer_static) else frozenset(prefer_static),
                 shape_only=shape_only,
                 random=random,
+                reads_graph=reads_graph,
             )
         return fn
 

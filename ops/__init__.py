@@ -30,10 +30,12 @@ from jonnx.ops import (  # noqa: F401
     control,
     detection,
     elementwise,
+    image,
     indexing,
     logic,
     loss,
     nn,
+    optimizers,
     normalization,
     quantize,
     random,
@@ -42,6 +44,8 @@ from jonnx.ops import (  # noqa: F401
     rnn,
     sequence,
     shape,
+    signal,
+    text,
 )
 
 __all__ = ["call", "register", "registered"]
@@ -92,9 +96,8 @@ def call(
         )
     merged = schema_defaults(schema_for(domain, op_type, opset))
     merged.update(attrs)
-    args = tuple(
-        np.asarray(x) if i in op.static_inputs and x is not None else x for i, x in enumerate(inputs)
-    )
+    static = op.static_positions(merged)
+    args = tuple(np.asarray(x) if i in static and x is not None else x for i, x in enumerate(inputs))
     ctx = OpContext(
         node="<call>", op_type=op_type, domain=domain, opset=opset, train=train, key=key,
         n_outputs=n_outputs,

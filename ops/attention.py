@@ -38,7 +38,7 @@ def _split_heads(x, num_heads, what, attr, ctx):
     return jnp.transpose(jnp.reshape(x, (b, s, num_heads, hidden // num_heads)), (0, 2, 1, 3))
 
 
-def _attention_bias(mask, dtype, *, q_len, kv_len, batch, causal_offset, causal, window, nonpad):
+def _attention_bias(mask, dtype, *, q_len, kv_len, causal_offset, causal, window, nonpad):
     """The additive bias (0 / -inf / float mask values), broadcastable to (B, H, q, kv)."""
     neg_inf = jnp.asarray(-jnp.inf, dtype)
     zero = jnp.asarray(0, dtype)
@@ -69,7 +69,8 @@ def _attention_bias(mask, dtype, *, q_len, kv_len, batch, causal_offset, causal,
     return bias
 
 
-def _attention(inputs, attrs, ctx):
+def _attention(inputs, attrs, ctx, window=None):
+    """Attention with an optional (left, right) sliding window (opset 25; None before)."""
     q, k, v, mask, past_k, past_v, nonpad = (tuple(inputs) + (None,) * 7)[:7]
     rank = jnp.ndim(q)
     if not (rank == jnp.ndim(k) == jnp.ndim(v)) or rank not in (3, 4):
@@ -82,12 +83,11 @@ def _attention(inputs, attrs, ctx):
     if nonpad is not None and past_k is not None:
         raise ctx.error("nonpad_kv_seqlen cannot be combined with past_key/past_value")
     q_heads, kv_heads = attrs["q_num_heads"], attrs["kv_num_heads"]
-    windowed = "left_window_size" in attrs
     if rank == 3:
         q = _split_heads(q, q_heads, "Q", "q_num_heads", ctx)
         k = _split_heads(k, kv_heads, "K", "kv_num_heads", ctx)
         v = _split_heads(v, kv_heads, "V", "kv_num_heads", ctx)
-    elif windowed and (q_heads is not None or kv_heads is not None):
+    elif window is not None and (q_heads is not None or kv_heads is not None):
         raise ctx.error("q_num_heads and kv_num_heads must not be set for 4-D inputs (opset 25)")
     dtype = jnp.result_type(q)
     batch, hq, q_len, head = jnp.shape(q)
@@ -124,11 +124,11 @@ def _attention(inputs, attrs, ctx):
         offset = jnp.asarray(nonpad) - q_len
     else:
         offset = 0
-    window = (attrs.get("left_window_size", -1), attrs.get("right_window_size", -1))
+    window = window or (-1, -1)
     if min(window) < -1:
         raise ctx.error(f"window sizes must be -1 or nonnegative, got {window}")
     bias = _attention_bias(
-        mask, dtype, q_len=q_len, kv_len=kv_len, batch=batch, causal_offset=offset,
+        mask, dtype, q_len=q_len, kv_len=kv_len, causal_offset=offset,
         causal=bool(attrs["is_causal"]), window=window, nonpad=nonpad,
     )
     scores = scores + bias
@@ -144,13 +144,15 @@ def _attention(inputs, attrs, ctx):
     mode = attrs["qk_matmul_output_mode"]
     if mode not in (0, 1, 2, 3):
         raise ctx.error(f"qk_matmul_output_mode must be 0, 1, 2 or 3, got {mode}")
-    qk_out = (raw, capped, scores, probs)[mode]
 
     pg = jnp.reshape(probs, (batch, hkv, group, q_len, kv_len)).astype(jnp.result_type(v))
     y = jnp.einsum("bhgqk,bhkd->bhgqd", pg, v, precision=ctx.precision)
     y = jnp.reshape(y, (batch, hq, q_len, -1)).astype(dtype)
     if rank == 3:
         y = jnp.reshape(jnp.transpose(y, (0, 2, 1, 3)), (batch, q_len, -1))
+    if ctx.n_outputs is not None and ctx.n_outputs < 4:
+        return y, present_k, present_v
+    qk_out = (raw, capped, scores, probs)[mode]
     return y, present_k, present_v, jnp.broadcast_to(qk_out, (batch, hq, q_len, kv_len)).astype(dtype)
 
 
@@ -163,7 +165,7 @@ def attention(inputs, attrs, ctx):
 @register("Attention", since=25)
 def attention_windowed(inputs, attrs, ctx):
     """ONNX ``Attention``, opsets 25+: adds ``left_window_size``/``right_window_size``."""
-    return _attention(inputs, attrs, ctx)
+    return _attention(inputs, attrs, ctx, window=(attrs["left_window_size"], attrs["right_window_size"]))
 
 
 # ---------------------------------------------------------------------------------------

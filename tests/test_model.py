@@ -151,7 +151,7 @@ def test_graph_input_feeding_a_shape_is_static_in_call():
 
 def test_traced_static_input_names_node_input_and_chain():
     m = jonnx.load(_reshape_by_input())
-    with pytest.raises(errors.StaticValueError, match=r"'the_reshape'.*input 1 \('shape'\).*graph input"):
+    with pytest.raises(errors.StaticValueError, match=r"'the_reshape'.*input 1 \('shape'\).*input of graph"):
         jax.jit(m.apply)({}, np.arange(6, dtype=np.float32), np.array([2, 3]))
 
 

@@ -20,8 +20,11 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     backend_test = onnx.backend.test.BackendTest(X64Backend, __name__)
 
-backend_test.exclude(r"_cuda$")
 for _name in expected_failures():
     backend_test.xfail(f"^{re.escape(_name)}_cpu$")
 
 OnnxBackendNodeModelTest = backend_test.test_cases["OnnxBackendNodeModelTest"]
+# The runner adds a CUDA twin of every case; the suite runs on the CPU (CI has no GPU), so
+# the twins are dropped rather than reported as 1,884 skips.
+for _attr in [a for a in vars(OnnxBackendNodeModelTest) if a.endswith("_cuda")]:
+    delattr(OnnxBackendNodeModelTest, _attr)

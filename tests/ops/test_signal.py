@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import jonnx
-import jonnx.ops.signal  # noqa: F401  -- until ops/__init__.py imports the module
 from jonnx import errors
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
 

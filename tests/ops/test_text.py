@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import jonnx.ops
-import jonnx.ops.text  # noqa: F401  -- until ops/__init__.py imports the module
 from jonnx import errors
 from tests.ops._harness import assert_matches_reference, node_model, run_jonnx
 
