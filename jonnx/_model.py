@@ -268,8 +268,8 @@ class Model:
     def _prepare_input(self, name: str, value: Any) -> Any:
         if isinstance(value, (list, tuple)):  # a sequence input
             return [self._prepare_input(name, v) for v in value]
-        if value is None:
-            return None
+        if value is None or isinstance(value, dict):  # absent optional; a map (ai.onnx.ml)
+            return value
         if name in self.static_input_names:
             return value if isinstance(value, jax.core.Tracer) else np.asarray(value)
         if isinstance(value, np.ndarray) and value.dtype == object:

@@ -26,6 +26,7 @@ from jonnx._registry import OpContext, lookup, normalize_domain, register, regis
 # Each module registers one op family on import.
 from jonnx.ops import (  # noqa: F401
     activation,
+    attention,
     cast,
     control,
     detection,
@@ -34,6 +35,7 @@ from jonnx.ops import (  # noqa: F401
     indexing,
     logic,
     loss,
+    ml,
     nn,
     optimizers,
     normalization,
@@ -97,6 +99,12 @@ def call(
     merged = schema_defaults(schema_for(domain, op_type, opset))
     merged.update(attrs)
     static = op.static_positions(merged)
+    for i in static:
+        if i < len(inputs) and isinstance(inputs[i], jax.core.Tracer):
+            raise errors.StaticValueError(
+                f"{op_type} needs input {i} at trace time (a shape, axes or count), but it is "
+                "traced; pass a numpy array"
+            )
     args = tuple(np.asarray(x) if i in static and x is not None else x for i, x in enumerate(inputs))
     ctx = OpContext(
         node="<call>", op_type=op_type, domain=domain, opset=opset, train=train, key=key,

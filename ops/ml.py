@@ -133,6 +133,13 @@ def _labels(index, int_labels, string_labels, ctx, x):
     return table[index]
 
 
+def _string_labels_static(attrs):
+    # String labels are host values: the input must be known at trace time to produce them.
+    # Declaring it static lets Model.__call__ pass it as a static argument (one compilation per
+    # distinct value); a caller's own jax.jit gets a StaticValueError naming the chain.
+    return (0,) if attrs.get("classlabels_strings") else ()
+
+
 def _need_concrete(x, ctx, what: str):
     if not _is_concrete(x):
         raise ctx.error(f"{what} needs a concrete input (it reads or writes host values)")
@@ -294,7 +301,7 @@ def linear_regressor(inputs, attrs, ctx):
     return (_post_transform(scores, attrs["post_transform"], ctx).astype(np.float32),)
 
 
-@register("LinearClassifier", since=1, domain=_ML)
+@register("LinearClassifier", since=1, domain=_ML, static_inputs=_string_labels_static)
 def linear_classifier(inputs, attrs, ctx):
     """ONNX-ML ``LinearClassifier``-1: linear scores, post_transform, top class (as onnxruntime).
 
@@ -403,7 +410,7 @@ def _multiclass_probability(r, k: int):
     return p
 
 
-@register("SVMClassifier", since=1, domain=_ML)
+@register("SVMClassifier", since=1, domain=_ML, static_inputs=_string_labels_static)
 def svm_classifier(inputs, attrs, ctx):
     """ONNX-ML ``SVMClassifier``-1: one-vs-one votes (or linear scores), libsvm probabilities when
     ``prob_a``/``prob_b`` are set, and onnxruntime's label and score rules for two classes.
@@ -675,7 +682,7 @@ def _walk(forest: _Forest, x) -> jax.Array:
         raise ValueError(f"a node reads feature {forest.feature.max()} of an input with {x.shape[1]} features")
     idx_t = np.int32 if forest.mode.size < 2**31 else index_dtype()
     feature = jnp.asarray(forest.feature, idx_t)
-    dtype = jnp.promote_types(x.dtype, forest.threshold.dtype)
+    dtype = canonical(jnp.promote_types(x.dtype, forest.threshold.dtype))
     x = x.astype(dtype)
     threshold = jnp.asarray(forest.threshold, dtype)
     mode = jnp.asarray(forest.mode)
@@ -737,7 +744,7 @@ def tree_ensemble_regressor(inputs, attrs, ctx):
         leaves = _walk(forest, x)
     except ValueError as e:
         raise ctx.error(str(e)) from None
-    dtype = jnp.promote_types(x.dtype, forest.threshold.dtype)
+    dtype = canonical(jnp.promote_types(x.dtype, forest.threshold.dtype))
     out = _aggregate(forest, leaves, attrs["aggregate_function"], dtype, ctx)
     base = _tensor_attr(attrs, "base_values")
     if base is not None and base.size:
@@ -745,7 +752,7 @@ def tree_ensemble_regressor(inputs, attrs, ctx):
     return (_post_transform(out, attrs["post_transform"], ctx).astype(np.float32),)
 
 
-@register("TreeEnsembleClassifier", since=(1, 3, 5), domain=_ML)
+@register("TreeEnsembleClassifier", since=(1, 3, 5), domain=_ML, static_inputs=_string_labels_static)
 def tree_ensemble_classifier(inputs, attrs, ctx):
     """ONNX-ML ``TreeEnsembleClassifier``-1/3/5 (3 adds the ``*_as_tensor`` attributes).
 
@@ -770,7 +777,9 @@ def tree_ensemble_classifier(inputs, attrs, ctx):
         scores = scores + jnp.asarray(base.reshape(1, -1), np.float32)
     post = attrs["post_transform"]
     if len(set(class_ids)) == 1:
-        positive = scores[:, :1] if n_classes == 1 else scores[:, 1:2]
+        # As the onnx reference does: the first column is the positive score, whichever class
+        # the votes name.
+        positive = scores[:, :1]
         negative = 1 - positive if post in ("NONE", "PROBIT") else -positive
         scores = jnp.concatenate([negative, positive, scores[:, 2:]], axis=1)
     scores = _post_transform(scores, post, ctx).astype(np.float32)

@@ -13,7 +13,6 @@ import onnx.helper as oh
 import pytest
 
 import jonnx
-import jonnx.ops.attention  # noqa: F401  -- until ops/__init__.py imports the module
 from jonnx import errors
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx, run_reference
 

@@ -10,7 +10,6 @@ import onnxruntime as ort
 import pytest
 
 import jonnx
-import jonnx.ops.ml  # noqa: F401  (until ops/__init__.py imports it)
 from jonnx import errors
 from jax.test_util import check_grads
 
@@ -162,8 +161,9 @@ def test_linear_classifier_multiclass(post, labels):
         x = x * 0.1  # PROBIT wants scores in (0, 1)
     coef = (RNG.standard_normal(6) * (0.2 if post == "PROBIT" else 1)).tolist()
     icpt = [0.3, 0.5, 0.4] if post == "PROBIT" else RNG.standard_normal(3).tolist()
+    # PROBIT: the reference evaluates its erfinv approximation in float64, jonnx in float32.
     assert_ml("LinearClassifier", {"x": x}, 2, coefficients=coef, intercepts=icpt,
-              post_transform=post, rtol=1e-4, atol=1e-5, **labels)
+              post_transform=post, rtol=1e-4, atol=1e-4 if post == "PROBIT" else 1e-5, **labels)
 
 
 def test_linear_classifier_binary_one_row():
@@ -178,9 +178,10 @@ def test_string_labels_need_concrete_input():
                        classlabels_strings=["a", "b"])
     with jax.enable_x64(True):
         m = jonnx.load(model)
-        with pytest.raises(errors.NodeError, match="concrete input"):
+        assert m.static_input_names == ("x",)
+        with pytest.raises(errors.StaticValueError, match="LinearClassifier"):
             jax.jit(lambda v: m.apply(m.params, v))(x)
-        labels, _ = m.apply(m.params, x)  # concrete numpy input: strings come back
+        labels, _ = m(x)  # Model.__call__ passes x as a static argument
     assert labels.tolist() == ["a" if a >= b else "b" for a, b in x]
 
 
