@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import heapq
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +14,7 @@ import onnx.helper
 import onnx.numpy_helper
 
 from jonnx import errors
+from jonnx._functions import check_recursion, function_key, function_opsets, inline_call
 from jonnx._ir import Graph, Node, ValueInfo
 from jonnx._registry import lookup, normalize_domain, schema_for
 from jonnx._tensors import np_dtype, tensor_to_numpy
@@ -21,6 +22,10 @@ from jonnx._tensors import np_dtype, tensor_to_numpy
 __all__ = ["GraphBuilder", "schema_defaults", "value_info"]
 
 _A = onnx.AttributeProto
+
+#: Inlining model-local functions stops with an error past this many nodes (a function that
+#: calls another twice, nested, doubles the count at each level).
+MAX_INLINED_NODES = 1_000_000
 
 
 def value_info(proto: onnx.ValueInfoProto) -> ValueInfo:
@@ -47,10 +52,17 @@ class GraphBuilder:
         base_dir: the model's folder for external data, or None.
     """
 
-    def __init__(self, opsets: Mapping[str, int], base_dir: str | None):
+    def __init__(
+        self,
+        opsets: Mapping[str, int],
+        base_dir: str | None,
+        functions: Sequence[onnx.FunctionProto] = (),
+    ):
         self.opsets = dict(opsets)
         self.base_dir = base_dir
+        self.functions = {function_key(f.domain, f.name, f.overload): f for f in functions}
         self.unsupported: list[tuple[str, str, str, int]] = []
+        self._inlined = 0
 
     def raise_if_unsupported(self) -> None:
         if not self.unsupported:
@@ -77,12 +89,17 @@ class GraphBuilder:
         inputs = tuple(value_info(v) for v in proto.input if v.name not in initializers)
         outputs = tuple(value_info(v) for v in proto.output)
 
-        produced = {out for n in proto.node for out in n.output if out}
-        visible = outer | produced | set(initializers) | {v.name for v in inputs}
+        expanded = [
+            item
+            for index, node_proto in enumerate(proto.node)
+            for item in self._expand(node_proto, node_proto.name or f"{node_proto.op_type}_{index}", self.opsets, ())
+        ]
+        produced = {out for n, _, _ in expanded for out in n.output if out}
+        visible = frozenset(outer | produced | set(initializers) | {v.name for v in inputs})
         nodes = [
             node
-            for index, node_proto in enumerate(proto.node)
-            if (node := self._node(node_proto, index, frozenset(visible))) is not None
+            for node_proto, name, opsets in expanded
+            if (node := self._node(node_proto, name, visible, opsets)) is not None
         ]
         local = frozenset(initializers) | {v.name for v in inputs}
         if self.unsupported:
@@ -124,15 +141,35 @@ class GraphBuilder:
 
     # -- nodes --------------------------------------------------------------------------
 
-    def _node(self, proto: onnx.NodeProto, index: int, visible: frozenset[str]) -> Node | None:
+    def _expand(
+        self, proto: onnx.NodeProto, name: str, opsets: Mapping[str, int], stack: tuple
+    ) -> list[tuple[onnx.NodeProto, str, Mapping[str, int]]]:
+        """``proto`` itself, or, for a call of a model-local function, its inlined body."""
+        key = function_key(proto.domain, proto.op_type, proto.overload)
+        function = self.functions.get(key)
+        if function is None:
+            return [(proto, name, opsets)]
+        check_recursion(stack, key, name)
+        body = inline_call(proto, function, name)
+        self._inlined += len(body)
+        if self._inlined > MAX_INLINED_NODES:
+            raise errors.ModelStructureError(
+                f"inlining model-local functions (at node {name!r}) makes more than "
+                f"{MAX_INLINED_NODES} nodes"
+            )
+        inner = function_opsets(function, opsets)
+        return [item for node in body for item in self._expand(node, node.name, inner, (*stack, key))]
+
+    def _node(
+        self, proto: onnx.NodeProto, name: str, visible: frozenset[str], opsets: Mapping[str, int]
+    ) -> Node | None:
         domain = normalize_domain(proto.domain)
-        name = proto.name or f"{proto.op_type}_{index}"
-        if domain not in self.opsets:
+        if domain not in opsets:
             raise errors.ModelStructureError(
                 f"node {name!r} ({proto.op_type}) uses domain {domain or 'ai.onnx'!r}, which "
                 "the model's opset_import does not list"
             )
-        opset = self.opsets[domain]
+        opset = opsets[domain]
         schema = schema_for(domain, proto.op_type, opset)
         attrs = self._attributes(proto, name, schema, visible)
         op = lookup(domain, proto.op_type, opset)

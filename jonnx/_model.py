@@ -139,7 +139,7 @@ class Model:
     def __init__(self, proto: onnx.ModelProto, *, base_dir: str | None = None):
         self.proto = proto
         self.opsets = _opsets(proto)
-        builder = GraphBuilder(self.opsets, base_dir)
+        builder = GraphBuilder(self.opsets, base_dir, functions=proto.functions)
         self.graph: Graph = builder.graph(proto.graph)
         builder.raise_if_unsupported()
 

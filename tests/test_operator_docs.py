@@ -1,0 +1,60 @@
+"""docs/operators.md matches what docs/make_operators.py generates from the registry."""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import pathlib
+import sys
+
+import jonnx
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "docs" / "make_operators.py"
+PAGE = ROOT / "docs" / "operators.md"
+
+
+# A custom-domain op registered in this process: it must not reach the page.
+@jonnx.register("DocsProbe", since=1, domain="jonnx.tests.docs")
+def _docs_probe(inputs, attrs, ctx):
+    return inputs
+
+
+def _load_generator():
+    """docs/make_operators.py as a module (docs/ is not a package), loaded once per process."""
+    name = "_jonnx_docs_make_operators"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def test_operators_page_is_up_to_date():
+    expected = _load_generator().render()
+    actual = PAGE.read_text(encoding="utf-8") if PAGE.exists() else ""
+    if actual != expected:
+        diff = "".join(
+            list(
+                difflib.unified_diff(
+                    actual.splitlines(keepends=True),
+                    expected.splitlines(keepends=True),
+                    "docs/operators.md (committed)",
+                    "docs/operators.md (generated)",
+                )
+            )[:40]
+        )
+        raise AssertionError(
+            "docs/operators.md is out of date with the operator registry: run "
+            f"`python docs/make_operators.py` from the repository root.\n{diff}"
+        )
+
+
+def test_operators_page_lists_onnx_domains_only():
+    text = _load_generator().render()
+    headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["ai.onnx", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training", "Totals"]
+    # Custom ops registered by tests and examples never reach the page.
+    assert "DocsProbe" not in text and "jonnx.tests.docs" not in text
+    assert "| Add | 1, 6, 7, 13, 14 | 1, 6, 7, 13, 14 | yes |" in text
