@@ -31,14 +31,19 @@ class RunOptions:
     """Per-call settings shared by every node of a run.
 
     Attributes:
-        train: training mode (BatchNormalization batch statistics, active Dropout).
+        train: True (training everywhere), False (inference everywhere) or None (each node
+            as the graph says); see ``OpContext.train``.
         key: the run's PRNG key; random ops get ``fold_in(key, node position)``.
         precision: ``jax.lax.Precision`` for matmul/conv, or None for JAX's default.
+        state: names of the main graph's state values (running statistics), and
+        state_out: where their new values are collected (per run; filled by ``run_graph``).
     """
 
-    train: bool = False
+    train: bool | None = None
     key: jax.Array | None = None
     precision: Any = None
+    state: frozenset[str] = frozenset()
+    state_out: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
 
 
 def is_concrete(value: Any) -> bool:
@@ -92,7 +97,17 @@ def run_graph(
         for name, value in zip(node.outputs, outputs):
             if name:
                 env[name] = value
+        if node.op.state_updates and options.state_out is not None:
+            _collect_state(node, outputs, options)
     return tuple(env[o.name] for o in graph.outputs)
+
+
+def _collect_state(node: Node, outputs: Sequence[Any], options: RunOptions) -> None:
+    """Record the new values an op gives for state inputs (BatchNormalization statistics)."""
+    for out, inp in node.op.state_updates.items():
+        name = node.inputs[inp] if inp < len(node.inputs) else ""
+        if name in options.state and out < len(outputs) and outputs[out] is not None:
+            options.state_out[name] = outputs[out]
 
 
 def _run_node(
@@ -109,7 +124,9 @@ def _run_node(
             raise errors.StaticValueError(_static_message(graph, node, i, env))
 
     def run_subgraph(sub: Graph, inputs: Mapping[str, Any], *, outer_env=None) -> tuple:
-        sub_options = dataclasses.replace(options, key=key)
+        # State is collected from the main graph only: a statistic updated inside a loop
+        # body has no single new value.
+        sub_options = dataclasses.replace(options, key=key, state_out=None)
         return run_graph(sub, inputs, sub_options, outer={**env, **(outer_env or {})})
 
     ctx = OpContext(

@@ -146,7 +146,11 @@ class Model:
         static = static_values(self.graph)
         inits = self.graph.initializers
         self._constants = {n: v for n, v in inits.items() if n in static or not _is_trainable(v)}
-        self._params = {n: jnp.asarray(v) for n, v in inits.items() if n not in self._constants}
+        state_names = _state_names(self.graph) - set(self._constants)
+        self._state = {n: jnp.asarray(inits[n]) for n in inits if n in state_names}
+        self._params = {
+            n: jnp.asarray(v) for n, v in inits.items() if n not in self._constants and n not in state_names
+        }
         self.input_names = self.graph.input_names
         self.output_names = self.graph.output_names
         preferred = preferred_static_inputs(self.graph)
@@ -171,46 +175,76 @@ class Model:
 
     @property
     def params(self) -> dict[str, jax.Array]:
-        """The trainable (floating-point) initializers, by name: a fresh dict each time."""
+        """The trainable (floating-point) initializers, by name: a fresh dict each time.
+
+        Running statistics (see :attr:`state`) and initializers that must stay static are
+        not parameters.
+        """
         return dict(self._params)
+
+    @property
+    def state(self) -> dict[str, jax.Array]:
+        """The running statistics (BatchNormalization mean and variance), by name.
+
+        Kept apart from :attr:`params` so that ``jax.grad`` sees only parameters; training-mode
+        runs return their new values (``apply(..., train=True)``).
+        """
+        return dict(self._state)
 
     def apply(
         self,
         params: Mapping[str, jax.Array],
         *inputs: Any,
+        state: Mapping[str, jax.Array] | None = None,
+        train: bool | None = None,
         key: jax.Array | None = None,
         precision: Any = None,
         **named_inputs: Any,
-    ) -> tuple[jax.Array, ...]:
-        """Run the model: a pure function of ``params`` and the inputs.
+    ) -> Any:
+        """Run the model: a pure function of ``params``, ``state`` and the inputs.
 
         Args:
             params: trainable initializers by name (see :attr:`params`). Names left out keep
                 the model's own values, as constants.
             *inputs: graph inputs in order (:attr:`input_names`).
-            key: a PRNG key for random ops (RandomNormal, ...); each node folds in its own.
+            state: running statistics by name (default :attr:`state`); names left out keep
+                the model's own values.
+            train: ``True`` runs the whole model in training mode (BatchNormalization with
+                batch statistics, Dropout active), even if it was exported in eval mode;
+                ``False`` runs it all in inference mode; ``None`` (default) runs each node
+                as the graph says.
+            key: a PRNG key for random ops (Dropout in training, RandomNormal, ...); each
+                node folds in its own. Never a fixed seed: without a key they raise.
             precision: ``jax.lax.Precision`` for MatMul/Gemm/Conv (TF32 on GPUs by default).
             **named_inputs: graph inputs by name, instead of or after the positional ones.
 
         Returns:
-            The graph outputs, in order.
+            The graph outputs, in order; with ``train=True``, ``(outputs, new_state)`` where
+            ``new_state`` holds the running statistics updated by ONNX's momentum rule
+            (``running * momentum + batch * (1 - momentum)``, under ``stop_gradient``).
 
         Raises:
-            jonnx.errors.InputError: inputs missing, duplicated or unknown, or unknown params.
+            jonnx.errors.InputError: inputs missing, duplicated or unknown, or unknown
+                params or state names.
             jonnx.errors.StaticValueError: an input that must be static was traced.
         """
-        unknown = set(params) - set(self._params)
-        if unknown:
-            raise errors.InputError(
-                f"params holds names that are not trainable initializers of the model: "
-                f"{sorted(unknown)[:10]}"
-            )
+        for given, known, what in ((params, self._params, "trainable initializers"), (state or {}, self._state, "state values")):
+            unknown = set(given) - set(known)
+            if unknown:
+                raise errors.InputError(f"{sorted(unknown)[:10]} are not {what} of the model")
         values = self._bind(inputs, named_inputs)
-        env: dict[str, Any] = {**self._constants, **self._params, **params}
+        current = {**self._state, **(state or {})}
+        env: dict[str, Any] = {**self._constants, **current, **self._params, **params}
         for name, value in zip(self.input_names, values):
             env[name] = self._prepare_input(name, value)
-        outputs = run_graph(self.graph, env, RunOptions(key=key, precision=precision))
-        return tuple(_as_output(o) for o in outputs)
+        collected: dict[str, Any] = {}
+        options = RunOptions(
+            train=train, key=key, precision=precision, state=frozenset(self._state), state_out=collected
+        )
+        outputs = tuple(_as_output(o) for o in run_graph(self.graph, env, options))
+        if train:
+            return outputs, {**current, **collected}
+        return outputs
 
     def __call__(
         self, *inputs: Any, key: jax.Array | None = None, **named_inputs: Any
@@ -275,6 +309,16 @@ class Model:
         if isinstance(value, np.ndarray) and value.dtype == object:
             return value
         return jnp.asarray(value)
+
+
+def _state_names(graph: Graph) -> set[str]:
+    """Initializers that feed a state input of some node (running statistics)."""
+    names = set()
+    for node in graph.nodes:
+        for inp in node.op.state_updates.values():
+            if inp < len(node.inputs) and node.inputs[inp] in graph.initializers:
+                names.add(node.inputs[inp])
+    return names
 
 
 def _is_host_value(value: Any) -> bool:

@@ -63,6 +63,10 @@ class OpDef:
         random: the op draws from ``ctx.key``; it is never evaluated at trace time.
         reads_graph: the op reads values of the enclosing graph beyond its inputs (through
             ``ctx.graph``: Gradient), so it is never evaluated at trace time either.
+        state_updates: ``{output position: input position}`` for outputs that are the new
+            value of a state input (BatchNormalization's running mean and variance). An op
+            returns them in training mode even when the node does not list those outputs, and
+            ``Model.apply(..., train=True)`` collects them as the new state.
     """
 
     domain: str
@@ -74,6 +78,7 @@ class OpDef:
     shape_only: bool = False
     random: bool = False
     reads_graph: bool = False
+    state_updates: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
     def static_positions(self, attrs: Mapping[str, Any]) -> frozenset[int]:
         """The input positions that must be static for a node with these attributes."""
@@ -93,7 +98,9 @@ class OpContext:
     Attributes:
         node: the node's name (for error messages).
         op_type, domain, opset: the op and the model's opset for its domain.
-        train: whether the model runs in training mode.
+        train: the run's mode: True (training everywhere: batch statistics, active
+            Dropout), False (inference everywhere), or None (each node as the graph says:
+            BatchNormalization's ``training_mode``, Dropout's ``training_mode`` input).
         key: a PRNG key for this node (already folded with the node's position), or None.
         precision: ``jax.lax.Precision`` (or None for JAX's default) for matmul/conv.
         n_outputs: how many outputs the node declares (Split divides by it), or None.
@@ -106,7 +113,7 @@ class OpContext:
     op_type: str = ""
     domain: str = ""
     opset: int = 0
-    train: bool = False
+    train: bool | None = None
     key: jax.Array | None = None
     precision: Any = None
     n_outputs: int | None = None
@@ -121,6 +128,10 @@ class OpContext:
     def error(self, message: str) -> errors.NodeError:
         """A :class:`jonnx.errors.NodeError` that names this node."""
         return errors.NodeError(f"{self.where()}: {message}")
+
+    def training(self, node_says: Any) -> Any:
+        """Whether to run in training mode: the run's flag when set, else the node's own."""
+        return node_says if self.train is None else self.train
 
     def rng(self) -> jax.Array:
         """This node's PRNG key; raises a clear error when the caller gave none."""
@@ -145,6 +156,7 @@ def register(
     shape_only: bool = False,
     random: bool = False,
     reads_graph: bool = False,
+    state_updates: Mapping[int, int] | None = None,
 ) -> Callable[[OpFn], OpFn]:
     """Register ``fn`` as the implementation of ``op_type`` for the given since_versions.
 
@@ -158,6 +170,8 @@ def register(
         shape_only: outputs depend only on input shapes and dtypes.
         random: the op draws from ``ctx.key`` and must never be folded.
         reads_graph: the op reads the enclosing graph (``ctx.graph``) and must never be folded.
+        state_updates: ``{output position: input position}`` of outputs that update a state
+            input (running statistics), see :class:`OpDef`.
 
     Returns:
         A decorator that registers the function and returns it unchanged.
@@ -193,6 +207,7 @@ def register(
                 shape_only=shape_only,
                 random=random,
                 reads_graph=reads_graph,
+                state_updates=types.MappingProxyType(dict(state_updates or {})),
             )
         return fn
 

@@ -59,7 +59,7 @@ def call(
     domain: str = "",
     opset: int | None = None,
     key: jax.Array | None = None,
-    train: bool = False,
+    train: bool | None = None,
     n_outputs: int | None = None,
     **attrs: Any,
 ) -> Any:
@@ -73,7 +73,8 @@ def call(
         opset: the opset whose semantics to use (default: the newest the installed onnx
             knows for ai.onnx, or the newest registered for other domains).
         key: PRNG key, for random ops.
-        train: training-mode semantics (Dropout, BatchNormalization).
+        train: True for training-mode semantics (Dropout, BatchNormalization), False for
+            inference, None for what the op's attributes and inputs say.
         n_outputs: how many outputs to produce, for ops that split by it (Split).
         **attrs: the op's attributes; the schema's defaults fill in the rest.
 

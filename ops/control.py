@@ -127,7 +127,7 @@ def loop(inputs, attrs, ctx):
             "a Loop without a trip count known at trace time cannot have scan outputs: their "
             "length would depend on runtime data"
         )
-    return _while(trip, cond, state, step)
+    return _while(trip, cond, state, step, ctx)
 
 
 def _iteration(i) -> jax.Array:
@@ -197,7 +197,7 @@ def _match(new_state, carried, ctx):
     return out
 
 
-def _while(trip, cond, state, step):
+def _while(trip, cond, state, step, ctx):
     """``lax.while_loop`` for loops bounded by a runtime trip count or condition only."""
     limit = None if trip is None else jnp.reshape(jnp.asarray(trip), ()).astype(index_dtype())
     flag0 = jnp.asarray(True) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
@@ -209,8 +209,7 @@ def _while(trip, cond, state, step):
     def body(carry):
         i, flag, carried = carry
         new_flag, new_state, _ = step(i, flag, carried)
-        new_state = [jnp.asarray(n).astype(jnp.result_type(c)) for n, c in zip(new_state, carried)]
-        return i + 1, jnp.reshape(jnp.asarray(new_flag), ()).astype(bool), new_state
+        return i + 1, jnp.reshape(jnp.asarray(new_flag), ()).astype(bool), _match(new_state, carried, ctx)
 
     init = (jnp.asarray(0, index_dtype()), flag0, [jnp.asarray(s) for s in state])
     _, _, final = lax.while_loop(keep_going, body, init)
@@ -255,17 +254,28 @@ def scan(inputs, attrs, ctx):
     return _scan_core(list(inputs[:n_state]), list(inputs[n_state:]), attrs, ctx)
 
 
-@register("Scan", since=8)
+@register("Scan", since=8, prefer_static=(0,))
 def scan_8(inputs, attrs, ctx):
-    """ONNX ``Scan``-8: a leading batch axis and optional per-batch ``sequence_lens``."""
+    """ONNX ``Scan``-8: a leading batch axis and optional per-batch ``sequence_lens``.
+
+    ``sequence_lens`` must be known at trace time and equal the full scan length.
+    """
     lens, *rest = inputs
     n_in = attrs["num_scan_inputs"]
     n_state = len(rest) - n_in
     state, scan_inputs = rest[:n_state], rest[n_state:]
     if lens is not None:
         full = jnp.shape(scan_inputs[0])[1]
-        if not is_concrete(lens) or np.any(np.asarray(lens) != full):
-            raise ctx.error("Scan-8 with sequence_lens shorter than the scan axis is not supported")
+        if not is_concrete(lens):
+            raise ctx.error(
+                "Scan-8's sequence_lens depends on runtime data; it must be known at trace time "
+                "(pass it as a graph input through Model.__call__, or as a constant)"
+            )
+        if np.any(np.asarray(lens) != full):
+            raise ctx.error(
+                f"Scan-8 with sequence_lens {np.asarray(lens).tolist()} shorter than the scan "
+                f"axis ({full}) is not supported"
+            )
     # Scan-8's `directions` is Scan-9's `scan_input_directions`; every axis is 0 after the batch.
     attrs9 = {"body": attrs["body"], "scan_input_directions": attrs.get("directions")}
     batched = jax.vmap(lambda s, x: _scan_core(list(s), list(x), attrs9, ctx))

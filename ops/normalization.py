@@ -2,9 +2,11 @@
 GroupNormalization, LpNormalization, MeanVarianceNormalization, RMSNormalization, LRN, and
 Dropout.
 
-Training behaviour follows ONNX, switched on either by the node (BatchNormalization's
-``training_mode``, Dropout's ``training_mode`` input, the opset 1-6 ``is_test=0``) or by the
-run's train flag (``ctx.train``), so a model exported in eval mode can be trained:
+Training behaviour follows the node (BatchNormalization's ``training_mode``, Dropout's
+``training_mode`` input, the opset 1-6 ``is_test=0``) unless the run's train flag
+(``ctx.train``) is set, which switches the whole model to training (True) or inference
+(False), so a model exported in eval mode can be trained and one exported for training can
+be evaluated:
 
 * BatchNormalization normalises with the batch's mean and population variance and returns
   running statistics updated by ONNX's rule ``running * momentum + batch * (1 - momentum)``
@@ -118,29 +120,32 @@ def _bn_legacy(inputs, attrs, training: bool, spatial: bool):
     return y, new_mean, new_var, saved_mean.astype(_dtype(x)), saved_var.astype(_dtype(x))
 
 
-@register("BatchNormalization", since=(1, 6))
+_RUNNING_STATS = {1: 3, 2: 4}  # outputs 1 and 2 are the new running mean and variance
+
+
+@register("BatchNormalization", since=(1, 6), state_updates=_RUNNING_STATS)
 def batch_normalization_1(inputs, attrs, ctx):
     """ONNX ``BatchNormalization``-1/6: ``is_test=0`` (the default) is training mode.
 
     ``saved_var`` is the batch variance; ``consumed_inputs`` is ignored.
     """
-    training = not attrs["is_test"] or ctx.train
+    training = ctx.training(not attrs["is_test"])
     return _bn_legacy(inputs, attrs, training, bool(attrs["spatial"]))
 
 
-@register("BatchNormalization", since=7)
+@register("BatchNormalization", since=7, state_updates=_RUNNING_STATS)
 def batch_normalization_7(inputs, attrs, ctx):
     """ONNX ``BatchNormalization``-7: inference unless the run is in training mode."""
-    return _bn_legacy(inputs, attrs, ctx.train, bool(attrs["spatial"]))
+    return _bn_legacy(inputs, attrs, ctx.training(False), bool(attrs["spatial"]))
 
 
-@register("BatchNormalization", since=9)
+@register("BatchNormalization", since=9, state_updates=_RUNNING_STATS)
 def batch_normalization_9(inputs, attrs, ctx):
     """ONNX ``BatchNormalization``-9: per-channel statistics; training only with ``train``."""
-    return _bn_legacy(inputs, attrs, ctx.train, True)
+    return _bn_legacy(inputs, attrs, ctx.training(False), True)
 
 
-@register("BatchNormalization", since=(14, 15))
+@register("BatchNormalization", since=(14, 15), state_updates=_RUNNING_STATS)
 def batch_normalization(inputs, attrs, ctx):
     """ONNX ``BatchNormalization``, opsets 14+: ``training_mode`` attribute or ``train``.
 
@@ -149,7 +154,7 @@ def batch_normalization(inputs, attrs, ctx):
     """
     x, scale, bias, mean, var = inputs
     eps, momentum = attrs["epsilon"], attrs["momentum"]
-    if attrs["training_mode"] or ctx.train:
+    if ctx.training(bool(attrs["training_mode"])):
         return _bn_training(x, scale, bias, mean, var, momentum, eps)
     return (_bn_inference(x, scale, bias, mean, var, eps),)
 
@@ -317,7 +322,7 @@ def dropout_1(inputs, attrs, ctx):
     ``consumed_inputs`` is ignored.
     """
     (x,) = inputs
-    active = not attrs["is_test"] or ctx.train
+    active = ctx.training(not attrs["is_test"])
     return _dropout(x, attrs["ratio"], bool(active), ctx, _dtype(x))
 
 
@@ -329,7 +334,7 @@ def dropout_7(inputs, attrs, ctx):
     """
     (x,) = inputs
     mask_dtype = np.dtype(bool) if ctx.opset >= 10 else _dtype(x)
-    return _dropout(x, attrs["ratio"], bool(ctx.train), ctx, mask_dtype)
+    return _dropout(x, attrs["ratio"], bool(ctx.training(False)), ctx, mask_dtype)
 
 
 @register("Dropout", since=(12, 13, 22), random=True)
@@ -342,8 +347,8 @@ def dropout(inputs, attrs, ctx):
     x = inputs[0]
     ratio = inputs[1] if len(inputs) > 1 and inputs[1] is not None else np.float32(0.5)
     training = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
-    if ctx.train:
-        active = True
+    if ctx.train is not None:
+        active = ctx.train
     elif training is None:
         active = False
     elif is_concrete(training):
