@@ -1,8 +1,10 @@
-"""Latency of jitted jonnx against onnxruntime on the bundled models.
+"""Latency of jitted jonnx against onnxruntime, and against the same network in plain JAX.
 
 For each model and batch size: trace+compile time of jonnx's first call, then the median of
-repeated calls for jonnx (jit, params as arguments) and onnxruntime (CPU provider, default
-session options), and their ratio (jonnx / onnxruntime: below 1 means jonnx is faster).
+repeated calls for jonnx (jit, params as arguments), onnxruntime (CPU provider, default
+session options) and, for the CNN, the same network written by hand in JAX (jit, same
+weights, same NCHW layout). Ratios: jonnx / onnxruntime (below 1: jonnx is faster) and
+jonnx / hand-written JAX (about 1: no interpreter overhead is left after jit).
 
 Usage: ``python benchmarks/bench_models.py [--repeats N] [--batches 1 32]``
 """
@@ -30,6 +32,32 @@ def _inputs(name: str, batch: int) -> dict[str, np.ndarray]:
         "input_ids": rng.integers(0, 50, (batch, 32)),
         "attention_mask": np.ones((batch, 32), np.int64),
     }
+
+
+def _hand_written_cnn(model: jonnx.Model):
+    """small_cnn written directly in JAX with the model's weights (what jonnx should match)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    weights = {**model.params, **model.state}
+
+    def block(p, x, tag):
+        x = lax.conv_general_dilated(x, p[f"{tag}.weight"], (1, 1), ((1, 1), (1, 1)),
+                                     dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        x = x + p[f"{tag}.bias"][:, None, None]
+        inv = p[f"{tag}.bn.scale"] / jnp.sqrt(p[f"{tag}.bn.running_var"] + 1e-5)
+        x = (x - p[f"{tag}.bn.running_mean"][:, None, None]) * inv[:, None, None] + p[f"{tag}.bn.bias"][:, None, None]
+        x = jnp.maximum(x, 0)
+        return lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+
+    @jax.jit
+    def forward(p, image):  # weights as arguments, as jonnx passes its params
+        h = block(p, block(p, image, "block1"), "block2")
+        h = jnp.mean(h, axis=(2, 3))
+        return h @ p["fc.weight"].T + p["fc.bias"]
+
+    return lambda image: forward(weights, image)
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -67,15 +95,24 @@ def main() -> None:
 
             jonnx_s = _median_seconds(run_jonnx, args.repeats)
             ort_s = _median_seconds(lambda: session.run(None, feeds), args.repeats)
-            rows.append((name, batch, compile_s, jonnx_s, ort_s))
+            jax_s = None
+            if name == "small_cnn":
+                forward = _hand_written_cnn(model)
+                np.testing.assert_allclose(np.asarray(forward(feeds["image"])),
+                                           np.asarray(model(**feeds)[0]), rtol=1e-4, atol=1e-5)
+                jax_s = _median_seconds(lambda: forward(feeds["image"]).block_until_ready(), args.repeats)
+            rows.append((name, batch, compile_s, jonnx_s, ort_s, jax_s))
 
-    header = f"{'model':<18}{'batch':>6}{'compile ms':>12}{'jonnx ms':>11}{'ort ms':>10}{'ratio':>8}"
+    header = (f"{'model':<18}{'batch':>6}{'compile ms':>12}{'jonnx ms':>11}{'ort ms':>10}"
+              f"{'jax ms':>9}{'vs ort':>8}{'vs jax':>8}")
     print(header)
     print("-" * len(header))
-    for name, batch, compile_s, jonnx_s, ort_s in rows:
+    for name, batch, compile_s, jonnx_s, ort_s, jax_s in rows:
+        jax_ms = f"{jax_s * 1e3:>9.3f}" if jax_s else f"{'-':>9}"
+        vs_jax = f"{jonnx_s / jax_s:>8.2f}" if jax_s else f"{'-':>8}"
         print(f"{name:<18}{batch:>6}{compile_s * 1e3:>12.0f}{jonnx_s * 1e3:>11.3f}"
-              f"{ort_s * 1e3:>10.3f}{jonnx_s / ort_s:>8.2f}")
-    print("ratio = jonnx / onnxruntime median latency (lower is better for jonnx)")
+              f"{ort_s * 1e3:>10.3f}{jax_ms}{jonnx_s / ort_s:>8.2f}{vs_jax}")
+    print("vs ort = jonnx / onnxruntime, vs jax = jonnx / hand-written JAX (median latency; lower is better for jonnx)")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 """
 
 from jonnx import errors as errors
+from jonnx._export import save as save
 from jonnx._ir import Graph as Graph, Node as Node, ValueInfo as ValueInfo
 from jonnx._model import Model as Model, load as load
 from jonnx._registry import OpContext as OpContext, register as register
@@ -18,4 +19,4 @@ from jonnx import backend as backend  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["Graph", "Model", "Node", "OpContext", "ValueInfo", "backend", "errors", "load", "ops", "register"]
+__all__ = ["Graph", "Model", "Node", "OpContext", "ValueInfo", "backend", "errors", "load", "ops", "register", "save"]

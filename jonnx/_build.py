@@ -27,6 +27,10 @@ _A = onnx.AttributeProto
 #: calls another twice, nested, doubles the count at each level).
 MAX_INLINED_NODES = 1_000_000
 
+#: Subgraphs (If/Loop/Scan bodies) nested deeper than this are refused: real models nest a
+#: few levels, and each level costs a Python stack frame when the model is traced.
+MAX_GRAPH_DEPTH = 64
+
 
 def value_info(proto: onnx.ValueInfoProto) -> ValueInfo:
     """Decode a graph input/output declaration."""
@@ -63,6 +67,7 @@ class GraphBuilder:
         self.functions = {function_key(f.domain, f.name, f.overload): f for f in functions}
         self.unsupported: list[tuple[str, str, str, int]] = []
         self._inlined = 0
+        self._depth = 0
 
     def raise_if_unsupported(self) -> None:
         if not self.unsupported:
@@ -81,6 +86,17 @@ class GraphBuilder:
 
     def graph(self, proto: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> Graph:
         """Build ``proto``; ``outer`` names the values visible from enclosing graphs."""
+        if self._depth >= MAX_GRAPH_DEPTH:
+            raise errors.ModelStructureError(
+                f"graph {proto.name!r} is nested more than {MAX_GRAPH_DEPTH} subgraphs deep"
+            )
+        self._depth += 1
+        try:
+            return self._graph(proto, outer)
+        finally:
+            self._depth -= 1
+
+    def _graph(self, proto: onnx.GraphProto, outer: frozenset[str]) -> Graph:
         initializers: dict[str, np.ndarray] = {}
         for tensor in proto.initializer:
             initializers[tensor.name] = tensor_to_numpy(tensor, self.base_dir)
@@ -176,6 +192,10 @@ class GraphBuilder:
         if op is None:
             self.unsupported.append((name, proto.op_type, domain, opset))
             return None
+        if op.validate is not None:
+            problem = op.validate(attrs, len(proto.input), len(proto.output))
+            if problem:
+                raise errors.ModelStructureError(f"node {name!r} ({proto.op_type}, opset {opset}): {problem}")
         return Node(
             name=name,
             op_type=proto.op_type,

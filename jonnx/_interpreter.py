@@ -37,6 +37,7 @@ class RunOptions:
         precision: ``jax.lax.Precision`` for matmul/conv, or None for JAX's default.
         state: names of the main graph's state values (running statistics), and
         state_out: where their new values are collected (per run; filled by ``run_graph``).
+        memory_limit: the largest tensor, in bytes, a node may create (None: no limit).
     """
 
     train: bool | None = None
@@ -44,6 +45,7 @@ class RunOptions:
     precision: Any = None
     state: frozenset[str] = frozenset()
     state_out: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
+    memory_limit: int | None = None
 
 
 def is_concrete(value: Any) -> bool:
@@ -149,13 +151,58 @@ def _run_node(
     )
     try:
         if fold:
-            with jax.ensure_compile_time_eval(), jax.enable_x64(True):
-                return _to_numpy(op.fn(args, node.attrs, ctx))
-        return op.fn(args, node.attrs, ctx)
+            with jax.enable_x64(True):
+                if options.memory_limit is not None:
+                    # Folding allocates now: learn the output sizes first, abstractly.
+                    _check_memory(node, _predict(node, args, ctx), options.memory_limit)
+                with jax.ensure_compile_time_eval():
+                    return _to_numpy(op.fn(args, node.attrs, ctx))
+        outputs = op.fn(args, node.attrs, ctx)
+        if options.memory_limit is not None:
+            # Under jit these are tracers: nothing is allocated until the whole graph runs.
+            _check_memory(node, outputs, options.memory_limit)
+        return outputs
     except errors.JonnxError:
         raise
     except Exception as e:  # an op body's own failure: name the node and keep the cause
         raise errors.NodeError(f"{ctx.where()}: {type(e).__name__}: {e}") from e
+
+
+def _predict(node: Node, args: tuple, ctx: OpContext) -> Any:
+    """Output shapes and dtypes of a node about to be folded, without running it.
+
+    Static inputs and host values stay concrete; the rest become abstract. An op that cannot
+    run abstractly (it needs a value at trace time that it does not declare) gives None.
+    """
+    abstract = [
+        i for i, a in enumerate(args)
+        if isinstance(a, np.ndarray) and a.dtype != object and i not in node.static_inputs
+    ]
+
+    def run(*values):
+        full = list(args)
+        for i, v in zip(abstract, values):
+            full[i] = v
+        return node.op.fn(tuple(full), node.attrs, ctx)
+
+    try:
+        return jax.eval_shape(run, *[args[i] for i in abstract])
+    except Exception:  # noqa: BLE001 -- no prediction; the op itself reports its own errors
+        return None
+
+
+def _check_memory(node: Node, outputs: Any, limit: int) -> None:
+    for leaf in jax.tree_util.tree_leaves(outputs):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is None or dtype is None or dtype == np.dtype(object):
+            continue
+        size = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+        if size > limit:
+            raise errors.MemoryLimitError(
+                f"node {node.name!r} ({node.op_type}) would create a tensor of shape "
+                f"{tuple(shape)} ({dtype}, {size:,} bytes), over the model's memory limit of "
+                f"{limit:,} bytes; pass a larger memory_limit to jonnx.load if this is intended"
+            )
 
 
 def _has_subgraph(node: Node) -> bool:

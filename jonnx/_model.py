@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from jonnx import errors
 from jonnx._build import GraphBuilder
 from jonnx._interpreter import RunOptions, run_graph
-from jonnx._ir import Graph
+from jonnx._ir import Graph, ValueInfo
 from jonnx._registry import normalize_domain
 from jonnx._static import preferred_static_inputs, static_values
 
@@ -26,13 +26,33 @@ __all__ = ["Model", "load"]
 _TRAINABLE = (np.float16, np.float32, np.float64, jnp.bfloat16)
 
 
-def load(f: str | os.PathLike | bytes | onnx.ModelProto, *, base_dir: str | None = None) -> "Model":
+def _default_memory_limit() -> int:
+    """Half the machine's physical memory: no single tensor of a model may be larger."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+DEFAULT_MEMORY_LIMIT = _default_memory_limit()
+
+
+def load(
+    f: str | os.PathLike | bytes | onnx.ModelProto,
+    *,
+    base_dir: str | None = None,
+    memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
+) -> "Model":
     """Load an ONNX model as a :class:`Model`.
 
     Args:
         f: a path to an ``.onnx`` file, its bytes, or an ``onnx.ModelProto``.
         base_dir: the folder external data is read from; defaults to the model file's folder
             (and to none for bytes and protos, whose external data is then refused).
+        memory_limit: the largest tensor, in bytes, any node may create (default: half the
+            machine's memory; None for no limit). Checked when the model is traced, before
+            anything that large is allocated: a node over it raises
+            :class:`~jonnx.errors.MemoryLimitError`.
 
     Returns:
         The loaded model, with every node bound to its implementation.
@@ -68,7 +88,7 @@ def load(f: str | os.PathLike | bytes | onnx.ModelProto, *, base_dir: str | None
             base_dir = os.path.dirname(os.path.abspath(path))
     else:
         raise TypeError(f"jonnx.load takes a path, bytes or onnx.ModelProto, not {type(f).__name__}")
-    return Model(proto, base_dir=base_dir)
+    return Model(proto, base_dir=base_dir, memory_limit=memory_limit)
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
@@ -128,6 +148,8 @@ class Model:
     Attributes:
         graph: the model's graph IR.
         opsets: the model's opset per domain.
+        base_dir: the folder the model's external data was read from (None for bytes/protos).
+        memory_limit: the largest tensor, in bytes, a node may create (None: no limit).
         input_names: the graph inputs, in order (initializer-backed inputs excluded).
         output_names: the graph outputs, in order.
         static_input_names: inputs that must be known at trace time (they feed a shape, axes,
@@ -136,8 +158,16 @@ class Model:
             distinct value).
     """
 
-    def __init__(self, proto: onnx.ModelProto, *, base_dir: str | None = None):
+    def __init__(
+        self,
+        proto: onnx.ModelProto,
+        *,
+        base_dir: str | None = None,
+        memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
+    ):
         self.proto = proto
+        self.base_dir = base_dir
+        self.memory_limit = memory_limit
         self.opsets = _opsets(proto)
         builder = GraphBuilder(self.opsets, base_dir, functions=proto.functions)
         self.graph: Graph = builder.graph(proto.graph)
@@ -233,13 +263,15 @@ class Model:
             if unknown:
                 raise errors.InputError(f"{sorted(unknown)[:10]} are not {what} of the model")
         values = self._bind(inputs, named_inputs)
+        _check_inputs(self.graph.inputs, values)
         current = {**self._state, **(state or {})}
         env: dict[str, Any] = {**self._constants, **current, **self._params, **params}
         for name, value in zip(self.input_names, values):
             env[name] = self._prepare_input(name, value)
         collected: dict[str, Any] = {}
         options = RunOptions(
-            train=train, key=key, precision=precision, state=frozenset(self._state), state_out=collected
+            train=train, key=key, precision=precision, state=frozenset(self._state),
+            state_out=collected, memory_limit=self.memory_limit,
         )
         outputs = tuple(_as_output(o) for o in run_graph(self.graph, env, options))
         if train:
@@ -309,6 +341,57 @@ class Model:
         if isinstance(value, np.ndarray) and value.dtype == object:
             return value
         return jnp.asarray(value)
+
+
+def _check_inputs(declared: tuple[ValueInfo, ...], values: list[Any]) -> None:
+    """Inputs must match the graph's declared dtypes and shapes; symbolic dims bind consistently.
+
+    Dtypes must be of the declared kind (float, signed or unsigned integer, bool, complex,
+    string); another width of that kind is accepted: an int32 array for an int64 input (JAX
+    holds no int64 with ``jax_enable_x64`` off), or float64 inputs to a float32 model, which
+    then computes in float64 (as gradient checks by finite differences want).
+    """
+    bound: dict[str, tuple[int, str]] = {}
+    for info, value in zip(declared, values):
+        if info.kind != "tensor" or value is None or isinstance(value, (list, dict)):
+            continue
+        shape, dtype = np.shape(value), getattr(value, "dtype", None)
+        if info.dtype is not None and dtype is not None and info.dtype != np.dtype(object):
+            if _kind(np.dtype(dtype)) != _kind(info.dtype):
+                raise errors.InputError(
+                    f"input {info.name!r} is declared {info.dtype} but a {np.dtype(dtype)} array was given"
+                )
+        if info.shape is None:
+            continue
+        if len(shape) != len(info.shape):
+            raise errors.InputError(
+                f"input {info.name!r} is declared with shape {_show(info.shape)} (rank "
+                f"{len(info.shape)}) but an array of shape {shape} was given"
+            )
+        for axis, (want, got) in enumerate(zip(info.shape, shape)):
+            if isinstance(want, int) and want != got:
+                raise errors.InputError(
+                    f"input {info.name!r} is declared with shape {_show(info.shape)} but an array "
+                    f"of shape {shape} was given (axis {axis}: {got} != {want})"
+                )
+            if isinstance(want, str):
+                first = bound.setdefault(want, (got, info.name))
+                if first[0] != got:
+                    raise errors.InputError(
+                        f"dimension {want!r} is {first[0]} in input {first[1]!r} but {got} in input "
+                        f"{info.name!r} (axis {axis})"
+                    )
+
+
+def _kind(dtype: np.dtype) -> str:
+    for kind in ("bool", "floating", "signedinteger", "unsignedinteger", "complexfloating"):
+        if jnp.issubdtype(dtype, getattr(jnp, "bool_" if kind == "bool" else kind)):
+            return kind
+    return "string" if dtype == np.dtype(object) else str(dtype)
+
+
+def _show(shape: tuple) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def _state_names(graph: Graph) -> set[str]:

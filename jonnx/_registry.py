@@ -67,6 +67,9 @@ class OpDef:
             value of a state input (BatchNormalization's running mean and variance). An op
             returns them in training mode even when the node does not list those outputs, and
             ``Model.apply(..., train=True)`` collects them as the new state.
+        validate: checks a node at load time, ``validate(attrs, n_inputs, n_outputs)``,
+            returning a message when the node is malformed (If branches giving different
+            numbers of outputs), or None; the loader raises it as a ModelStructureError.
     """
 
     domain: str
@@ -79,6 +82,7 @@ class OpDef:
     random: bool = False
     reads_graph: bool = False
     state_updates: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None
 
     def static_positions(self, attrs: Mapping[str, Any]) -> frozenset[int]:
         """The input positions that must be static for a node with these attributes."""
@@ -157,6 +161,7 @@ def register(
     random: bool = False,
     reads_graph: bool = False,
     state_updates: Mapping[int, int] | None = None,
+    validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None,
 ) -> Callable[[OpFn], OpFn]:
     """Register ``fn`` as the implementation of ``op_type`` for the given since_versions.
 
@@ -172,6 +177,7 @@ def register(
         reads_graph: the op reads the enclosing graph (``ctx.graph``) and must never be folded.
         state_updates: ``{output position: input position}`` of outputs that update a state
             input (running statistics), see :class:`OpDef`.
+        validate: a load-time check of a node, see :class:`OpDef`.
 
     Returns:
         A decorator that registers the function and returns it unchanged.
@@ -208,6 +214,7 @@ def register(
                 random=random,
                 reads_graph=reads_graph,
                 state_updates=types.MappingProxyType(dict(state_updates or {})),
+                validate=validate,
             )
         return fn
 

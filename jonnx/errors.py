@@ -17,6 +17,7 @@ __all__ = [
     "InputError",
     "NodeError",
     "NumericCheckError",
+    "MemoryLimitError",
 ]
 
 
@@ -64,3 +65,8 @@ class NodeError(JonnxError):
 
 class NumericCheckError(JonnxError):
     """A checked run found an out-of-range index or an integer division by zero."""
+
+
+class MemoryLimitError(NodeError):
+    """A node would create a tensor larger than the model's memory limit (checked before
+    anything is allocated)."""

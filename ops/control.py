@@ -6,9 +6,10 @@ so bodies may read outer values at any nesting depth.
 * ``If`` with a condition known at trace time picks its branch statically (the branches may
   then differ in shape); otherwise it is ``lax.cond``.
 * ``Loop`` with a static trip count is ``lax.scan`` (differentiable); a data-dependent exit
-  freezes the carried values once the condition turns false. Without a trip count it is
-  ``lax.while_loop``. Loops that carry sequences, or whose inputs are all known at trace time,
-  are unrolled at trace time.
+  freezes the carried values once the condition turns false. Without a trip count (or with
+  a huge one, INT64_MAX from exporters) it is ``lax.while_loop``. Loops that carry sequences,
+  whose inputs are all known at trace time, or whose scan outputs end by a condition known
+  only per iteration, are unrolled at trace time.
 * ``Scan`` is ``lax.scan`` with the scan axes moved to the front.
 """
 
@@ -30,6 +31,10 @@ from jonnx.ops._util import index_dtype, normalize_axis
 # past this many iterations instead of running without end.
 MAX_UNROLLED_ITERATIONS = 100_000
 
+# Exporters write "loop while cond" as a trip count of INT64_MAX; past this many iterations a
+# static trip count is only a bound, and the loop is a ``lax.while_loop`` instead of a scan.
+MAX_SCAN_LENGTH = 2**31 - 1
+
 _SUBGRAPH_VERSIONS = (1, 11, 13, 16, 19, 21, 23, 24, 25)
 
 
@@ -41,7 +46,16 @@ def _structure(values) -> Any:
     return jax.tree_util.tree_map(lambda v: (jnp.shape(v), jnp.result_type(v)), list(values))
 
 
-@register("If", since=_SUBGRAPH_VERSIONS, prefer_static=(0,))
+def _check_if(attrs, n_inputs: int, n_outputs: int) -> str | None:
+    then_n, else_n = len(attrs["then_branch"].outputs), len(attrs["else_branch"].outputs)
+    if then_n != else_n:
+        return f"then_branch gives {then_n} outputs but else_branch gives {else_n}"
+    if n_outputs > then_n:
+        return f"the node lists {n_outputs} outputs but its branches give {then_n}"
+    return None
+
+
+@register("If", since=_SUBGRAPH_VERSIONS, prefer_static=(0,), validate=_check_if)
 def if_(inputs, attrs, ctx):
     """ONNX ``If``, all opsets: a static choice when the condition is known, else ``lax.cond``."""
     (cond,) = inputs
@@ -115,13 +129,19 @@ def loop(inputs, attrs, ctx):
     if static_trip and (carries_sequences or everything_static or needs_static_step):
         return _unrolled(trip, cond, state, step, n_scan, ctx)
     if trip is not None and static_trip:
-        length = int(np.asarray(trip).reshape(-1)[0])
-        if cond is None or (is_concrete(cond) and _is_true(cond)):
+        length = _trip_count(trip)
+        scannable = length <= MAX_SCAN_LENGTH
+        if scannable and (cond is None or (is_concrete(cond) and _is_true(cond))):
             try:
                 return _scanned(length, step, state, n_scan, ctx, static_flag=True)
             except _DynamicExit:
                 pass
-        return _scanned(length, step, state, n_scan, ctx, static_flag=False, cond=cond)
+        if n_scan:
+            # The exit may depend only on values known at trace time (the iteration number):
+            # unrolled, each iteration finds out, and the scan outputs get a static length.
+            return _unrolled(trip, cond, state, step, n_scan, ctx)
+        if scannable:
+            return _scanned(length, step, state, n_scan, ctx, static_flag=False, cond=cond)
     if n_scan:
         raise ctx.error(
             "a Loop without a trip count known at trace time cannot have scan outputs: their "
@@ -130,31 +150,41 @@ def loop(inputs, attrs, ctx):
     return _while(trip, cond, state, step, ctx)
 
 
+def _trip_count(trip) -> int:
+    return int(np.asarray(trip).reshape(-1)[0])
+
+
 def _iteration(i) -> jax.Array:
     return jnp.asarray(i, index_dtype())
 
 
 def _unrolled(trip, cond, state, step, n_scan, ctx):
     """Run the loop at trace time, one body evaluation per iteration."""
-    limit = MAX_UNROLLED_ITERATIONS if trip is None else int(np.asarray(trip).reshape(-1)[0])
+    limit = None if trip is None else _trip_count(trip)
     flag = np.asarray(True) if cond is None else cond
     scans: list[list] = [[] for _ in range(n_scan)]
+    first = state
     i = 0
-    while i < limit and (not is_concrete(flag) or _is_true(flag)):
+    while (limit is None or i < limit) and (not is_concrete(flag) or _is_true(flag)):
         if not is_concrete(flag):
-            raise ctx.error("the loop condition depends on runtime data while it carries a sequence")
+            raise ctx.error(
+                "the loop condition depends on runtime data while the loop carries a sequence "
+                "or has scan outputs, whose length would then depend on runtime data"
+            )
+        if i >= MAX_UNROLLED_ITERATIONS:
+            raise ctx.error(
+                f"the loop ran {i} iterations at trace time, the most jonnx unrolls, without "
+                "ending"
+            )
         flag, state, outs = step(np.asarray(i, np.int64), flag, state)
         for acc, value in zip(scans, outs):
             acc.append(value)
         i += 1
-    if trip is None and i >= limit:
-        raise ctx.error(f"the loop ran {limit} iterations at trace time without its condition turning false")
-    stacked = []
-    for acc in scans:
-        if not acc:
-            raise ctx.error("a Loop that runs zero times cannot give scan outputs of known shape")
-        stacked.append(jnp.stack([jnp.asarray(v) for v in acc]))
-    return (*state, *stacked)
+    if n_scan and not i:
+        # No iteration ran: the body's shapes, traced once, give the empty scan outputs.
+        shapes = jax.eval_shape(lambda: step(np.asarray(0, np.int64), np.asarray(True), first)[2])
+        return (*state, *(jnp.zeros((0, *s.shape), s.dtype) for s in shapes))
+    return (*state, *(jnp.stack([jnp.asarray(v) for v in acc]) for acc in scans))
 
 
 def _scanned(length, step, state, n_scan, ctx, *, static_flag: bool, cond=None):
@@ -174,11 +204,6 @@ def _scanned(length, step, state, n_scan, ctx, *, static_flag: bool, cond=None):
 
     flag0 = jnp.asarray(True) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
     init = (flag0, [jnp.asarray(s) for s in state])
-    if not static_flag and n_scan:
-        raise ctx.error(
-            "the loop's exit condition depends on runtime data and it has scan outputs, whose "
-            "length would then depend on runtime data"
-        )
     (_, final), scans = lax.scan(body, init, jnp.arange(length))
     return (*final, *scans)
 
@@ -199,7 +224,12 @@ def _match(new_state, carried, ctx):
 
 def _while(trip, cond, state, step, ctx):
     """``lax.while_loop`` for loops bounded by a runtime trip count or condition only."""
-    limit = None if trip is None else jnp.reshape(jnp.asarray(trip), ()).astype(index_dtype())
+    if trip is None:
+        limit = None
+    elif is_concrete(trip):  # INT64_MAX, say, when the index type is int32
+        limit = jnp.asarray(min(_trip_count(trip), np.iinfo(index_dtype()).max), index_dtype())
+    else:
+        limit = jnp.reshape(jnp.asarray(trip), ()).astype(index_dtype())
     flag0 = jnp.asarray(True) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
 
     def keep_going(carry):

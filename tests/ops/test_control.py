@@ -158,15 +158,15 @@ def test_if_static_condition_branches_may_differ_in_shape(opset, flag):
     assert primitives(jaxpr(proto, feeds, traced=[1])) == set()
 
 
-def _data_dependent_if(then_nodes, else_nodes, then_out="t", else_out="e"):
+def _data_dependent_if(then_nodes, else_nodes, then_out="t", else_out="e", elem=F):
     """y = If(sum(x) > 0): the condition depends on x, so it is traced."""
     nodes = [
         oh.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
-        const("zero", np.float32(0)),
+        const("zero", np.zeros((), onnx.helper.tensor_dtype_to_np_dtype(elem))),
         oh.make_node("Greater", ["s", "zero"], ["c"]),
-        _if_node(then_nodes, [vi(then_out, F, None)], else_nodes, [vi(else_out, F, None)]),
+        _if_node(then_nodes, [vi(then_out, elem, None)], else_nodes, [vi(else_out, elem, None)]),
     ]
-    return model(nodes, [vi("x", F, [4])], [vi("y", F, None)])
+    return model(nodes, [vi("x", elem, [4])], [vi("y", elem, None)])
 
 
 def test_if_traced_condition_is_lax_cond():
@@ -232,6 +232,17 @@ def test_nested_if_reads_values_two_scopes_up():
     assert jaxpr(proto, [np.array(True), np.array(True), x]).count("cond[") == 2
 
 
+def test_if_traced_condition_with_sequence_outputs():
+    seq = oh.make_tensor_sequence_value_info
+    proto = _data_dependent_if(
+        [oh.make_node("SequenceConstruct", ["x", "x"], ["t"])],
+        [oh.make_node("Neg", ["x"], ["nx"]), oh.make_node("SequenceConstruct", ["nx", "x"], ["e"])],
+    )
+    proto.graph.output[0].CopyFrom(seq("y", F, None))
+    for x in (np.float32([1, 2, 3, -1]), np.float32([-1, -2, -3, 1])):
+        check(proto, [x])
+
+
 def test_if_traced_branches_differing_in_shape_is_an_error():
     proto = _data_dependent_if(
         [oh.make_node("Identity", ["x"], ["t"])],
@@ -243,7 +254,7 @@ def test_if_traced_branches_differing_in_shape_is_an_error():
             run(proto, [x], mode)
 
 
-def test_if_traced_branches_with_different_output_counts_is_an_error():
+def test_if_branches_with_different_output_counts_fail_at_load():
     node = oh.make_node(
         "If", ["c"], ["y", "z"], name="if",
         then_branch=graph([oh.make_node("Neg", ["x"], ["t"])], [], [vi("t", F, [2]), vi("x", F, [2])], "then"),
@@ -252,8 +263,8 @@ def test_if_traced_branches_with_different_output_counts_is_an_error():
     # The checker rejects the mismatch, so the model is built without it.
     g = graph([node], [vi("c", B, []), vi("x", F, [2])], [vi("y", F, [2])], "main")
     proto = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
-    with pytest.raises(errors.NodeError, match="'if'.*2 and 1 outputs"):
-        run(proto, [np.array(True), np.float32([1, 2])], "jit")
+    with pytest.raises(errors.ModelStructureError, match="'if'.*then_branch gives 2 outputs but else_branch gives 1"):
+        jonnx.load(proto)
 
 
 def test_grad_through_traced_if():
@@ -261,7 +272,7 @@ def test_grad_through_traced_if():
     proto = _data_dependent_if(
         [oh.make_node("Mul", ["x", "x"], ["t0"]), oh.make_node("ReduceSum", ["t0"], ["t"], keepdims=0)],
         [oh.make_node("Sin", ["x"], ["e0"]), oh.make_node("Mul", ["e0", "x"], ["e1"]),
-         oh.make_node("ReduceSum", ["e1"], ["e"], keepdims=0)],
+         oh.make_node("ReduceSum", ["e1"], ["e"], keepdims=0)], elem=D,
     )
     with jax.enable_x64(True):
         m = jonnx.load(proto)
@@ -383,7 +394,7 @@ def test_loop_early_exit_by_data_dependent_condition(limit, iterations):
 
 def test_loop_early_exit_with_scan_outputs_is_an_error():
     proto = _early_exit_loop(with_scan_output=True)
-    with pytest.raises(errors.NodeError, match="'loop'.*exit condition depends on runtime data.*scan outputs"):
+    with pytest.raises(errors.NodeError, match="'loop'.*condition depends on runtime data.*scan outputs"):
         run(proto, [np.float32([0.5, 1.0]), np.float32(10)], "jit")
 
 
@@ -756,3 +767,68 @@ def test_grad_through_scan():
         m = jonnx.load(proto)
         check_grads(lambda p, s0, xs: m.apply(p, s0, xs)[0], (m.params, s0, xs), order=2,
                     modes=("fwd", "rev"), eps=1e-5)
+
+
+@pytest.mark.parametrize("x64", [True, False])
+def test_loop_with_int64_max_trip_count_and_a_condition(x64):
+    # Exporters (torch.onnx) write "while cond" as a Loop with trip count INT64_MAX: it must
+    # run as a while loop, not a scan of 2**63 steps.
+    proto = _while_loop(trip=True)
+    feeds = [np.int64(np.iinfo(np.int64).max), np.array(True), np.float32(1.0), np.float32(100.0)]
+    want = [np.float32(243), np.int64(4)]
+    with jax.enable_x64(x64):
+        m = jonnx.load(proto)
+        for got in (m(*feeds), m.apply(m.params, *feeds)):
+            np.testing.assert_array_equal(np.asarray(got[0]), want[0])
+            np.testing.assert_array_equal(np.asarray(got[1]), want[1])
+        assert primitives(str(jax.make_jaxpr(lambda a: m.apply(m.params, feeds[0], feeds[1], a, feeds[3]))(
+            feeds[2]))) == {"while["}
+
+
+def test_loop_exit_by_iteration_number_with_scan_outputs():
+    # The condition depends on the iteration number only (i < 3): known at trace time once
+    # the loop is unrolled, so the scan outputs have a static length (4 iterations).
+    body = [
+        const("three", np.int64(3)), oh.make_node("Less", ["i", "three"], ["cond_out"]),
+        oh.make_node("Add", ["a_in", "x"], ["a_out"]), oh.make_node("Neg", ["a_out"], ["s"]),
+    ]
+    proto = _loop_model(
+        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2])],
+        [vi("cond_out", B, []), vi("a_out", F, [2]), vi("s", F, [2])],
+        ["M", "", "a0"], ["a", "ss"], [vi("x", F, [2]), vi("a0", F, [2])],
+        [vi("a", F, [2]), vi("ss", F, [None, 2])], inits={"M": np.int64(10)},
+    )
+    feeds = [np.float32([1, 2]), np.float32([0.5, 0.25])]
+    check(proto, feeds)
+    assert run(proto, feeds)[1].shape == (4, 2)
+
+
+def test_loop_known_at_trace_time_running_zero_times_has_empty_scan_outputs():
+    body = [oh.make_node("Identity", ["cond_in"], ["cond_out"]), oh.make_node("Identity", ["a_in"], ["a_out"]),
+            oh.make_node("Cast", ["a_in"], ["s"], to=F)]
+    proto = _loop_model(
+        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", I64, [3])],
+        [vi("cond_out", B, []), vi("a_out", I64, [3]), vi("s", F, [3])],
+        ["M", "", "a0"], ["a", "ss"], [vi("M", I64, [])], [vi("a", I64, [3]), vi("ss", F, [None, 3])],
+        inits={"a0": np.int64([1, 2, 3])},
+    )
+    a, ss = run(proto, [np.int64(0)])
+    np.testing.assert_array_equal(a, [1, 2, 3])
+    assert ss.shape == (0, 3) and ss.dtype == np.float32
+    check(proto, [np.int64(2)], modes=("call", "apply"))
+
+
+def test_loop_with_int64_max_trip_count_and_scan_outputs_ends_by_its_condition():
+    # A huge trip count with scan outputs: the condition (on the iteration number) ends it.
+    body = [
+        const("two", np.int64(2)), oh.make_node("Less", ["i", "two"], ["cond_out"]),
+        oh.make_node("Add", ["a_in", "x"], ["a_out"]), oh.make_node("Identity", ["a_out"], ["s"]),
+    ]
+    proto = _loop_model(
+        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [])],
+        [vi("cond_out", B, []), vi("a_out", F, []), vi("s", F, [])],
+        ["M", "", "a0"], ["a", "ss"], [vi("x", F, []), vi("a0", F, [])],
+        [vi("a", F, []), vi("ss", F, [None])], inits={"M": np.int64(np.iinfo(np.int64).max)},
+    )
+    # By hand: the ReferenceEvaluator stacks scalar scan outputs with np.vstack, as (n, 1).
+    check(proto, [np.float32(1.5), np.float32(0)], expected=[np.float32(4.5), np.float32([1.5, 3, 4.5])])

@@ -1,0 +1,438 @@
+"""``jonnx.save``: write a model, with new parameters and running statistics, back to ONNX."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import secrets
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import onnx
+import onnx.numpy_helper
+
+from jonnx import errors
+from jonnx._ir import Graph
+from jonnx._tensors import np_dtype
+
+__all__ = ["save"]
+
+# Protobuf cannot serialize a message of 2 GiB or more.
+PROTOBUF_LIMIT = 2**31 - 1
+# Smaller tensors stay inline, as onnx's and onnxruntime's own writers do.
+_MIN_EXTERNAL_BYTES = 1024
+# Offsets in the data file: page-aligned for large tensors (so a runtime can mmap them),
+# 64-byte aligned for the rest.
+_PAGE, _LARGE, _ALIGN = 4096, 1 << 20, 64
+# Upper bound on what putting one tensor's raw bytes back adds besides the bytes themselves
+# (field tag and varint lengths of the tensor and its enclosing messages).
+_PER_TENSOR_OVERHEAD = 32
+
+_A = onnx.AttributeProto
+
+
+def save(
+    model: Any,
+    path: str | os.PathLike,
+    *,
+    params: Mapping[str, Any] | None = None,
+    state: Mapping[str, Any] | None = None,
+    external_data: bool | None = None,
+    size_threshold: int = PROTOBUF_LIMIT,
+) -> None:
+    """Write ``model`` to an ONNX file, with new parameter and running-statistic values.
+
+    The file is a copy of ``model.proto``: the same nodes, attributes, inputs, outputs,
+    opsets and metadata. Only the initializers named in ``params`` and ``state`` get new
+    values; each keeps its ONNX element type (a float16 or bfloat16 initializer stays so) and
+    its shape. Every other initializer keeps its bytes.
+
+    Running statistics: the saved BatchNormalization means and variances are the ones
+    passed in ``state``, typically the ``new_state`` that ``model.apply(..., train=True)``
+    returned. The graph, including each BatchNormalization's ``momentum`` attribute, is left
+    as it was, and jonnx updated the statistics with ONNX's convention
+    ``running * momentum + batch * (1 - momentum)``. So statistics and attribute stay
+    consistent for any ONNX runtime that goes on training the saved model. PyTorch's
+    ``momentum`` is the other way round: it is ``1 - momentum`` in ONNX terms, and
+    ``torch.onnx.export`` writes the ONNX value.
+
+    External data: a serialized model of 2 GB or more is more than protobuf can hold. When
+    the model would be larger than ``size_threshold`` bytes (protobuf's limit by default), or
+    when ``external_data=True``, every initializer of at least 1 KiB (in the main graph or a
+    subgraph) goes to one data file beside the model, named ``<file name>.data``
+    (``model.onnx.data``), at aligned offsets (4096 bytes for tensors of 1 MiB or more,
+    64 for the others). Its location is written relative to the model file. If the source
+    model kept tensors in external files, their values are taken from what jonnx loaded:
+    they were checked then, no file is read again, and the saved model never points to the
+    source's files.
+
+    Nothing is written through a link or into an existing file: the data file and then the
+    model file are written under temporary names in the target folder and renamed into
+    place.
+
+    Args:
+        model: a :class:`jonnx.Model`.
+        path: the ``.onnx`` file to write.
+        params: new values of trainable initializers, by name (a subset of
+            ``model.params``); names left out keep their values.
+        state: new running statistics, by name (a subset of ``model.state``).
+        external_data: ``True`` writes the data file, ``False`` refuses it (and raises if
+            the model is too large), ``None`` (default) writes it only when needed.
+        size_threshold: the serialized size, in bytes, above which ``external_data=None``
+            switches to external data.
+
+    Raises:
+        jonnx.errors.InputError: an unknown name, or a value whose shape or dtype differs
+            from its initializer's, or a traced value.
+        jonnx.errors.ExternalDataError: the data file would go through a symbolic link, would
+            overwrite the source model's own external data, or the file name is unusable as
+            an external data location; or a source tensor's external data cannot be resolved.
+        ValueError: ``external_data=False`` but the model is over ``size_threshold`` even
+            with its tensors inline.
+        OSError: the files cannot be written.
+
+    Example:
+        >>> import numpy as np, onnx, onnx.helper as oh, jonnx, tempfile, os
+        >>> w = onnx.numpy_helper.from_array(np.ones(2, np.float32), "w")
+        >>> graph = oh.make_graph([oh.make_node("Mul", ["x", "w"], ["y"])], "g",
+        ...                       [oh.make_tensor_value_info("x", 1, [2])],
+        ...                       [oh.make_tensor_value_info("y", 1, [2])], initializer=[w])
+        >>> model = jonnx.load(oh.make_model(graph))
+        >>> path = os.path.join(tempfile.mkdtemp(), "scaled.onnx")
+        >>> jonnx.save(model, path, params={"w": np.array([2.0, 3.0], np.float32)})
+        >>> jonnx.load(path)(np.ones(2, np.float32))[0].tolist()
+        [2.0, 3.0]
+    """
+    path = os.fspath(path)
+    if external_data not in (None, True, False):
+        raise TypeError(f"external_data must be True, False or None, not {external_data!r}")
+    if isinstance(size_threshold, bool) or not isinstance(size_threshold, int) or size_threshold < 0:
+        raise ValueError(f"size_threshold must be a non-negative int, not {size_threshold!r}")
+    folder, name = os.path.split(os.path.abspath(path))
+    if not name:
+        raise ValueError(f"{path!r} names a folder, not a model file")
+    data_name = name + ".data"
+    data_path = os.path.join(folder, data_name)
+
+    proto: onnx.ModelProto = model.proto
+    new = _new_values(model, proto.graph, params, state)
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    _replace_initializers(out.graph, new)
+    sources = _inline_external(out, model.graph)
+
+    tensors = [t for t in _initializers(out.graph) if len(t.raw_data) >= _MIN_EXTERNAL_BYTES]
+    blobs = [t.raw_data for t in tensors]
+    for t in tensors:
+        t.ClearField("raw_data")
+    inline_size = out.ByteSize() + sum(len(b) + _PER_TENSOR_OVERHEAD for b in blobs)
+    if external_data is False and inline_size > size_threshold:
+        raise ValueError(
+            f"the model would be about {inline_size} bytes, over size_threshold={size_threshold} "
+            f"(protobuf cannot hold 2 GB); save it with external_data=True or None"
+        )
+    needed = external_data is True or (external_data is None and inline_size > size_threshold)
+    external = bool(blobs) and needed
+
+    if not external:
+        if inline_size > PROTOBUF_LIMIT:
+            raise ValueError(
+                f"the model would be about {inline_size} bytes, over protobuf's 2 GB limit, and "
+                "has no initializer of 1 KiB or more to move to external data"
+            )
+        for t, blob in zip(tensors, blobs):
+            t.raw_data = blob
+        _write_atomic(folder, name, [out.SerializeToString()])
+        return
+
+    _check_data_location(data_name)
+    _refuse_source_data(data_path, data_name, sources)
+    chunks: list[bytes] = []
+    offset = 0
+    for t, blob in zip(tensors, blobs):
+        align = _PAGE if len(blob) >= _LARGE else _ALIGN
+        pad = -offset % align
+        if pad:
+            chunks.append(bytes(pad))
+            offset += pad
+        t.data_location = onnx.TensorProto.EXTERNAL
+        del t.external_data[:]
+        for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(blob)))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        chunks.append(blob)
+        offset += len(blob)
+    skeleton = out.SerializeToString()
+    if len(skeleton) > PROTOBUF_LIMIT:
+        raise ValueError(
+            f"the model is {len(skeleton)} bytes even with its initializers in external data: "
+            "its graph or attribute tensors pass protobuf's 2 GB limit"
+        )
+    _write_atomic(folder, data_name, chunks)
+    _write_atomic(folder, name, [skeleton])
+
+
+# -- new values -------------------------------------------------------------------------------
+
+
+def _new_values(
+    model: Any,
+    graph: onnx.GraphProto,
+    params: Mapping[str, Any] | None,
+    state: Mapping[str, Any] | None,
+) -> dict[str, np.ndarray]:
+    """The given values as numpy arrays of their initializers' dtype, checked by name and shape."""
+    known_params, known_state = set(model.params), set(model.state)
+    specs = {t.name: (t.data_type, tuple(t.dims)) for t in graph.initializer}
+    specs.update({s.values.name: (s.values.data_type, tuple(s.dims)) for s in graph.sparse_initializer})
+    new: dict[str, np.ndarray] = {}
+    for given, known, other, what, other_what in (
+        (params, known_params, known_state, "param", "state="),
+        (state, known_state, known_params, "state value", "params="),
+    ):
+        if given is None:
+            continue
+        if not isinstance(given, Mapping):
+            raise TypeError(f"{what}s must be a mapping of name -> array, not {type(given).__name__}")
+        unknown = sorted(set(given) - known)
+        if unknown:
+            misplaced = [n for n in unknown if n in other]
+            hint = f"; {misplaced[:10]} belong in {other_what}" if misplaced else ""
+            raise errors.InputError(
+                f"{unknown[:10]} are not {what}s of the model{hint}; known {what}s: {sorted(known)[:10]}"
+                + (" ..." if len(known) > 10 else "")
+            )
+        for name, value in given.items():
+            elem_type, dims = specs[name]
+            new[name] = _to_numpy(name, value, np_dtype(elem_type), dims, what)
+    return new
+
+
+def _to_numpy(name: str, value: Any, dtype: np.dtype, dims: tuple[int, ...], what: str) -> np.ndarray:
+    if isinstance(value, jax.core.Tracer):
+        raise errors.InputError(
+            f"{what} {name!r} is a traced value: call jonnx.save outside jax.jit / jax.grad"
+        )
+    array = np.asarray(value)
+    # With 64-bit types off, JAX holds a float64 initializer as float32: widen it back.
+    if array.dtype != dtype and array.dtype != jax.dtypes.canonicalize_dtype(dtype):
+        raise errors.InputError(
+            f"{what} {name!r} has dtype {array.dtype}, but its initializer is {dtype}; "
+            f"cast it (.astype({dtype.name!r})) if that is what you mean"
+        )
+    if array.shape != dims:
+        raise errors.InputError(
+            f"{what} {name!r} has shape {list(array.shape)}, but its initializer has shape {list(dims)}"
+        )
+    return np.ascontiguousarray(array.astype(dtype, copy=False))
+
+
+def _encode(value: np.ndarray, name: str, elem_type: int) -> onnx.TensorProto:
+    tensor = onnx.numpy_helper.from_array(value, name)
+    if tensor.data_type != elem_type or not tensor.HasField("raw_data"):
+        raise errors.ExternalDataError(
+            f"tensor {name!r}: cannot encode its {value.dtype} value as ONNX element type {elem_type}"
+        )
+    return tensor
+
+
+_DATA_FIELDS = (
+    "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data",
+    "raw_data", "external_data", "data_location",
+)
+
+
+def _set_raw(tensor: onnx.TensorProto, raw: bytes) -> None:
+    """Replace ``tensor``'s data by ``raw``, keeping its name, dims, type, doc and metadata."""
+    for field in _DATA_FIELDS:
+        tensor.ClearField(field)
+    tensor.raw_data = raw
+
+
+def _replace_initializers(graph: onnx.GraphProto, new: Mapping[str, np.ndarray]) -> None:
+    for tensor in graph.initializer:
+        if tensor.name in new:
+            _set_raw(tensor, _encode(new[tensor.name], tensor.name, tensor.data_type).raw_data)
+    # A trained sparse initializer is dense now: it becomes an ordinary initializer.
+    sparse = [s for s in graph.sparse_initializer if s.values.name in new]
+    for s in sparse:
+        graph.initializer.append(_encode(new[s.values.name], s.values.name, s.values.data_type))
+        graph.sparse_initializer.remove(s)
+
+
+# -- the source model's external data ---------------------------------------------------------
+
+
+def _inline_external(out: onnx.ModelProto, ir: Graph) -> list[tuple[str, int, bytes]]:
+    """Put the loaded values of the source's external tensors back inline.
+
+    Returns each such tensor's ``(location, offset, bytes)`` in the source's data files.
+    """
+    sources: list[tuple[str, int, bytes]] = []
+    _inline_graph(out.graph, ir, sources, "the main graph")
+    for function in out.functions:
+        if any(_needs_inlining(a) for node in function.node for a in node.attribute):
+            raise errors.ExternalDataError(
+                f"model-local function {function.name!r} holds tensors in external data, which "
+                "jonnx.save cannot re-read (jonnx inlines functions at load time)"
+            )
+    return sources
+
+
+def _inline_graph(
+    graph: onnx.GraphProto, ir: Graph, sources: list[tuple[str, int, bytes]], where: str
+) -> None:
+    for tensor in graph.initializer:
+        if _is_external(tensor):
+            _inline(tensor, ir.initializers[tensor.name], sources)
+    for sparse in graph.sparse_initializer:
+        if _is_external(sparse.values) or _is_external(sparse.indices):
+            raise errors.ExternalDataError(
+                f"sparse initializer {sparse.values.name!r} in {where} keeps its data in an "
+                "external file, which jonnx.save cannot re-read"
+            )
+    by_outputs = None
+    for node in graph.node:
+        if not any(_needs_inlining(attr) for attr in node.attribute):
+            continue
+        if by_outputs is None:
+            by_outputs = {(n.op_type, n.outputs): n for n in ir.nodes}
+        loaded = by_outputs.get((node.op_type, tuple(node.output)))
+        if loaded is None:
+            raise errors.ExternalDataError(
+                f"node {node.name or node.op_type!r} in {where} has attribute tensors in external "
+                "data, but no loaded node matches it (a model-local function call?)"
+            )
+        for attr in node.attribute:
+            value = loaded.attrs.get(attr.name)
+            if attr.type == _A.TENSOR and _is_external(attr.t):
+                _inline(attr.t, value, sources)
+            elif attr.type == _A.TENSORS:
+                for tensor, v in zip(attr.tensors, value):
+                    if _is_external(tensor):
+                        _inline(tensor, v, sources)
+            elif attr.type == _A.GRAPH:
+                _inline_graph(attr.g, value, sources, f"a subgraph of node {loaded.name!r}")
+            elif attr.type == _A.GRAPHS:
+                for g, v in zip(attr.graphs, value):
+                    _inline_graph(g, v, sources, f"a subgraph of node {loaded.name!r}")
+            elif attr.type in (_A.SPARSE_TENSOR, _A.SPARSE_TENSORS) and _needs_inlining(attr):
+                raise errors.ExternalDataError(
+                    f"node {loaded.name!r}: sparse attribute tensor {attr.name!r} keeps its data "
+                    "in an external file, which jonnx.save cannot re-read"
+                )
+
+
+def _inline(tensor: onnx.TensorProto, value: np.ndarray, sources: list[tuple[str, int, bytes]]) -> None:
+    info = {e.key: e.value for e in tensor.external_data}
+    raw = _encode(np.asarray(value), tensor.name, tensor.data_type).raw_data
+    sources.append((info.get("location", ""), int(info.get("offset", "0")), raw))
+    _set_raw(tensor, raw)
+
+
+def _is_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _attribute_tensors(attr: onnx.AttributeProto) -> Iterator[onnx.TensorProto]:
+    """The tensors an attribute holds directly (not those of its subgraphs)."""
+    if attr.type == _A.TENSOR:
+        yield attr.t
+    elif attr.type == _A.TENSORS:
+        yield from attr.tensors
+    elif attr.type == _A.SPARSE_TENSOR:
+        yield from (attr.sparse_tensor.values, attr.sparse_tensor.indices)
+    elif attr.type == _A.SPARSE_TENSORS:
+        for s in attr.sparse_tensors:
+            yield from (s.values, s.indices)
+
+
+def _needs_inlining(attr: onnx.AttributeProto) -> bool:
+    """Whether ``attr`` holds, at any depth, a tensor with external data."""
+    if attr.type == _A.GRAPH:
+        return _graph_has_external(attr.g)
+    if attr.type == _A.GRAPHS:
+        return any(_graph_has_external(g) for g in attr.graphs)
+    return any(_is_external(t) for t in _attribute_tensors(attr))
+
+
+def _graph_has_external(graph: onnx.GraphProto) -> bool:
+    return (
+        any(_is_external(t) for t in graph.initializer)
+        or any(_is_external(s.values) or _is_external(s.indices) for s in graph.sparse_initializer)
+        or any(_needs_inlining(a) for n in graph.node for a in n.attribute)
+    )
+
+
+def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """The initializers of ``graph`` and of its subgraphs (what onnx's own writer externalizes)."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == _A.GRAPH:
+                yield from _initializers(attr.g)
+            elif attr.type == _A.GRAPHS:
+                for g in attr.graphs:
+                    yield from _initializers(g)
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def _check_data_location(data_name: str) -> None:
+    """The data file's name must be a location jonnx.load (and onnx's checker) accept."""
+    if any(c in data_name for c in (":", "\\", "\0")):
+        raise errors.ExternalDataError(
+            f"the external data file name {data_name!r} (from the model's file name) is not a "
+            "safe relative location: rename the model file (no ':', '\\\\' or NUL)"
+        )
+
+
+def _refuse_source_data(data_path: str, data_name: str, sources: list[tuple[str, int, bytes]]) -> None:
+    """Refuse to replace a link, or a file holding the source model's own external data.
+
+    The model does not record the folder it was loaded from, so the source's data file is
+    recognised by name and content: a file named like one of the source's locations that
+    holds the source's bytes at the source's offsets. Replacing it would break every model
+    file (the source first) that points into it.
+    """
+    if os.path.islink(data_path):
+        raise errors.ExternalDataError(
+            f"{data_path!r} is a symbolic link; jonnx.save writes no data through links"
+        )
+    if not os.path.lexists(data_path):
+        return
+    same_name = [(o, b) for loc, o, b in sources if posixpath.normpath(loc.replace("\\", "/")) == data_name]
+    if not same_name:
+        return
+    try:
+        with open(data_path, "rb") as f:
+            for offset, blob in same_name:
+                f.seek(offset)
+                if f.read(len(blob)) != blob:
+                    return
+    except OSError:
+        return
+    raise errors.ExternalDataError(
+        f"{data_path!r} holds the source model's own external data; writing the new data there "
+        "would break the source model file: save under another file name or folder"
+    )
+
+
+def _write_atomic(folder: str, name: str, chunks: list[bytes]) -> None:
+    """Write ``folder/name`` under a temporary name, then rename it into place."""
+    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+        os.replace(tmp, os.path.join(folder, name))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
