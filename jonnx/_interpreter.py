@@ -38,6 +38,7 @@ class RunOptions:
         state: names of the main graph's state values (running statistics), and
         state_out: where their new values are collected (per run; filled by ``run_graph``).
         memory_limit: the largest tensor, in bytes, a node may create (None: no limit).
+        checked: emit ``checkify`` checks for out-of-range indices and division by zero.
     """
 
     train: bool | None = None
@@ -46,6 +47,7 @@ class RunOptions:
     state: frozenset[str] = frozenset()
     state_out: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
     memory_limit: int | None = None
+    checked: bool = False
 
 
 def is_concrete(value: Any) -> bool:
@@ -142,6 +144,7 @@ def _run_node(
         n_outputs=len(node.outputs),
         run_graph=run_subgraph,
         graph=graph,
+        checked=options.checked,
     )
     fold = (
         not op.random

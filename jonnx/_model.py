@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnx.defs
 from google.protobuf.message import DecodeError
+from jax.experimental import checkify
 
 from jonnx import errors
 from jonnx._build import GraphBuilder
@@ -42,6 +43,7 @@ def load(
     *,
     base_dir: str | None = None,
     memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
+    checked: bool = False,
 ) -> "Model":
     """Load an ONNX model as a :class:`Model`.
 
@@ -53,6 +55,13 @@ def load(
             machine's memory; None for no limit). Checked when the model is traced, before
             anything that large is allocated: a node over it raises
             :class:`~jonnx.errors.MemoryLimitError`.
+        checked: check runtime data that ONNX calls an error and JAX would pass silently:
+            out-of-range Gather/GatherElements/GatherND/Scatter* indices and integer Div/Mod
+            by zero raise :class:`~jonnx.errors.NumericCheckError`, under ``jit`` too (via
+            ``jax.experimental.checkify``; it costs a little speed). The fast default clamps
+            gather indices, drops out-of-range scatter updates and gives XLA's integer
+            division by zero (-1), as JAX does; values known at trace time are checked
+            either way.
 
     Returns:
         The loaded model, with every node bound to its implementation.
@@ -88,7 +97,7 @@ def load(
             base_dir = os.path.dirname(os.path.abspath(path))
     else:
         raise TypeError(f"jonnx.load takes a path, bytes or onnx.ModelProto, not {type(f).__name__}")
-    return Model(proto, base_dir=base_dir, memory_limit=memory_limit)
+    return Model(proto, base_dir=base_dir, memory_limit=memory_limit, checked=checked)
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
@@ -150,6 +159,9 @@ class Model:
         opsets: the model's opset per domain.
         base_dir: the folder the model's external data was read from (None for bytes/protos).
         memory_limit: the largest tensor, in bytes, a node may create (None: no limit).
+        checked: checked mode (see :func:`load`). ``apply`` then emits ``checkify`` checks:
+            under your own ``jax.jit`` wrap it in ``jax.experimental.checkify.checkify``;
+            calling the model does that itself and raises NumericCheckError.
         input_names: the graph inputs, in order (initializer-backed inputs excluded).
         output_names: the graph outputs, in order.
         static_input_names: inputs that must be known at trace time (they feed a shape, axes,
@@ -164,8 +176,10 @@ class Model:
         *,
         base_dir: str | None = None,
         memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
+        checked: bool = False,
     ):
         self.proto = proto
+        self.checked = checked
         self.base_dir = base_dir
         self.memory_limit = memory_limit
         self.opsets = _opsets(proto)
@@ -194,7 +208,8 @@ class Model:
         # They are known at trace time, so they depend only on the static inputs and the
         # shapes of the others: the trace records them here and __call__ merges them back.
         self._host_outputs: dict[Any, dict[int, Any]] = {}
-        self._jitted = jax.jit(self._call_impl, static_argnums=(2,))
+        call = checkify.checkify(self._call_impl, errors=checkify.user_checks) if checked else self._call_impl
+        self._jitted = jax.jit(call, static_argnums=(2,))
 
     def __repr__(self) -> str:
         n_values = sum(int(np.prod(p.shape)) for p in self._params.values())
@@ -271,7 +286,7 @@ class Model:
         collected: dict[str, Any] = {}
         options = RunOptions(
             train=train, key=key, precision=precision, state=frozenset(self._state),
-            state_out=collected, memory_limit=self.memory_limit,
+            state_out=collected, memory_limit=self.memory_limit, checked=self.checked,
         )
         outputs = tuple(_as_output(o) for o in run_graph(self.graph, env, options))
         if train:
@@ -295,6 +310,11 @@ class Model:
                 dynamic.append(value)
         dynamic, static = tuple(dynamic), tuple(static)
         outputs = self._jitted(self._params, dynamic, static, key)
+        if self.checked:
+            error, outputs = outputs
+            message = error.get()
+            if message is not None:
+                raise errors.NumericCheckError(message.split(" (`check` failed)")[0])
         if self._host_outputs:
             host = self._host_outputs.get((static, _signature(dynamic)), {})
             outputs = tuple(host.get(i, o) for i, o in enumerate(outputs))

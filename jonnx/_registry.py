@@ -25,7 +25,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import onnx
+from jax.experimental import checkify
 import onnx.defs
 
 from jonnx import errors
@@ -111,6 +114,7 @@ class OpContext:
         run_graph: runs a subgraph attribute: ``run_graph(graph, inputs) -> tuple``; set by
             the interpreter so control-flow ops can evaluate their bodies.
         graph: the graph holding the node (Gradient differentiates through it).
+        checked: the model runs in checked mode: :meth:`check` raises on bad data.
     """
 
     node: str = "<call>"
@@ -123,6 +127,7 @@ class OpContext:
     n_outputs: int | None = None
     run_graph: Callable[..., tuple] | None = None
     graph: Any = None
+    checked: bool = False
 
     def where(self) -> str:
         """``node 'name' (Op, domain 'd', opset N)`` for error messages."""
@@ -132,6 +137,24 @@ class OpContext:
     def error(self, message: str) -> errors.NodeError:
         """A :class:`jonnx.errors.NodeError` that names this node."""
         return errors.NodeError(f"{self.where()}: {message}")
+
+    def check(self, ok: Any, message: str) -> None:
+        """In checked mode, fail the run (also under ``jit``) where ``ok`` is false.
+
+        ``ok`` is a boolean array (all of it must hold); ``message`` says what went wrong and
+        is prefixed with the node. Values known at trace time (numpy: constants, folded
+        shapes) are always checked. Runtime data is checked only in checked mode, through
+        ``jax.experimental.checkify`` under ``jit``; in the fast default the op's result for
+        bad data is its documented fast path (JAX clamps gathers and drops scatters).
+        """
+        trace_time = isinstance(ok, (bool, np.bool_, np.ndarray))
+        if not (trace_time or self.checked):
+            return
+        if trace_time or not isinstance(ok, jax.core.Tracer):  # a known value: check it now
+            if not np.all(np.asarray(ok)):
+                raise errors.NumericCheckError(f"{self.where()}: {message}")
+            return
+        checkify.check(jnp.all(ok), f"{self.where()}: {message}")
 
     def training(self, node_says: Any) -> Any:
         """Whether to run in training mode: the run's flag when set, else the node's own."""

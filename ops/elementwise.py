@@ -21,8 +21,9 @@ def _is_int(x) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.integer)
 
 
-def _div(a, b):
+def _div(a, b, ctx):
     if _is_int(a):
+        ctx.check(b != 0, "integer division by zero")
         a, b = jnp.broadcast_arrays(a, b)
         return lax.div(a, b)  # truncates toward zero, like C and ONNX
     return jnp.true_divide(a, b)
@@ -42,17 +43,23 @@ def _binary(fn, legacy: bool):
         a, b = inputs
         if legacy:
             a, b = legacy_broadcast(a, b, attrs, ctx)
-        return (fn(a, b),)
+        return (fn(a, b, ctx),)
 
-    apply.__doc__ = f"ONNX binary op via ``{getattr(fn, '__name__', fn)}``."
     return apply
 
 
-for _name, _fn in (("Add", jnp.add), ("Sub", jnp.subtract), ("Mul", jnp.multiply), ("Div", _div)):
+def _plain(fn):
+    """A binary function that needs no context, in the (a, b, ctx) form _binary calls."""
+    return lambda a, b, ctx: fn(a, b)
+
+
+for _name, _fn in (
+    ("Add", _plain(jnp.add)), ("Sub", _plain(jnp.subtract)), ("Mul", _plain(jnp.multiply)), ("Div", _div),
+):
     register(_name, since=(1, 6))(_binary(_fn, legacy=True))
     register(_name, since=(7, 13, 14))(_binary(_fn, legacy=False))
-register("Pow", since=1)(_binary(_pow, legacy=True))
-register("Pow", since=(7, 12, 13, 15))(_binary(_pow, legacy=False))
+register("Pow", since=1)(_binary(_plain(_pow), legacy=True))
+register("Pow", since=(7, 12, 13, 15))(_binary(_plain(_pow), legacy=False))
 
 
 @register("Mod", since=(10, 13, 28))
@@ -62,6 +69,8 @@ def mod(inputs, attrs, ctx):
     Floats with ``fmod=0`` (numpy's ``mod``) are defined from opset 28 on.
     """
     a, b = inputs
+    if _is_int(a):
+        ctx.check(b != 0, "integer modulo by zero")
     if attrs["fmod"]:
         return (jnp.fmod(a, b),)
     if not _is_int(a) and ctx.opset < 28:

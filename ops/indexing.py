@@ -42,10 +42,13 @@ def _strings_need_concrete(ctx, *arrays) -> None:
 def _check_range(indices, size: int, ctx, what: str = "index") -> None:
     """Raise naming the first index outside ``[-size, size)`` when ``indices`` is concrete.
 
-    Traced indices pass unchecked (the fast path clamps/drops them); a checked mode
-    (checkify) will hook in here.
+    Runtime indices are checked in checked mode (``ctx.check``, through checkify); in the
+    fast default they pass, and the fast path clamps gathers and drops scatters.
     """
-    if not isinstance(indices, np.ndarray) or indices.size == 0:
+    if not isinstance(indices, np.ndarray):
+        ctx.check((indices >= -size) & (indices < size), f"{what} out of range [-{size}, {size - 1}]")
+        return
+    if indices.size == 0:
         return
     bad = (indices < -size) | (indices >= size)
     if bad.any():
@@ -137,9 +140,8 @@ def _nd_index(data, indices, batch_dims, ctx):
             f"indices' last dim {k} exceeds rank(data) - batch_dims = {len(dshape) - batch_dims}"
         )
     sizes = dshape[batch_dims:batch_dims + k]
-    if isinstance(indices, np.ndarray):
-        for j, n in enumerate(sizes):
-            _check_range(indices[..., j], n, ctx, f"index (coordinate {j})")
+    for j, n in enumerate(sizes):
+        _check_range(indices[..., j], n, ctx, f"index (coordinate {j})")
     sizes_arr = np.asarray(sizes, dtype=index_dtype()).reshape((1,) * (len(ishape) - 1) + (k,))
     idx = _as_int_indices(_wrap(indices, sizes_arr))
     nbatch = math.prod(dshape[:batch_dims])
