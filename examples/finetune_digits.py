@@ -161,7 +161,7 @@ def plot_loss(losses: list[float], path: pathlib.Path, title: str) -> str:
     else:
         fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
         ax.plot(losses, color="#9bb7d4", lw=1, label="loss per step")
-        ax.plot(np.arange(len(smooth)) + window - 1, smooth, color="#1f4e79", lw=2, label=f"mean of {window}")
+        ax.plot(np.arange(len(smooth)) + (window - 1) / 2, smooth, color="#1f4e79", lw=2, label=f"mean of {window}")
         ax.set(xlabel="step", ylabel="training loss", title=title, yscale="log")
         ax.legend()
         fig.tight_layout()
@@ -184,8 +184,8 @@ def plot_loss(losses: list[float], path: pathlib.Path, title: str) -> str:
     draw.rectangle([margin, margin, width - margin, height - margin], outline="black")
     draw.line([xy(i, v) for i, v in enumerate(losses)], fill=(155, 183, 212), width=1)
     if len(smooth) > 1:
-        draw.line([xy(i + window - 1, v) for i, v in enumerate(smooth)], fill=(31, 78, 121), width=2)
-    draw.text((margin, 15), title, fill="black")
+        draw.line([xy(i + (window - 1) / 2, v) for i, v in enumerate(smooth)], fill=(31, 78, 121), width=2)
+    draw.text((margin, 15), f"{title} (training loss per step; dark: mean of {window})", fill="black")
     draw.text((margin - 45, margin - 5), f"{high:.3f}", fill="black")
     draw.text((margin - 45, height - margin - 5), f"{low:.3f}", fill="black")
     draw.text((width // 2 - 30, height - margin + 15), f"step (0-{len(losses) - 1})", fill="black")
