@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import functools
 import heapq
+import math
+import os
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx.helper
 import onnx.numpy_helper
+from google.protobuf.message import Message
 
 from jonnx import errors
-from jonnx._functions import check_recursion, function_key, function_opsets, inline_call
+from jonnx._functions import FunctionKey, check_recursion, function_key, function_opsets, inline_call
 from jonnx._ir import Graph, Node, ValueInfo
 from jonnx._registry import lookup, normalize_domain, schema_for
 from jonnx._tensors import np_dtype, tensor_to_numpy
@@ -31,6 +34,22 @@ MAX_INLINED_NODES = 1_000_000
 #: few levels, and each level costs a Python stack frame when the model is traced.
 MAX_GRAPH_DEPTH = 64
 
+#: Calls of model-local functions nested deeper than this (a function calling a function...)
+#: are refused, whether or not they recurse.
+MAX_FUNCTION_DEPTH = 64
+
+
+# onnx's schema lookups take opset versions as C ints.
+_MAX_OPSET = 2**31 - 1
+
+
+def default_memory_limit() -> int:
+    """Half the machine's physical memory (8 GiB where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
 
 def value_info(proto: onnx.ValueInfoProto) -> ValueInfo:
     """Decode a graph input/output declaration."""
@@ -39,7 +58,12 @@ def value_info(proto: onnx.ValueInfoProto) -> ValueInfo:
         mapping = {"sequence_type": "sequence", "optional_type": "optional", "map_type": "map"}
         return ValueInfo(proto.name, kind=mapping.get(kind, "unknown"))
     tensor = proto.type.tensor_type
-    dtype = np_dtype(tensor.elem_type) if tensor.elem_type else None
+    try:
+        dtype = np_dtype(tensor.elem_type) if tensor.elem_type else None
+    except errors.LoadError:
+        raise errors.ModelStructureError(
+            f"value {proto.name!r} is declared with unknown element type {tensor.elem_type}"
+        ) from None
     shape = None
     if tensor.HasField("shape"):
         shape = tuple(
@@ -54,6 +78,9 @@ class GraphBuilder:
     Args:
         opsets: the model's opset per domain (``""`` for the default domain).
         base_dir: the model's folder for external data, or None.
+        functions: the model-local functions.
+        memory_limit: the largest tensor, in bytes, that loading may create (an external
+            initializer, a densified sparse one); None for no limit.
     """
 
     def __init__(
@@ -61,13 +88,34 @@ class GraphBuilder:
         opsets: Mapping[str, int],
         base_dir: str | None,
         functions: Sequence[onnx.FunctionProto] = (),
+        memory_limit: int | None = default_memory_limit(),
     ):
+        for domain, version in opsets.items():
+            if not isinstance(domain, str):
+                raise errors.LoadError(f"opset_import names domain {domain!r}, which is not valid UTF-8")
+            _check_opset(domain, version, "the model")
         self.opsets = dict(opsets)
         self.base_dir = base_dir
-        self.functions = {function_key(f.domain, f.name, f.overload): f for f in functions}
+        self.memory_limit = memory_limit
+        self.functions: dict[FunctionKey, onnx.FunctionProto] = {}
+        for i, f in enumerate(functions):
+            check_text(f, f"functions[{i}]")
+            for o in f.opset_import:
+                _check_opset(o.domain, o.version, f"function {f.domain}:{f.name}")
+            key = function_key(f.domain, f.name, f.overload)
+            if key in self.functions:
+                raise errors.ModelStructureError(
+                    f"model-local function {f.domain}:{f.name} is defined twice"
+                )
+            self.functions[key] = f
         self.unsupported: list[tuple[str, str, str, int]] = []
         self._inlined = 0
         self._depth = 0
+        self._sizes: dict[FunctionKey, int] = {}
+        # The opsets and function-call stack of the node whose subgraphs are being built: a
+        # subgraph inside a function body runs with the function's opsets, and a call in it
+        # that reaches the function again is recursion.
+        self._scope: tuple[Mapping[str, int], tuple[FunctionKey, ...]] = (self.opsets, ())
 
     def raise_if_unsupported(self) -> None:
         if not self.unsupported:
@@ -86,6 +134,8 @@ class GraphBuilder:
 
     def graph(self, proto: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> Graph:
         """Build ``proto``; ``outer`` names the values visible from enclosing graphs."""
+        if self._depth == 0:
+            check_text(proto, "graph")
         if self._depth >= MAX_GRAPH_DEPTH:
             raise errors.ModelStructureError(
                 f"graph {proto.name!r} is nested more than {MAX_GRAPH_DEPTH} subgraphs deep"
@@ -99,24 +149,37 @@ class GraphBuilder:
     def _graph(self, proto: onnx.GraphProto, outer: frozenset[str]) -> Graph:
         initializers: dict[str, np.ndarray] = {}
         for tensor in proto.initializer:
-            initializers[tensor.name] = tensor_to_numpy(tensor, self.base_dir)
+            _unique(tensor.name, initializers, proto.name, "initializer")
+            initializers[tensor.name] = tensor_to_numpy(
+                tensor, self.base_dir, memory_limit=self.memory_limit
+            )
         for sparse in proto.sparse_initializer:
+            _unique(sparse.values.name, initializers, proto.name, "initializer")
             initializers[sparse.values.name] = self._sparse(sparse)
+        declared: set[str] = set()
+        for v in proto.input:
+            _unique(v.name, declared, proto.name, "input")
+            declared.add(v.name)
         inputs = tuple(value_info(v) for v in proto.input if v.name not in initializers)
         outputs = tuple(value_info(v) for v in proto.output)
 
+        opsets, stack = self._scope
         expanded = [
             item
             for index, node_proto in enumerate(proto.node)
-            for item in self._expand(node_proto, node_proto.name or f"{node_proto.op_type}_{index}", self.opsets, ())
+            for item in self._expand(node_proto, node_proto.name or f"{node_proto.op_type}_{index}", opsets, stack)
         ]
-        produced = {out for n, _, _ in expanded for out in n.output if out}
+        produced = {out for n, *_ in expanded for out in n.output if out}
         visible = frozenset(outer | produced | set(initializers) | {v.name for v in inputs})
-        nodes = [
-            node
-            for node_proto, name, opsets in expanded
-            if (node := self._node(node_proto, name, visible, opsets)) is not None
-        ]
+        nodes = []
+        for node_proto, name, node_opsets, node_stack in expanded:
+            saved, self._scope = self._scope, (node_opsets, node_stack)
+            try:
+                node = self._node(node_proto, name, visible, node_opsets)
+            finally:
+                self._scope = saved
+            if node is not None:
+                nodes.append(node)
         local = frozenset(initializers) | {v.name for v in inputs}
         if self.unsupported:
             # The load fails with UnsupportedOpError once the whole model is read; skip the
@@ -142,13 +205,38 @@ class GraphBuilder:
         )
 
     def _sparse(self, sparse: onnx.SparseTensorProto) -> np.ndarray:
-        values = tensor_to_numpy(sparse.values, self.base_dir)
-        indices = tensor_to_numpy(sparse.indices, self.base_dir).astype(np.int64)
-        dims = tuple(sparse.dims)
-        dense = np.zeros(dims, dtype=values.dtype)
-        size = int(np.prod(dims))
-        if indices.size and (indices.min() < 0 or indices.max() >= max(size, 1)):
-            raise errors.LoadError(f"sparse tensor {sparse.values.name!r} has out-of-range indices")
+        what = f"sparse tensor {sparse.values.name!r}"
+        values = tensor_to_numpy(sparse.values, self.base_dir, memory_limit=self.memory_limit)
+        indices = tensor_to_numpy(sparse.indices, self.base_dir, memory_limit=self.memory_limit)
+        dims = tuple(int(d) for d in sparse.dims)
+        if any(d < 0 for d in dims):
+            raise errors.LoadError(f"{what} has negative dims {list(dims)}")
+        if values.ndim != 1:
+            raise errors.LoadError(f"{what}: values must be 1-D, not of shape {values.shape}")
+        if indices.dtype.kind not in "iu":
+            raise errors.LoadError(f"{what}: indices must be integers, not {indices.dtype}")
+        nnz = values.shape[0]
+        if indices.shape not in ((nnz,), (nnz, len(dims))):
+            raise errors.LoadError(
+                f"{what}: indices of shape {indices.shape} do not fit {nnz} values of a "
+                f"rank-{len(dims)} tensor (want ({nnz},) or ({nnz}, {len(dims)}))"
+            )
+        size = math.prod(dims)
+        nbytes = size * values.dtype.itemsize
+        if self.memory_limit is not None and nbytes > self.memory_limit:
+            raise errors.MemoryLimitError(
+                f"{what} with dims {list(dims)} would take {nbytes:,} bytes when densified, over "
+                f"the model's memory limit of {self.memory_limit:,} bytes; pass a larger "
+                "memory_limit to jonnx.load if this is intended"
+            )
+        indices = indices.astype(np.int64)
+        bounds = np.array([size] if indices.ndim == 1 else dims, dtype=object)
+        if indices.size and (indices.min() < 0 or np.any(indices.max(axis=0).astype(object) >= bounds)):
+            raise errors.LoadError(f"{what} has out-of-range indices for dims {list(dims)}")
+        try:
+            dense = np.zeros(dims, dtype=values.dtype)
+        except (MemoryError, ValueError) as e:
+            raise errors.LoadError(f"{what} with dims {list(dims)} cannot be densified: {e}") from e
         if indices.ndim == 1:
             dense.reshape(-1)[indices] = values
         else:
@@ -158,23 +246,64 @@ class GraphBuilder:
     # -- nodes --------------------------------------------------------------------------
 
     def _expand(
-        self, proto: onnx.NodeProto, name: str, opsets: Mapping[str, int], stack: tuple
-    ) -> list[tuple[onnx.NodeProto, str, Mapping[str, int]]]:
-        """``proto`` itself, or, for a call of a model-local function, its inlined body."""
+        self,
+        proto: onnx.NodeProto,
+        name: str,
+        opsets: Mapping[str, int],
+        stack: tuple[FunctionKey, ...],
+        top: bool = True,
+    ) -> list[tuple[onnx.NodeProto, str, Mapping[str, int], tuple[FunctionKey, ...]]]:
+        """``proto`` itself, or, for a call of a model-local function, its inlined body.
+
+        Each item carries the opsets and the stack of function calls the node came from.
+        ``top`` marks a node written in the graph itself (not one from an inlined body).
+        """
         key = function_key(proto.domain, proto.op_type, proto.overload)
         function = self.functions.get(key)
         if function is None:
-            return [(proto, name, opsets)]
+            return [(proto, name, opsets, stack)]
         check_recursion(stack, key, name)
-        body = inline_call(proto, function, name)
-        self._inlined += len(body)
-        if self._inlined > MAX_INLINED_NODES:
+        if len(stack) >= MAX_FUNCTION_DEPTH:
             raise errors.ModelStructureError(
-                f"inlining model-local functions (at node {name!r}) makes more than "
-                f"{MAX_INLINED_NODES} nodes"
+                f"node {name!r}: model-local function calls are nested more than "
+                f"{MAX_FUNCTION_DEPTH} deep"
             )
+        if top:
+            # Count the nodes the whole call will inline before copying any: a function that
+            # calls another twice, nested, doubles the count at each level.
+            self._inlined += self._inlined_size(key, name, stack)
+            if self._inlined > MAX_INLINED_NODES:
+                raise errors.ModelStructureError(
+                    f"inlining model-local functions (at node {name!r}) makes more than "
+                    f"{MAX_INLINED_NODES} nodes"
+                )
+        body = inline_call(proto, function, name)
         inner = function_opsets(function, opsets)
-        return [item for node in body for item in self._expand(node, node.name, inner, (*stack, key))]
+        return [
+            item for node in body for item in self._expand(node, node.name, inner, (*stack, key), top=False)
+        ]
+
+    def _inlined_size(self, key: FunctionKey, node: str, stack: tuple[FunctionKey, ...]) -> int:
+        """How many nodes a call of ``key`` inlines (its subgraphs' nodes not counted)."""
+        if key in self._sizes:
+            return self._sizes[key]
+        check_recursion(stack, key, node)
+        if len(stack) >= MAX_FUNCTION_DEPTH:
+            raise errors.ModelStructureError(
+                f"node {node!r}: model-local function calls are nested more than "
+                f"{MAX_FUNCTION_DEPTH} deep"
+            )
+        total = 0
+        for inner in self.functions[key].node:
+            callee = function_key(inner.domain, inner.op_type, inner.overload)
+            if callee in self.functions:
+                total += self._inlined_size(callee, node, (*stack, key))
+            else:
+                total += 1
+            if total > MAX_INLINED_NODES:
+                break  # the caller reports it; no need to count on
+        self._sizes[key] = total
+        return total
 
     def _node(
         self, proto: onnx.NodeProto, name: str, visible: frozenset[str], opsets: Mapping[str, int]
@@ -193,7 +322,10 @@ class GraphBuilder:
             self.unsupported.append((name, proto.op_type, domain, opset))
             return None
         if op.validate is not None:
-            problem = op.validate(attrs, len(proto.input), len(proto.output))
+            try:
+                problem = op.validate(attrs, len(proto.input), len(proto.output))
+            except Exception as e:  # noqa: BLE001 -- a validate hook tripping on odd attributes
+                problem = f"invalid attributes ({type(e).__name__}: {e})"
             if problem:
                 raise errors.ModelStructureError(f"node {name!r} ({proto.op_type}, opset {opset}): {problem}")
         return Node(
@@ -224,6 +356,17 @@ class GraphBuilder:
                     f"node {name!r} ({proto.op_type}): attribute {attr.name!r} refers to "
                     f"{attr.ref_attr_name!r}, which only a function body may do"
                 )
+            if attr.name in given:
+                raise errors.ModelStructureError(
+                    f"node {name!r} ({proto.op_type}) sets attribute {attr.name!r} twice"
+                )
+            spec = schema.attributes.get(attr.name) if schema is not None else None
+            if spec is not None and attr.type != spec.type and attr.type != _A.UNDEFINED:
+                raise errors.ModelStructureError(
+                    f"node {name!r} ({proto.op_type}, opset {schema.since_version}): attribute "
+                    f"{attr.name!r} is {_A.AttributeType.Name(attr.type)} but the op takes "
+                    f"{_A.AttributeType.Name(spec.type)}"
+                )
             attrs[attr.name] = self._attribute(attr, name, visible)
             given.add(attr.name)
         if schema is not None:
@@ -244,7 +387,7 @@ class GraphBuilder:
         if kind == _A.STRING:
             return attr.s.decode("utf-8", errors="surrogateescape")
         if kind == _A.TENSOR:
-            return tensor_to_numpy(attr.t, self.base_dir)
+            return tensor_to_numpy(attr.t, self.base_dir, memory_limit=self.memory_limit)
         if kind == _A.SPARSE_TENSOR:
             return self._sparse(attr.sparse_tensor)
         if kind == _A.GRAPH:
@@ -256,7 +399,7 @@ class GraphBuilder:
         if kind == _A.STRINGS:
             return tuple(s.decode("utf-8", errors="surrogateescape") for s in attr.strings)
         if kind == _A.TENSORS:
-            return tuple(tensor_to_numpy(t, self.base_dir) for t in attr.tensors)
+            return tuple(tensor_to_numpy(t, self.base_dir, memory_limit=self.memory_limit) for t in attr.tensors)
         if kind == _A.GRAPHS:
             return tuple(self.graph(g, visible) for g in attr.graphs)
         if kind == _A.SPARSE_TENSORS:
@@ -266,7 +409,7 @@ class GraphBuilder:
         if kind == _A.TYPE_PROTOS:
             return tuple(attr.type_protos)
         raise errors.ModelStructureError(
-            f"node {node!r}: attribute {attr.name!r} has no type (AttributeProto.type unset)"
+            f"node {node!r}: attribute {attr.name!r} has no valid type (AttributeProto.type {kind})"
         )
 
 
@@ -287,6 +430,52 @@ def _defaults(domain: str, op_type: str, since_version: int) -> Mapping[str, Any
         else None
         for name, spec in schema.attributes.items()
     }
+
+
+def _check_opset(domain: str, version: int, where: str) -> None:
+    if not 1 <= version <= _MAX_OPSET:
+        raise errors.ModelStructureError(
+            f"{where} imports domain {normalize_domain(domain) or 'ai.onnx'!r} at version {version}; "
+            f"versions run from 1 to {_MAX_OPSET}"
+        )
+
+
+def check_text(message: Message, where: str) -> None:
+    """Every string field of ``message``, nested ones included, must be text.
+
+    ONNX's protos are proto2, whose parser keeps a string field that is not valid UTF-8 as
+    ``bytes``; names, op types and domains must be ``str`` for everything downstream.
+
+    Raises:
+        jonnx.errors.LoadError: naming the field path, e.g. ``graph.node[3].op_type``.
+    """
+    stack = [(message, where)]
+    while stack:
+        msg, path = stack.pop()
+        for field, value in msg.ListFields():
+            here = f"{path}.{field.name}"
+            repeated = _is_repeated(field)
+            if field.type == field.TYPE_STRING:
+                for i, text in enumerate(value if repeated else (value,)):
+                    if not isinstance(text, str):
+                        at = f"{here}[{i}]" if repeated else here
+                        raise errors.LoadError(f"{at} is not valid UTF-8 text: {bytes(text)[:60]!r}")
+            elif field.type == field.TYPE_MESSAGE:
+                if repeated:
+                    stack.extend((m, f"{here}[{i}]") for i, m in enumerate(value))
+                else:
+                    stack.append((value, here))
+
+
+def _is_repeated(field: Any) -> bool:
+    # protobuf >= 5 has ``is_repeated``; older releases only ``label``.
+    is_repeated = getattr(field, "is_repeated", None)
+    return bool(is_repeated) if is_repeated is not None else field.label == field.LABEL_REPEATED
+
+
+def _unique(name: str, seen: Collection[str], graph: str, what: str) -> None:
+    if name in seen:
+        raise errors.ModelStructureError(f"graph {graph!r}: {what} {name!r} is listed twice")
 
 
 def _reads(node: Node) -> set[str]:

@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from jax.experimental import checkify
 
 from jonnx import errors
-from jonnx._build import GraphBuilder
+from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._interpreter import RunOptions, run_graph
 from jonnx._ir import Graph, ValueInfo
 from jonnx._registry import normalize_domain
@@ -27,15 +27,7 @@ __all__ = ["Model", "load"]
 _TRAINABLE = (np.float16, np.float32, np.float64, jnp.bfloat16)
 
 
-def _default_memory_limit() -> int:
-    """Half the machine's physical memory: no single tensor of a model may be larger."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
-
-
-DEFAULT_MEMORY_LIMIT = _default_memory_limit()
+DEFAULT_MEMORY_LIMIT = default_memory_limit()
 
 
 def load(
@@ -44,6 +36,7 @@ def load(
     base_dir: str | None = None,
     memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
     checked: bool = False,
+    allow_newer_opset: bool = False,
 ) -> "Model":
     """Load an ONNX model as a :class:`Model`.
 
@@ -62,6 +55,8 @@ def load(
             gather indices, drops out-of-range scatter updates and gives XLA's integer
             division by zero (-1), as JAX does; values known at trace time are checked
             either way.
+        allow_newer_opset: run a model whose ai.onnx opset is newer than the installed onnx
+            package knows with the newest known semantics (and a warning) instead of refusing.
 
     Returns:
         The loaded model, with every node bound to its implementation.
@@ -92,12 +87,15 @@ def load(
                 data = fh.read()
         except OSError as e:
             raise errors.LoadError(f"cannot read model file {path!r}: {e.strerror}") from e
-        proto = _parse(data, path)
+        proto = _parse(data, repr(path))
         if base_dir is None:
             base_dir = os.path.dirname(os.path.abspath(path))
     else:
         raise TypeError(f"jonnx.load takes a path, bytes or onnx.ModelProto, not {type(f).__name__}")
-    return Model(proto, base_dir=base_dir, memory_limit=memory_limit, checked=checked)
+    return Model(
+        proto, base_dir=base_dir, memory_limit=memory_limit, checked=checked,
+        allow_newer_opset=allow_newer_opset,
+    )
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
@@ -113,17 +111,25 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     return proto
 
 
-def _opsets(proto: onnx.ModelProto) -> dict[str, int]:
+def _opsets(proto: onnx.ModelProto, allow_newer_opset: bool) -> dict[str, int]:
     opsets = {normalize_domain(o.domain): int(o.version) for o in proto.opset_import}
     # Models from before opset_import existed (IR version < 3) mean opset 1.
     opsets.setdefault("", 1)
     newest = onnx.defs.onnx_opset_version()
     if opsets[""] > newest:
-        warnings.warn(
+        message = (
             f"the model imports ai.onnx opset {opsets['']}, newer than the {newest} the installed "
-            f"onnx package knows; running it with opset {newest} semantics",
-            stacklevel=3,
+            "onnx package knows"
         )
+        if not allow_newer_opset:
+            # Ops may have changed meaning in the newer opset: running it with older semantics
+            # could be silently wrong, so it takes an explicit choice.
+            raise errors.UnsupportedOpError(
+                f"{message}; upgrade onnx, or pass allow_newer_opset=True to run it with opset "
+                f"{newest} semantics",
+                nodes=(("<model>", "<opset>", "", opsets[""]),),
+            )
+        warnings.warn(f"{message}; running it with opset {newest} semantics", stacklevel=4)
         opsets[""] = newest
     return opsets
 
@@ -177,13 +183,14 @@ class Model:
         base_dir: str | None = None,
         memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
         checked: bool = False,
+        allow_newer_opset: bool = False,
     ):
         self.proto = proto
         self.checked = checked
         self.base_dir = base_dir
         self.memory_limit = memory_limit
-        self.opsets = _opsets(proto)
-        builder = GraphBuilder(self.opsets, base_dir, functions=proto.functions)
+        self.opsets = _opsets(proto, allow_newer_opset)
+        builder = GraphBuilder(self.opsets, base_dir, functions=proto.functions, memory_limit=memory_limit)
         self.graph: Graph = builder.graph(proto.graph)
         builder.raise_if_unsupported()
 

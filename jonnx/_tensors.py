@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import math
-import mmap
 import os
+import re
 import stat
 
 import numpy as np
@@ -26,6 +27,7 @@ _TWO_BIT = {getattr(onnx.TensorProto, n, -1) for n in ("INT2", "UINT2")}
 _SIX_BIT = {getattr(onnx.TensorProto, n, -1) for n in ("FLOAT6E2M3", "FLOAT6E3M2")}
 _UNCHECKED_RAW = _SIX_BIT | {onnx.TensorProto.STRING}
 _EXTERNAL_KEYS = frozenset({"location", "offset", "length", "checksum", "basepath"})
+_DECIMAL = re.compile(r"-?[0-9]+")
 
 
 def np_dtype(elem_type: int) -> np.dtype:
@@ -56,7 +58,12 @@ def _describe(tensor: onnx.TensorProto) -> str:
 
 
 def _open_inside(base_dir: str, location: str, what: str) -> int:
-    """Open ``location`` for reading, refusing anything that resolves outside ``base_dir``."""
+    """Open ``location`` for reading, refusing anything that resolves outside ``base_dir``.
+
+    Each folder on the way is opened relative to the previous one with ``O_NOFOLLOW``, so a
+    symbolic link swapped in after the checks is refused too; the file is opened
+    non-blocking, so a FIFO or device in its place cannot hang the load.
+    """
     if not location:
         raise errors.ExternalDataError(f"{what}: external data has an empty location")
     if "\0" in location:
@@ -66,16 +73,16 @@ def _open_inside(base_dir: str, location: str, what: str) -> int:
             f"{what}: external data location {location!r} is absolute; only paths inside "
             "the model's folder are read"
         )
-    parts = location.replace("\\", "/").split("/")
+    parts = [p for p in location.replace("\\", "/").split("/") if p not in ("", ".")]
     if ".." in parts:
         raise errors.ExternalDataError(
             f"{what}: external data location {location!r} climbs out of the model's folder"
         )
+    if not parts:
+        raise errors.ExternalDataError(f"{what}: external data location {location!r} names no file")
     base = os.path.realpath(base_dir)
     path = base
     for part in parts:
-        if part in ("", "."):
-            continue
         path = os.path.join(path, part)
         if os.path.islink(path):
             raise errors.ExternalDataError(
@@ -85,11 +92,29 @@ def _open_inside(base_dir: str, location: str, what: str) -> int:
         raise errors.ExternalDataError(
             f"{what}: external data location {location!r} resolves outside the model's folder"
         )
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_RDONLY | nofollow | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    folder_flags = os.O_RDONLY | nofollow | getattr(os, "O_DIRECTORY", 0)
+    fd = -1
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        if os.open in os.supports_dir_fd:
+            fd = os.open(base, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                child = os.open(part, flags if last else folder_flags, dir_fd=fd)
+                os.close(fd)
+                fd = child
+        else:  # no openat (Windows): the checks above stand alone
+            fd = os.open(path, flags)
     except OSError as e:
+        if fd >= 0:
+            os.close(fd)
+        if e.errno == errno.ELOOP:
+            reason = "goes through a symbolic link"
+        else:
+            reason = f"cannot be opened: {e.strerror}"
         raise errors.ExternalDataError(
-            f"{what}: cannot open external data file {location!r}: {e.strerror}"
+            f"{what}: cannot open external data file {location!r}: it {reason}"
         ) from e
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
@@ -104,30 +129,47 @@ def _open_inside(base_dir: str, location: str, what: str) -> int:
     return fd
 
 
-def _read_external(tensor: onnx.TensorProto, base_dir: str | None, what: str) -> bytes:
+def _parse_count(value: str | None, key: str, what: str) -> int | None:
+    if value is None:
+        return None
+    text = value.strip()
+    if not _DECIMAL.fullmatch(text):
+        raise errors.ExternalDataError(f"{what}: external data {key} {value!r} is not an integer")
+    number = int(text)
+    if number < 0:
+        raise errors.ExternalDataError(f"{what}: negative external data {key} {number}")
+    return number
+
+
+def _read_external(
+    tensor: onnx.TensorProto, base_dir: str | None, what: str, memory_limit: int | None
+) -> bytes:
     info: dict[str, str] = {}
     for entry in tensor.external_data:
         if entry.key not in _EXTERNAL_KEYS:
             raise errors.ExternalDataError(f"{what}: unknown external data key {entry.key!r}")
+        if entry.key in info:
+            raise errors.ExternalDataError(f"{what}: external data key {entry.key!r} is given twice")
         info[entry.key] = entry.value
+    if tensor.data_type in _UNCHECKED_RAW:
+        raise errors.ExternalDataError(
+            f"{what}: {onnx.TensorProto.DataType.Name(tensor.data_type)} tensors cannot keep "
+            "their data in an external file"
+        )
     if base_dir is None:
         raise errors.ExternalDataError(
             f"{what} keeps its data in an external file, but the model was not loaded from "
             "a path: call jonnx.load(path) or pass base_dir="
         )
-    try:
-        offset = int(info.get("offset", "0"))
-        length = int(info["length"]) if "length" in info else None
-    except ValueError as e:
-        raise errors.ExternalDataError(f"{what}: external data offset/length is not an integer") from e
+    offset = _parse_count(info.get("offset"), "offset", what) or 0
+    length = _parse_count(info.get("length"), "length", what)
     expected = _expected_nbytes(tensor, _element_count(tensor, what))
-    if offset < 0 or (length is not None and length < 0):
-        raise errors.ExternalDataError(f"{what}: negative external data offset or length")
     if length is not None and length != expected:
         raise errors.ExternalDataError(
-            f"{what}: external data length {length} does not match its dims and dtype "
-            f"({expected} bytes)"
+            f"{what}: external data length {length} does not match its dims "
+            f"{list(tensor.dims)} and dtype ({expected} bytes)"
         )
+    _check_limit(expected, memory_limit, what)
     fd = _open_inside(base_dir, info.get("location", ""), what)
     try:
         size = os.fstat(fd).st_size
@@ -136,20 +178,43 @@ def _read_external(tensor: onnx.TensorProto, base_dir: str | None, what: str) ->
                 f"{what}: external data needs bytes {offset}..{offset + expected} but "
                 f"{info['location']!r} has only {size}"
             )
-        if expected == 0:
-            return b""
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
-            return bytes(mapped[offset : offset + expected])
+        # pread, not mmap: a file truncated while it is read gives a short read here, where a
+        # mapping would kill the process with SIGBUS.
+        chunks, done = [], 0
+        while done < expected:
+            chunk = os.pread(fd, min(expected - done, 1 << 30), offset + done)
+            if not chunk:
+                raise errors.ExternalDataError(
+                    f"{what}: external data file {info['location']!r} ended early (changed while read?)"
+                )
+            chunks.append(chunk)
+            done += len(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
 
-def tensor_to_numpy(tensor: onnx.TensorProto, base_dir: str | None = None) -> np.ndarray:
+def _check_limit(nbytes: int, memory_limit: int | None, what: str) -> None:
+    if memory_limit is not None and nbytes > memory_limit:
+        raise errors.MemoryLimitError(
+            f"{what} would take {nbytes:,} bytes, over the model's memory limit of "
+            f"{memory_limit:,} bytes; pass a larger memory_limit to jonnx.load if this is intended"
+        )
+
+
+_TYPED_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+
+
+def tensor_to_numpy(
+    tensor: onnx.TensorProto, base_dir: str | None = None, *, memory_limit: int | None = None
+) -> np.ndarray:
     """Decode ``tensor`` to numpy, checking its byte count against its dims.
 
     Args:
         tensor: the ONNX tensor.
         base_dir: the model's folder, for external data; None when the model came from bytes.
+        memory_limit: the largest external tensor, in bytes, that may be read (None: no limit).
+            Inline data is bounded by the model file's own size.
 
     Returns:
         The tensor's value (strings as an object array).
@@ -157,28 +222,47 @@ def tensor_to_numpy(tensor: onnx.TensorProto, base_dir: str | None = None) -> np
     Raises:
         jonnx.errors.LoadError: the data does not match the dims, or the type is unknown.
         jonnx.errors.ExternalDataError: external data is missing, malformed or unsafe.
+        jonnx.errors.MemoryLimitError: external data larger than ``memory_limit``.
     """
     what = _describe(tensor)
+    try:
+        np_dtype(tensor.data_type)
+    except errors.LoadError:
+        raise errors.LoadError(f"{what} has unknown element type {tensor.data_type}") from None
     count = _element_count(tensor, what)
+    typed = [field for field in _TYPED_FIELDS if len(getattr(tensor, field))]
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        raw = _read_external(tensor, base_dir, what)
+        if typed or tensor.HasField("raw_data"):
+            raise errors.LoadError(f"{what} has both external data and inline data ({(typed or ['raw_data'])[0]})")
+        raw = _read_external(tensor, base_dir, what, memory_limit)
         inline = onnx.TensorProto()
         inline.CopyFrom(tensor)
         del inline.external_data[:]
         inline.data_location = onnx.TensorProto.DEFAULT
         inline.raw_data = raw
         tensor = inline
-    elif tensor.HasField("raw_data") and tensor.data_type not in _UNCHECKED_RAW:
-        expected = _expected_nbytes(tensor, count)
-        if len(tensor.raw_data) != expected:
-            raise errors.LoadError(
-                f"{what} has {len(tensor.raw_data)} bytes of raw_data but its dims "
-                f"{list(tensor.dims)} and dtype need {expected}"
-            )
+    elif tensor.external_data:
+        raise errors.ExternalDataError(
+            f"{what} has external data entries but its data_location is not EXTERNAL"
+        )
+    elif tensor.HasField("raw_data"):
+        if typed:
+            raise errors.LoadError(f"{what} has both raw_data and {typed[0]}; ONNX allows one")
+        if tensor.data_type not in _UNCHECKED_RAW:
+            expected = _expected_nbytes(tensor, count)
+            if len(tensor.raw_data) != expected:
+                raise errors.LoadError(
+                    f"{what} has {len(tensor.raw_data)} bytes of raw_data but its dims "
+                    f"{list(tensor.dims)} and dtype need {expected}"
+                )
+    elif len(typed) > 1:
+        raise errors.LoadError(f"{what} has data in both {typed[0]} and {typed[1]}; ONNX allows one")
+    elif not typed and count:
+        raise errors.LoadError(f"{what} has dims {list(tensor.dims)} ({count} values) but no data")
     try:
         value = onnx.numpy_helper.to_array(tensor)
     except Exception as e:  # onnx raises ValueError, TypeError, KeyError... on bad tensors
-        raise errors.LoadError(f"{what} cannot be decoded: {e}") from e
+        raise errors.LoadError(f"{what} cannot be decoded (dims {list(tensor.dims)}): {e}") from e
     if value.size != count:
         raise errors.LoadError(f"{what} holds {value.size} values but its dims {list(tensor.dims)} need {count}")
     return value

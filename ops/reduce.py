@@ -124,6 +124,10 @@ def _reduce(fn, x, axes, keepdims, noop, ctx):
         axes = tuple(range(rank))
     else:
         axes = normalize_axes(axes, rank, ctx)
+    if any(np.shape(x)[a] == 0 for a in axes):
+        # An empty reduction is the identity (a constant): its derivative is 0, where the
+        # chain rule through log / max of nothing would give NaN.
+        x = lax.stop_gradient(x)
     return fn(x, axes, bool(keepdims))
 
 

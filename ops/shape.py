@@ -484,14 +484,17 @@ def range_(inputs, attrs, ctx):
         if d == 0:
             raise ctx.error("delta must not be 0")
         n = max(-(-(l - s) // d), 0)
-        out = s + np.arange(n, dtype=np.int64) * d
+        wide = canonical(np.int64)
     else:
         s, l, d = float(start), float(limit), float(delta)
         if d == 0 or not np.isfinite([s, l, d]).all():
             raise ctx.error(f"cannot make a range from {s} to {l} by {d}")
         n = max(int(np.ceil((l - s) / d)), 0)
-        out = s + np.arange(n, dtype=np.float64) * d
-    return (out.astype(dtype),)
+        wide = canonical(np.float64)
+    # jnp, not np: the length comes from the data, and the interpreter sizes the output with
+    # jax.eval_shape (checking the memory limit) before anything is allocated.
+    out = s + jnp.arange(n, dtype=wide) * d
+    return (out.astype(canonical(dtype)),)
 
 
 @register("Size", since=(1, 13, 19, 21, 23, 24, 25), shape_only=True)

@@ -206,10 +206,13 @@ def test_missing_required_attribute_names_node():
         jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
 
 
-def test_opset_newer_than_onnx_warns_and_runs():
+def test_opset_newer_than_onnx_is_refused_unless_allowed():
     graph = oh.make_graph([oh.make_node("Relu", ["x"], ["y"])], "g",
                           [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", onnx.defs.onnx_opset_version() + 5)])
+    newer = onnx.defs.onnx_opset_version() + 5
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", newer)])
+    with pytest.raises(errors.UnsupportedOpError, match=f"opset {newer}.*allow_newer_opset=True"):
+        jonnx.load(model)
     with pytest.warns(UserWarning, match="newer than"):
-        m = jonnx.load(model)
+        m = jonnx.load(model, allow_newer_opset=True)
     np.testing.assert_array_equal(np.asarray(m(np.array([-1.0, 1.0], np.float32))[0]), [0.0, 1.0])
