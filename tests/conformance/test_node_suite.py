@@ -34,6 +34,13 @@ with warnings.catch_warnings():
 for _name in expected_failures():
     backend_test.xfail(f"^{re.escape(_name)}_cpu$")
 
+# Not run, because its result is not well defined rather than wrong: the light SqueezeNet's
+# weights are dummy ramps, and its last convolution sums terms near 1e10 that cancel, so the
+# logits come out as exactly 0 or about 9.5e9 depending on XLA's fusion and reduction order
+# (seen: the Softmax's input changes when another output is requested). About one run in
+# three ends in NaN. Neither a pass nor a strict expected failure would be honest.
+backend_test.exclude(r"^test_squeezenet_cpu$")
+
 _cases = backend_test.test_cases
 OnnxBackendNodeModelTest = _cases["OnnxBackendNodeModelTest"]
 OnnxBackendSimpleModelTest = _cases["OnnxBackendSimpleModelTest"]
@@ -49,3 +56,4 @@ for _case in (
 ):
     for _attr in [a for a in vars(_case) if a.endswith("_cuda")]:
         delattr(_case, _attr)
+del _case  # a module-level TestCase name would be collected (and run) a second time
