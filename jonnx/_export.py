@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import posixpath
 import secrets
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -148,7 +147,7 @@ def save(
         return
 
     _check_data_location(data_name)
-    _refuse_source_data(data_path, data_name, sources)
+    _refuse_source_data(data_path, model.base_dir, sources)
     chunks: list[bytes] = []
     offset = 0
     for t, blob in zip(tensors, blobs):
@@ -265,12 +264,12 @@ def _replace_initializers(graph: onnx.GraphProto, new: Mapping[str, np.ndarray])
 # -- the source model's external data ---------------------------------------------------------
 
 
-def _inline_external(out: onnx.ModelProto, ir: Graph) -> list[tuple[str, int, bytes]]:
+def _inline_external(out: onnx.ModelProto, ir: Graph) -> set[str]:
     """Put the loaded values of the source's external tensors back inline.
 
-    Returns each such tensor's ``(location, offset, bytes)`` in the source's data files.
+    Returns the locations (relative to the source's folder) of the source's data files.
     """
-    sources: list[tuple[str, int, bytes]] = []
+    sources: set[str] = set()
     _inline_graph(out.graph, ir, sources, "the main graph")
     for function in out.functions:
         if any(_needs_inlining(a) for node in function.node for a in node.attribute):
@@ -282,7 +281,7 @@ def _inline_external(out: onnx.ModelProto, ir: Graph) -> list[tuple[str, int, by
 
 
 def _inline_graph(
-    graph: onnx.GraphProto, ir: Graph, sources: list[tuple[str, int, bytes]], where: str
+    graph: onnx.GraphProto, ir: Graph, sources: set[str], where: str
 ) -> None:
     for tensor in graph.initializer:
         if _is_external(tensor):
@@ -325,11 +324,9 @@ def _inline_graph(
                 )
 
 
-def _inline(tensor: onnx.TensorProto, value: np.ndarray, sources: list[tuple[str, int, bytes]]) -> None:
-    info = {e.key: e.value for e in tensor.external_data}
-    raw = _encode(np.asarray(value), tensor.name, tensor.data_type).raw_data
-    sources.append((info.get("location", ""), int(info.get("offset", "0")), raw))
-    _set_raw(tensor, raw)
+def _inline(tensor: onnx.TensorProto, value: np.ndarray, sources: set[str]) -> None:
+    sources.update(e.value for e in tensor.external_data if e.key == "location")
+    _set_raw(tensor, _encode(np.asarray(value), tensor.name, tensor.data_type).raw_data)
 
 
 def _is_external(tensor: onnx.TensorProto) -> bool:
@@ -390,35 +387,26 @@ def _check_data_location(data_name: str) -> None:
         )
 
 
-def _refuse_source_data(data_path: str, data_name: str, sources: list[tuple[str, int, bytes]]) -> None:
-    """Refuse to replace a link, or a file holding the source model's own external data.
+def _refuse_source_data(data_path: str, base_dir: str | None, sources: set[str]) -> None:
+    """Refuse to replace a link, or the very file holding the source model's external data.
 
-    The model does not record the folder it was loaded from, so the source's data file is
-    recognised by name and content: a file named like one of the source's locations that
-    holds the source's bytes at the source's offsets. Replacing it would break every model
-    file (the source first) that points into it.
+    Replacing the source's data file would break every model file (the source first) that
+    points into it; a copy of it elsewhere is another file and may be replaced.
     """
     if os.path.islink(data_path):
         raise errors.ExternalDataError(
             f"{data_path!r} is a symbolic link; jonnx.save writes no data through links"
         )
-    if not os.path.lexists(data_path):
+    if base_dir is None or not os.path.lexists(data_path):
         return
-    same_name = [(o, b) for loc, o, b in sources if posixpath.normpath(loc.replace("\\", "/")) == data_name]
-    if not same_name:
-        return
-    try:
-        with open(data_path, "rb") as f:
-            for offset, blob in same_name:
-                f.seek(offset)
-                if f.read(len(blob)) != blob:
-                    return
-    except OSError:
-        return
-    raise errors.ExternalDataError(
-        f"{data_path!r} holds the source model's own external data; writing the new data there "
-        "would break the source model file: save under another file name or folder"
-    )
+    for location in sources:
+        source = os.path.join(base_dir, location)
+        if os.path.exists(source) and os.path.samefile(source, data_path):
+            raise errors.ExternalDataError(
+                f"{data_path!r} holds the source model's own external data; writing the new "
+                "data there would break the source model file: save under another file name "
+                "or folder"
+            )
 
 
 def _write_atomic(folder: str, name: str, chunks: list[bytes]) -> None:
