@@ -14,13 +14,25 @@ from jonnx._tensors import np_dtype
 
 __all__ = [
     "canonical",
+    "dtype_of",
     "index_dtype",
+    "is_integer",
     "legacy_broadcast",
     "normalize_axes",
     "normalize_axis",
     "onnx_dtype",
     "static_ints",
 ]
+
+
+def dtype_of(x: Any) -> np.dtype:
+    """The numpy dtype of an array, tracer or scalar."""
+    return np.dtype(jnp.result_type(x))
+
+
+def is_integer(x: Any) -> bool:
+    """Whether ``x`` holds integers (signed or unsigned)."""
+    return bool(jnp.issubdtype(jnp.result_type(x), jnp.integer))
 
 
 def canonical(dtype: Any) -> np.dtype:

@@ -21,15 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jonnx._registry import register
-from jonnx.ops._util import normalize_axis
-
-
-def _is_int(x) -> bool:
-    return jnp.issubdtype(jnp.result_type(x), jnp.integer)
-
-
-def _dtype(x):
-    return jnp.result_type(x)
+from jonnx.ops._util import dtype_of, is_integer, normalize_axis
 
 
 def _unary(fn):
@@ -50,7 +42,7 @@ def _neg_expm1(x):
 
 def _relu(x, attrs):
     # jax.nn.relu's derivative at 0 is 0 (jnp.maximum would split it 0.5/0.5).
-    return jax.nn.relu(x) if not _is_int(x) else jnp.maximum(x, 0).astype(_dtype(x))
+    return jax.nn.relu(x) if not is_integer(x) else jnp.maximum(x, 0).astype(dtype_of(x))
 
 
 register("Relu", since=(1, 6, 13, 14))(_unary(_relu))
@@ -109,7 +101,7 @@ register("HardSwish", since=(14, 22))(_unary(lambda x, attrs: x * _hard_sigmoid(
 
 
 def _softplus(x, attrs):
-    return jnp.logaddexp(x, jnp.zeros((), _dtype(x)))
+    return jnp.logaddexp(x, jnp.zeros((), dtype_of(x)))
 
 
 register("Softplus", since=(1, 22))(_unary(_softplus))
@@ -137,7 +129,7 @@ def gelu(inputs, attrs, ctx):
 
 
 def _thresholded_relu(x, attrs):
-    return jnp.where(x > attrs["alpha"], x, jnp.zeros((), _dtype(x)))
+    return jnp.where(x > attrs["alpha"], x, jnp.zeros((), dtype_of(x)))
 
 
 register("ThresholdedRelu", since=(10, 22))(_unary(_thresholded_relu))
@@ -149,8 +141,8 @@ def shrink(inputs, attrs, ctx):
     back to their type, as the reference implementation does."""
     (x,) = inputs
     lambd, bias = attrs["lambd"], attrs["bias"]
-    dtype = _dtype(x)
-    xf = x.astype(jnp.result_type(float)) if _is_int(x) else x
+    dtype = dtype_of(x)
+    xf = x.astype(jnp.result_type(float)) if is_integer(x) else x
     y = jnp.where(xf < -lambd, xf + bias, jnp.where(xf > lambd, xf - bias, jnp.zeros((), xf.dtype)))
     return (y.astype(dtype),)
 
@@ -168,8 +160,8 @@ register("Swish", since=24)(_unary(lambda x, attrs: x * jax.nn.sigmoid(attrs["al
 
 
 def _prelu(x, slope):
-    if _is_int(x):
-        return jnp.where(x < 0, x * slope, x).astype(_dtype(x))
+    if is_integer(x):
+        return jnp.where(x < 0, x * slope, x).astype(dtype_of(x))
     return jnp.where(x < 0, slope * x, x)
 
 
@@ -214,7 +206,7 @@ def prelu(inputs, attrs, ctx):
 
 def _hardmax_axis(x, axis):
     n = jnp.shape(x)[axis]
-    return jax.nn.one_hot(jnp.argmax(x, axis=axis), n, axis=axis, dtype=_dtype(x))
+    return jax.nn.one_hot(jnp.argmax(x, axis=axis), n, axis=axis, dtype=dtype_of(x))
 
 
 _SOFTMAX = {
@@ -295,7 +287,7 @@ def clip(inputs, attrs, ctx):
     x = inputs[0]
     lo = inputs[1] if len(inputs) > 1 else None
     hi = inputs[2] if len(inputs) > 2 else None
-    dtype = _dtype(x)
+    dtype = dtype_of(x)
     for name, bound in (("min", lo), ("max", hi)):
         if bound is not None and jnp.size(bound) != 1:
             raise ctx.error(f"{name} must be a scalar, got shape {jnp.shape(bound)}")

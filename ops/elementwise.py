@@ -14,15 +14,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from jonnx._registry import register
-from jonnx.ops._util import legacy_broadcast
-
-
-def _is_int(x) -> bool:
-    return jnp.issubdtype(jnp.result_type(x), jnp.integer)
+from jonnx.ops._util import is_integer, legacy_broadcast
 
 
 def _div(a, b, ctx):
-    if _is_int(a):
+    if is_integer(a):
         ctx.check(b != 0, "integer division by zero")
         a, b = jnp.broadcast_arrays(a, b)
         return lax.div(a, b)  # truncates toward zero, like C and ONNX
@@ -31,9 +27,9 @@ def _div(a, b, ctx):
 
 def _pow(x, y):
     x_dtype = jnp.result_type(x)
-    if _is_int(x) and not _is_int(y):
+    if is_integer(x) and not is_integer(y):
         return jnp.power(jnp.asarray(x, jnp.result_type(y)), y).astype(x_dtype)
-    if not _is_int(x) and _is_int(y):
+    if not is_integer(x) and is_integer(y):
         return jnp.power(x, jnp.asarray(y, x_dtype))
     return jnp.power(x, jnp.asarray(y, x_dtype)).astype(x_dtype)
 
@@ -69,11 +65,11 @@ def mod(inputs, attrs, ctx):
     Floats with ``fmod=0`` (numpy's ``mod``) are defined from opset 28 on.
     """
     a, b = inputs
-    if _is_int(a):
+    if is_integer(a):
         ctx.check(b != 0, "integer modulo by zero")
     if attrs["fmod"]:
         return (jnp.fmod(a, b),)
-    if not _is_int(a) and ctx.opset < 28:
+    if not is_integer(a) and ctx.opset < 28:
         raise ctx.error("before opset 28, fmod=0 is only defined for integer inputs; floats need fmod=1")
     return (jnp.mod(a, b),)
 
@@ -107,7 +103,7 @@ def _sign(x):
 
 
 def _erf(x):
-    if _is_int(x):  # the schema allows integer types: erf of an integer rounds to -1, 0 or 1
+    if is_integer(x):  # the schema allows integer types: erf of an integer rounds to -1, 0 or 1
         return jnp.sign(x)
     return lax.erf(x)
 

@@ -31,21 +31,17 @@ from jax import lax
 
 from jonnx._interpreter import is_concrete
 from jonnx._registry import register
-from jonnx.ops._util import normalize_axes, normalize_axis, onnx_dtype
-
-
-def _dtype(x) -> np.dtype:
-    return np.dtype(jnp.result_type(x))
+from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype
 
 
 def _rsqrt_eps(v, eps):
-    return lax.rsqrt(v + jnp.asarray(eps, _dtype(v)))
+    return lax.rsqrt(v + jnp.asarray(eps, dtype_of(v)))
 
 
 def _stash_dtype(x, stash_type) -> np.dtype:
     """The dtype statistics are computed in: ``stash_type``, widened to ``x``'s if wider."""
-    stash = onnx_dtype(stash_type) if stash_type is not None else _dtype(x)
-    return np.dtype(jnp.promote_types(stash, _dtype(x)))
+    stash = onnx_dtype(stash_type) if stash_type is not None else dtype_of(x)
+    return np.dtype(jnp.promote_types(stash, dtype_of(x)))
 
 
 def _moments(x, axes):
@@ -74,7 +70,7 @@ def _bn_axes(x, spatial: bool) -> tuple[int, ...]:
 
 
 def _bn_inference(x, scale, bias, mean, var, eps, spatial=True):
-    dtype = _dtype(x)
+    dtype = dtype_of(x)
     s, b, m, v = (_bn_param(p, x, spatial) for p in (scale, bias, mean, var))
     y = (x - m) * _rsqrt_eps(v, eps) * s + b
     return y.astype(dtype)
@@ -99,7 +95,7 @@ def _bn_training(x, scale, bias, running_mean, running_var, momentum, eps, spati
     y = _bn_inference(x, scale, bias, batch_mean, batch_var, eps, spatial)
 
     def update(running, batch):
-        running_dtype = _dtype(running)
+        running_dtype = dtype_of(running)
         new = running * momentum + batch.astype(running_dtype) * (1 - momentum)
         return lax.stop_gradient(new.astype(running_dtype))
 
@@ -117,7 +113,7 @@ def _bn_legacy(inputs, attrs, training: bool, spatial: bool):
     saved_mean, saved_var = _bn_batch_stats(x, spatial)
     if spatial:
         saved_mean, saved_var = jnp.reshape(saved_mean, (-1,)), jnp.reshape(saved_var, (-1,))
-    return y, new_mean, new_var, saved_mean.astype(_dtype(x)), saved_var.astype(_dtype(x))
+    return y, new_mean, new_var, saved_mean.astype(dtype_of(x)), saved_var.astype(dtype_of(x))
 
 
 _RUNNING_STATS = {1: 3, 2: 4}  # outputs 1 and 2 are the new running mean and variance
@@ -173,7 +169,7 @@ def instance_normalization(inputs, attrs, ctx):
     mean, var = _moments(x, tuple(range(2, rank)))
     y = (x - mean) * _rsqrt_eps(var, attrs["epsilon"])
     shape = (-1,) + (1,) * (rank - 2)
-    return ((y * jnp.reshape(scale, shape) + jnp.reshape(bias, shape)).astype(_dtype(x)),)
+    return ((y * jnp.reshape(scale, shape) + jnp.reshape(bias, shape)).astype(dtype_of(x)),)
 
 
 @register("LayerNormalization", since=17)
@@ -183,7 +179,7 @@ def layer_normalization(inputs, attrs, ctx):
     bias = inputs[2] if len(inputs) > 2 else None
     rank = jnp.ndim(x)
     axis = normalize_axis(attrs["axis"], rank, ctx)
-    dtype = _dtype(x)
+    dtype = dtype_of(x)
     xs = x.astype(_stash_dtype(x, attrs["stash_type"]))
     mean, var = _moments(xs, tuple(range(axis, rank)))
     inv_std = _rsqrt_eps(var, attrs["epsilon"])
@@ -204,7 +200,7 @@ def _group_norm(x, scale, bias, attrs, ctx, per_channel: bool):
     n, c = shape[:2]
     if num_groups <= 0 or c % num_groups:
         raise ctx.error(f"num_groups={num_groups} does not divide the {c} channels")
-    dtype = _dtype(x)
+    dtype = dtype_of(x)
     xs = x.astype(_stash_dtype(x, attrs.get("stash_type")))
     grouped = jnp.reshape(xs, (n, num_groups, -1))
     mean, var = _moments(grouped, (2,))
@@ -242,8 +238,8 @@ def rms_normalization(inputs, attrs, ctx):
     axis = normalize_axis(attrs["axis"], rank, ctx)
     xs = x.astype(_stash_dtype(x, attrs["stash_type"]))
     mean_square = jnp.mean(xs * xs, axis=tuple(range(axis, rank)), keepdims=True)
-    normed = (xs * _rsqrt_eps(mean_square, attrs["epsilon"])).astype(_dtype(x))
-    return ((normed * scale).astype(_dtype(scale)),)
+    normed = (xs * _rsqrt_eps(mean_square, attrs["epsilon"])).astype(dtype_of(x))
+    return ((normed * scale).astype(dtype_of(scale)),)
 
 
 @register("LpNormalization", since=(1, 22))
@@ -261,7 +257,7 @@ def lp_normalization(inputs, attrs, ctx):
     else:
         raise ctx.error(f"p={p} is not supported; ONNX defines only p=1 and p=2")
     nonzero = norm > 0
-    return (jnp.where(nonzero, x / jnp.where(nonzero, norm, 1), 0).astype(_dtype(x)),)
+    return (jnp.where(nonzero, x / jnp.where(nonzero, norm, 1), 0).astype(dtype_of(x)),)
 
 
 @register("MeanVarianceNormalization", since=(9, 13))
@@ -276,7 +272,7 @@ def mean_variance_normalization(inputs, attrs, ctx):
     mean, var = _moments(x, axes)
     positive = var > 0
     std = jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1)), 0)
-    return (((x - mean) / (std + jnp.asarray(1e-9, _dtype(x)))).astype(_dtype(x)),)
+    return (((x - mean) / (std + jnp.asarray(1e-9, dtype_of(x)))).astype(dtype_of(x)),)
 
 
 @register("LRN", since=(1, 13))
@@ -294,9 +290,9 @@ def lrn(inputs, attrs, ctx):
     # A numpy zero as init_value lets JAX see a windowed sum, which it can differentiate; with
     # a jnp zero (not a known constant while tracing) it builds a generic reduce_window, which
     # it cannot (reverse mode raised "Linearization failed").
-    square_sum = lax.reduce_window(x * x, np.zeros((), _dtype(x)), lax.add, window, (1,) * rank, padding)
+    square_sum = lax.reduce_window(x * x, np.zeros((), dtype_of(x)), lax.add, window, (1,) * rank, padding)
     alpha, beta, bias = attrs["alpha"], attrs["beta"], attrs["bias"]
-    return ((x / (bias + (alpha / size) * square_sum) ** beta).astype(_dtype(x)),)
+    return ((x / (bias + (alpha / size) * square_sum) ** beta).astype(dtype_of(x)),)
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,7 +301,7 @@ def lrn(inputs, attrs, ctx):
 
 def _dropout(x, ratio, active, ctx, mask_dtype):
     """``(y, mask)``; ``active`` is a Python bool or a traced bool scalar."""
-    dtype = _dtype(x)
+    dtype = dtype_of(x)
     ratio_known = is_concrete(ratio) or isinstance(ratio, (int, float))
     if active is False or (ratio_known and float(np.asarray(ratio)) == 0.0):
         return x, jnp.ones(jnp.shape(x), mask_dtype)
@@ -326,7 +322,7 @@ def dropout_1(inputs, attrs, ctx):
     """
     (x,) = inputs
     active = ctx.training(not attrs["is_test"])
-    return _dropout(x, attrs["ratio"], bool(active), ctx, _dtype(x))
+    return _dropout(x, attrs["ratio"], bool(active), ctx, dtype_of(x))
 
 
 @register("Dropout", since=(7, 10), random=True)
@@ -336,7 +332,7 @@ def dropout_7(inputs, attrs, ctx):
     The mask has the input's type in opset 7 and is bool from opset 10.
     """
     (x,) = inputs
-    mask_dtype = np.dtype(bool) if ctx.opset >= 10 else _dtype(x)
+    mask_dtype = np.dtype(bool) if ctx.opset >= 10 else dtype_of(x)
     return _dropout(x, attrs["ratio"], bool(ctx.training(False)), ctx, mask_dtype)
 
 

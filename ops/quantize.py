@@ -16,7 +16,7 @@ import onnx
 from jax import lax
 
 from jonnx._registry import register
-from jonnx.ops._util import canonical, normalize_axis, onnx_dtype
+from jonnx.ops._util import canonical, dtype_of, normalize_axis, onnx_dtype
 from jonnx.ops.cast import _cast_numeric
 from jonnx.ops.nn import _conv  # Conv's geometry (pads, auto_pad, groups) lives there
 
@@ -42,10 +42,6 @@ _FLOAT_TARGETS = {
         ml_dtypes.float6_e3m2fn,
     )
 }
-
-
-def _dtype(x) -> np.dtype:
-    return np.dtype(jnp.result_type(x))
 
 
 def _param(p, x_shape, axis, block_size, ctx, what: str):
@@ -90,14 +86,14 @@ def _saturate_round(q, zero_point, target: np.dtype, saturate: bool, ctx):
     """``saturate(round(q) + zero_point)`` into ``target`` (round half to even)."""
     if target in _INT_RANGES:
         lo, hi = _INT_RANGES[target]
-        acc = jnp.promote_types(_dtype(q), jnp.float32)
+        acc = jnp.promote_types(dtype_of(q), jnp.float32)
         q = jnp.round(q).astype(acc)
         if zero_point is not None:
             q = q + jnp.asarray(zero_point).astype(acc)
         return jnp.clip(q, lo, hi).astype(target)
     if target in _FLOAT_TARGETS:
         if zero_point is not None:
-            q = q + jnp.asarray(zero_point).astype(_dtype(q))
+            q = q + jnp.asarray(zero_point).astype(dtype_of(q))
         return _cast_numeric(q, target, saturate, "up", ctx)
     raise ctx.error(f"{target} is not a quantized type (uint8/int8/uint16/int16/4-bit/2-bit/float8)")
 
@@ -107,7 +103,7 @@ def _quantize_linear(inputs, attrs, ctx):
     x, scale, zero_point = (tuple(inputs) + (None,) * 3)[:3]
     output_dtype = attrs.get("output_dtype") or 0
     if zero_point is not None:
-        target = _dtype(zero_point)
+        target = dtype_of(zero_point)
         if output_dtype and onnx_dtype(output_dtype) != target:
             raise ctx.error(
                 f"output_dtype {onnx.TensorProto.DataType.Name(output_dtype)} differs from the "
@@ -122,7 +118,7 @@ def _quantize_linear(inputs, attrs, ctx):
     precision = attrs.get("precision")
     # The division runs in the precision attribute's type, else numpy's promotion of x and
     # the scale (what ONNX's reference and onnxruntime do).
-    compute = onnx_dtype(precision) if precision else jnp.promote_types(_dtype(x), _dtype(scale))
+    compute = onnx_dtype(precision) if precision else jnp.promote_types(dtype_of(x), dtype_of(scale))
     q = _divide(jnp.asarray(x).astype(compute), jnp.asarray(scale).astype(compute))
     saturate = attrs.get("saturate")
     return (_saturate_round(q, zero_point, target, True if saturate is None else bool(saturate), ctx),)
@@ -135,13 +131,13 @@ def _dequantize_linear(inputs, attrs, ctx):
     """ONNX ``DequantizeLinear``, opsets 10+: ``y = (x - x_zero_point) * x_scale``."""
     x, scale, zero_point = (tuple(inputs) + (None,) * 3)[:3]
     output_dtype = attrs.get("output_dtype") or 0
-    out = onnx_dtype(output_dtype) if output_dtype else _dtype(scale)
+    out = onnx_dtype(output_dtype) if output_dtype else dtype_of(scale)
     shape = jnp.shape(x)
     axis, block = attrs.get("axis"), attrs.get("block_size")
     scale = _param(scale, shape, axis, block, ctx, "x_scale")
     zero_point = _param(zero_point, shape, axis, block, ctx, "x_zero_point")
     # float32 at least, as the reference computes, then the output type.
-    compute = jnp.promote_types(jnp.float32, _dtype(scale))
+    compute = jnp.promote_types(jnp.float32, dtype_of(scale))
     dx = jnp.asarray(x).astype(compute)
     if zero_point is not None:
         dx = dx - jnp.asarray(zero_point).astype(compute)
@@ -202,7 +198,7 @@ def qlinear_matmul(inputs, attrs, ctx):
     acc = jnp.matmul(_centered(a, a_zero, True), _centered(b, b_zero, False))
     # The scales combine in their own type first, as onnxruntime and the reference do.
     multiplier = _divide(_row_scale(jnp.asarray(a_scale)) * jnp.asarray(b_scale), jnp.asarray(y_scale))
-    target = _dtype(y_zero) if y_zero is not None else _dtype(a)
+    target = dtype_of(y_zero) if y_zero is not None else dtype_of(a)
     return (_requantize(acc, multiplier, y_zero, target, ctx),)
 
 
@@ -233,5 +229,5 @@ def qlinear_conv(inputs, attrs, ctx):
     if jnp.ndim(w_scale) == 1 and jnp.shape(w_scale)[0] > 1:  # per output channel
         w_scale = jnp.reshape(w_scale, (1, -1) + (1,) * (jnp.ndim(acc) - 2))
     multiplier = _divide(jnp.asarray(x_scale) * w_scale, jnp.asarray(y_scale))
-    target = _dtype(y_zero) if y_zero is not None else _dtype(x)
+    target = dtype_of(y_zero) if y_zero is not None else dtype_of(x)
     return (_requantize(acc, multiplier, y_zero, target, ctx),)
