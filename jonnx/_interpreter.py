@@ -155,8 +155,10 @@ def _run_node(
     try:
         if fold:
             with jax.enable_x64(True):
-                if options.memory_limit is not None:
-                    # Folding allocates now: learn the output sizes first, abstractly.
+                if options.memory_limit is not None and args:
+                    # Folding allocates now: learn the output sizes first, abstractly. A node
+                    # without inputs (Constant) only hands over what its attributes already
+                    # hold; random ops, which size from attributes, are never folded.
                     _check_memory(node, _predict(node, args, ctx), options.memory_limit)
                 with jax.ensure_compile_time_eval():
                     return _to_numpy(op.fn(args, node.attrs, ctx))
