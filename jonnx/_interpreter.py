@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jonnx import errors
@@ -127,10 +128,13 @@ def _run_node(
         if i < len(args) and not is_concrete(args[i]):
             raise errors.StaticValueError(_static_message(graph, node, i, env))
 
-    def run_subgraph(sub: Graph, inputs: Mapping[str, Any], *, outer_env=None) -> tuple:
+    def run_subgraph(sub: Graph, inputs: Mapping[str, Any], *, outer_env=None, iteration=None) -> tuple:
         # State is collected from the main graph only: a statistic updated inside a loop
         # body has no single new value.
-        sub_options = dataclasses.replace(options, key=key, state_out=None)
+        sub_key = key
+        if key is not None and iteration is not None:  # a fresh Dropout mask per iteration
+            sub_key = jax.random.fold_in(key, jnp.asarray(iteration).astype(jnp.uint32))
+        sub_options = dataclasses.replace(options, key=sub_key, state_out=None)
         return run_graph(sub, inputs, sub_options, outer={**env, **(outer_env or {})})
 
     ctx = OpContext(

@@ -111,8 +111,11 @@ class OpContext:
         key: a PRNG key for this node (already folded with the node's position), or None.
         precision: ``jax.lax.Precision`` (or None for JAX's default) for matmul/conv.
         n_outputs: how many outputs the node declares (Split divides by it), or None.
-        run_graph: runs a subgraph attribute: ``run_graph(graph, inputs) -> tuple``; set by
-            the interpreter so control-flow ops can evaluate their bodies.
+        run_graph: runs a subgraph attribute: ``run_graph(graph, inputs, iteration=None)
+            -> tuple``; set by the interpreter so control-flow ops can evaluate their bodies.
+            Ops that run a body repeatedly pass the iteration number (an int or a traced
+            scalar), which is folded into the body's key so that each iteration draws
+            fresh randomness.
         graph: the graph holding the node (Gradient differentiates through it).
         checked: the model runs in checked mode: :meth:`check` raises on bad data.
     """

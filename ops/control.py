@@ -117,7 +117,7 @@ def loop(inputs, attrs, ctx):
 
     def step(i, flag, carried):
         values = {names[0]: i, names[1]: flag, **dict(zip(names[2:], carried))}
-        out = ctx.run_graph(body, values)
+        out = ctx.run_graph(body, values, iteration=i)
         return out[0], list(out[1 : 1 + n_state]), list(out[1 + n_state :])
 
     static_trip = trip is None or is_concrete(trip)
@@ -264,11 +264,13 @@ def _scan_core(state, scan_inputs, attrs, ctx):
         raise ctx.error(f"scan inputs have different lengths along their scan axes: {sorted(lengths)}")
     names = body.input_names
 
-    def step(carried, slices):
-        out = ctx.run_graph(body, dict(zip(names, [*carried, *slices])))
+    def step(carried, inputs):
+        i, slices = inputs
+        out = ctx.run_graph(body, dict(zip(names, [*carried, *slices])), iteration=i)
         return _match(list(out[:n_state]), carried, ctx), [jnp.asarray(o) for o in out[n_state:]]
 
-    final, ys = lax.scan(step, [jnp.asarray(s) for s in state], xs)
+    length = lengths.pop() if lengths else 0
+    final, ys = lax.scan(step, [jnp.asarray(s) for s in state], (jnp.arange(length), xs))
     outputs = []
     for y, axis, direction in zip(ys, out_axes, out_dirs):
         y = jnp.flip(y, 0) if direction else y

@@ -119,7 +119,7 @@ def sequence_map(inputs, attrs, ctx):
     results = [[] for _ in body.outputs]
     for k in range(n):
         args = [v[k] if i in sequences else v for i, v in enumerate(inputs)]
-        for acc, value in zip(results, ctx.run_graph(body, dict(zip(body.input_names, args)))):
+        for acc, value in zip(results, ctx.run_graph(body, dict(zip(body.input_names, args)), iteration=k)):
             acc.append(value)
     return tuple(results)
 

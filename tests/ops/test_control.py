@@ -832,3 +832,53 @@ def test_loop_with_int64_max_trip_count_and_scan_outputs_ends_by_its_condition()
     )
     # By hand: the ReferenceEvaluator stacks scalar scan outputs with np.vstack, as (n, 1).
     check(proto, [np.float32(1.5), np.float32(0)], expected=[np.float32(4.5), np.float32([1.5, 3, 4.5])])
+
+
+def _random_loop(trip_static: bool):
+    """A Loop whose body draws RandomUniformLike([64]) each iteration, as a scan output; with a
+    runtime trip count the draws are summed into a carried value instead."""
+    body_nodes = [
+        oh.make_node("Identity", ["cond_in"], ["cond_out"]),
+        oh.make_node("RandomUniformLike", ["x"], ["r"]),
+        oh.make_node("Add", ["acc_in", "r"], ["acc_out"]),
+    ]
+    body_out = [vi("cond_out", B, []), vi("acc_out", F, [64])]
+    loop_out, main_out = ["acc"], [vi("acc", F, [64])]
+    if trip_static:
+        body_nodes.append(oh.make_node("Identity", ["r"], ["draw"]))
+        body_out.append(vi("draw", F, [64]))
+        loop_out, main_out = ["acc", "draws"], [vi("acc", F, [64]), vi("draws", F, [None, 64])]
+    return _loop_model(
+        body_nodes, [vi("i", I64, []), vi("cond_in", B, []), vi("acc_in", F, [64])], body_out,
+        ["M", "", "acc0"], loop_out, [vi("M", I64, []), vi("x", F, [64]), vi("acc0", F, [64])], main_out,
+    )
+
+
+def test_random_ops_in_a_loop_body_draw_afresh_each_iteration():
+    x, acc0 = np.zeros(64, np.float32), np.zeros(64, np.float32)
+    m = jonnx.load(_random_loop(trip_static=True))
+    acc, draws = (np.asarray(v) for v in m(np.int64(4), x, acc0, key=jax.random.key(0)))
+    assert draws.shape == (4, 64)
+    assert len({d.tobytes() for d in draws}) == 4  # no two iterations share a draw
+    np.testing.assert_allclose(acc, draws.sum(0), rtol=1e-6)
+    assert abs(draws.mean() - 0.5) < 0.1  # uniform on [0, 1)
+
+    # A runtime trip count runs lax.while_loop: the sum of 4 fresh draws, not 4 x one draw.
+    m = jonnx.load(_random_loop(trip_static=False))
+    (acc,) = jax.jit(lambda n: m.apply(m.params, n, x, acc0, key=jax.random.key(0)))(np.int64(4))
+    first = jax.jit(lambda n: m.apply(m.params, n, x, acc0, key=jax.random.key(0)))(np.int64(1))[0]
+    assert not np.allclose(np.asarray(acc), 4 * np.asarray(first))
+
+
+def test_random_ops_in_a_scan_body_draw_afresh_each_step():
+    body = graph(
+        [oh.make_node("RandomNormalLike", ["u"], ["r"]), oh.make_node("Add", ["s_in", "r"], ["s_out"]),
+         oh.make_node("Identity", ["r"], ["o"])],
+        [vi("s_in", F, [32]), vi("u", F, [32])], [vi("s_out", F, [32]), vi("o", F, [32])],
+    )
+    node = oh.make_node("Scan", ["s0", "us"], ["s", "os"], num_scan_inputs=1, body=body)
+    proto = model([node], [vi("s0", F, [32]), vi("us", F, [5, 32])], [vi("s", F, [32]), vi("os", F, [5, 32])])
+    s, draws = (np.asarray(v) for v in jonnx.load(proto)(
+        np.zeros(32, np.float32), np.zeros((5, 32), np.float32), key=jax.random.key(1)))
+    assert len({d.tobytes() for d in draws}) == 5
+    np.testing.assert_allclose(s, draws.sum(0), rtol=1e-5, atol=1e-6)
