@@ -284,7 +284,7 @@ class Model:
             unknown = set(given) - set(known)
             if unknown:
                 raise errors.InputError(f"{sorted(unknown)[:10]} are not {what} of the model")
-        values = self._bind(inputs, named_inputs)
+        values = list(self.bind(*inputs, **named_inputs).values())
         _check_inputs(self.graph.inputs, values)
         current = {**self._state, **(state or {})}
         env: dict[str, Any] = {**self._constants, **current, **self._params, **params}
@@ -308,7 +308,7 @@ class Model:
         ``key`` feeds random ops, as in :meth:`apply`. String outputs (numpy object arrays)
         are computed at trace time and returned as they are.
         """
-        values = self._bind(inputs, named_inputs)
+        values = list(self.bind(*inputs, **named_inputs).values())
         dynamic, static = [], []
         for name, value in zip(self.input_names, values):
             if name in self.static_input_names:
@@ -340,7 +340,13 @@ class Model:
             outputs = tuple(None if i in host else o for i, o in enumerate(outputs))
         return outputs
 
-    def _bind(self, inputs: tuple, named: Mapping[str, Any]) -> list[Any]:
+    def bind(self, *inputs: Any, **named: Any) -> dict[str, Any]:
+        """The graph inputs by name, from positional and keyword inputs as ``apply`` takes them.
+
+        Raises:
+            jonnx.errors.InputError: too many inputs, an unknown name, an input given twice,
+                or a missing input.
+        """
         names = self.input_names
         if len(inputs) > len(names):
             raise errors.InputError(
@@ -356,7 +362,7 @@ class Model:
         missing = [n for n in names if n not in values]
         if missing:
             raise errors.InputError(f"missing model input(s) {missing}; inputs: {list(names)}")
-        return [values[n] for n in names]
+        return {n: values[n] for n in names}
 
     def _prepare_input(self, name: str, value: Any) -> Any:
         if isinstance(value, (list, tuple)):  # a sequence input

@@ -125,7 +125,9 @@ def _add_bias(y, b, ctx):
 # --------------------------------------------------------------------------- Conv
 
 
-def _conv(x, w, b, attrs, ctx):
+def convolve(x, w, b, attrs, ctx):
+    """A Conv node's computation (shared with ConvInteger and QLinearConv): one XLA convolution
+    with the node's strides, dilations, groups and pads or auto_pad, plus the bias."""
     if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x):
         raise ctx.error(f"X of shape {jnp.shape(x)} and W of shape {jnp.shape(w)} need the same rank, at least 3")
     n = jnp.ndim(x) - 2
@@ -151,7 +153,7 @@ def _conv(x, w, b, attrs, ctx):
 def conv(inputs, attrs, ctx):
     """ONNX ``Conv``, all opsets (1-D, 2-D, 3-D, grouped, dilated, any auto_pad)."""
     x, w, b = (tuple(inputs) + (None,))[:3]
-    return (_conv(x, w, b, attrs, ctx),)
+    return (convolve(x, w, b, attrs, ctx),)
 
 
 @register("ConvTranspose", since=(1, 11, 22))

@@ -18,7 +18,7 @@ from jax import lax
 from jonnx._registry import register
 from jonnx.ops._util import canonical, dtype_of, normalize_axis, onnx_dtype
 from jonnx.ops.cast import _cast_numeric
-from jonnx.ops.nn import _conv  # Conv's geometry (pads, auto_pad, groups) lives there
+from jonnx.ops.nn import convolve  # Conv's geometry (pads, auto_pad, groups) lives there
 
 _INT_RANGES = {
     np.dtype(np.uint8): (0, 255),
@@ -216,7 +216,7 @@ def _centered_weights(w, zero_point):
 def conv_integer(inputs, attrs, ctx):
     """ONNX ``ConvInteger``, opset 10: Conv of zero-point-centered integers, int32 output."""
     x, w, x_zero, w_zero = (tuple(inputs) + (None,) * 4)[:4]
-    return (_conv(_centered(x, x_zero, False), _centered_weights(w, w_zero), None, attrs, ctx),)
+    return (convolve(_centered(x, x_zero, False), _centered_weights(w, w_zero), None, attrs, ctx),)
 
 
 @register("QLinearConv", since=10)
@@ -224,7 +224,7 @@ def qlinear_conv(inputs, attrs, ctx):
     """ONNX ``QLinearConv``, opset 10: quantized Conv with an int32 bias, requantized to y's type."""
     x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (tuple(inputs) + (None,) * 9)[:9]
     bias = None if bias is None else jnp.asarray(bias).astype(jnp.int32)
-    acc = _conv(_centered(x, x_zero, False), _centered_weights(w, w_zero), bias, attrs, ctx)
+    acc = convolve(_centered(x, x_zero, False), _centered_weights(w, w_zero), bias, attrs, ctx)
     w_scale = jnp.asarray(w_scale)
     if jnp.ndim(w_scale) == 1 and jnp.shape(w_scale)[0] > 1:  # per output channel
         w_scale = jnp.reshape(w_scale, (1, -1) + (1,) * (jnp.ndim(acc) - 2))

@@ -131,6 +131,9 @@ def test_inputs_by_keyword_and_input_errors():
         m(x, x)
     with pytest.raises(errors.InputError, match="not trainable initializers"):
         m.apply({"nope": x}, x)
+    assert list(m.bind(x)) == ["x"] and m.bind(x=x)["x"] is x
+    with pytest.raises(errors.InputError, match="missing"):
+        m.bind()
 
 
 def _reshape_by_input() -> onnx.ModelProto:

@@ -88,7 +88,7 @@ def predict(
         [0.0, 2.0, 0.0]
     """
     params, state = _variables(model, train_state)
-    values = dict(zip(model.input_names, model._bind(inputs, named_inputs)))
+    values = model.bind(*inputs, **named_inputs)
     static = {n: values.pop(n) for n in model.static_input_names if n in values}
     if static:
         # Shape-driving inputs are closed over as constants: one compilation per call.
