@@ -23,10 +23,11 @@ keeps TensorFlow's NHWC layout and weight layouts:
   (PyTorch's ``add_``). Attribute ``alpha`` (``1.0``). JAX arrays are immutable: here it
   returns a new array, like every jonnx op.
 
-Each op is registered with ``jonnx.register(op_type, since=1, domain=DOMAIN)``, exactly as
-jonnx registers its own. Because ONNX knows no schema for a custom domain, jonnx hands an op
-only the attributes a node sets; the ``ATTRIBUTES`` table below plays the schema's part
-(declared defaults, unknown attributes rejected), so the op bodies never invent defaults.
+Each op is registered with ``jonnx.register(op_type, since=1, domain=DOMAIN,
+attributes=...)``, exactly as jonnx registers its own. ONNX knows no schema for a custom
+domain, so ``attributes`` plays the schema's part: the op receives every declared attribute,
+with its default where the node does not set it, and a node setting an undeclared attribute
+is refused at load with an error naming it. The op bodies never invent defaults.
 
 The script builds a small network with ``onnx.helper`` that mixes the five custom ops with
 standard ones (Transpose, MaxPool, ReduceMean, Softmax), runs it with jonnx under ``jit``,
@@ -73,16 +74,6 @@ ATTRIBUTES: dict[str, dict[str, Any]] = {
 }
 
 
-def _attributes(attrs: Mapping[str, Any], ctx: jonnx.OpContext) -> dict[str, Any]:
-    """The node's attributes over the declared defaults; unknown names are an error."""
-    declared = ATTRIBUTES[ctx.op_type]
-    unknown = sorted(set(attrs) - set(declared))
-    if unknown:
-        raise ctx.error(f"unknown attribute(s) {unknown}; {ctx.op_type} takes {sorted(declared)}")
-    merged = {**declared, **attrs}
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in merged.items()}
-
-
 def _pair(value, name: str, ctx: jonnx.OpContext) -> tuple[int, int]:
     value = tuple(int(v) for v in value)
     if len(value) != 2 or min(value) < 1:
@@ -106,18 +97,16 @@ _ACTIVATIONS = {
 # -- the custom ops ----------------------------------------------------------------------------
 
 
-@jonnx.register("Relu6", since=VERSION, domain=DOMAIN)
+@jonnx.register("Relu6", since=VERSION, domain=DOMAIN, attributes=ATTRIBUTES["Relu6"])
 def relu6(inputs, attrs, ctx):
     """Custom ``Relu6``: ``min(max(x, 0), 6)``."""
-    _attributes(attrs, ctx)
     (x,) = inputs
     return (jnp.clip(x, 0, 6),)
 
 
-@jonnx.register("Dense", since=VERSION, domain=DOMAIN)
+@jonnx.register("Dense", since=VERSION, domain=DOMAIN, attributes=ATTRIBUTES["Dense"])
 def dense(inputs, attrs, ctx):
     """Custom ``Dense``: ``activation(x @ w + b)``, ``w`` laid out ``[in, out]``."""
-    attrs = _attributes(attrs, ctx)
     x, w, b = (tuple(inputs) + (None,))[:3]
     if attrs["activation"] not in _ACTIVATIONS:
         raise ctx.error(f"activation must be one of {sorted(_ACTIVATIONS)}, got {attrs['activation']!r}")
@@ -129,10 +118,9 @@ def dense(inputs, attrs, ctx):
     return (_ACTIVATIONS[attrs["activation"]](y),)
 
 
-@jonnx.register("DepthwiseConv2d", since=VERSION, domain=DOMAIN)
+@jonnx.register("DepthwiseConv2d", since=VERSION, domain=DOMAIN, attributes=ATTRIBUTES["DepthwiseConv2d"])
 def depthwise_conv2d(inputs, attrs, ctx):
     """Custom ``DepthwiseConv2d``: TensorFlow's depthwise convolution, ``W`` as ``[kh, kw, C, M]``."""
-    attrs = _attributes(attrs, ctx)
     x, w, b = (tuple(inputs) + (None,))[:3]
     layout = _data_format(attrs["data_format"], ctx)
     strides = _pair(attrs["strides"], "strides", ctx)
@@ -167,10 +155,9 @@ def depthwise_conv2d(inputs, attrs, ctx):
     return (y,)
 
 
-@jonnx.register("UpSampling2D", since=VERSION, domain=DOMAIN)
+@jonnx.register("UpSampling2D", since=VERSION, domain=DOMAIN, attributes=ATTRIBUTES["UpSampling2D"])
 def upsampling2d(inputs, attrs, ctx):
     """Custom ``UpSampling2D``: nearest-neighbour upsampling by integer factors ``size``."""
-    attrs = _attributes(attrs, ctx)
     (x,) = inputs
     layout = _data_format(attrs["data_format"], ctx)
     sh, sw = _pair(attrs["size"], "size", ctx)
@@ -180,10 +167,9 @@ def upsampling2d(inputs, attrs, ctx):
     return (jnp.repeat(jnp.repeat(x, sh, axis=h_axis), sw, axis=w_axis),)
 
 
-@jonnx.register("Add_", since=VERSION, domain=DOMAIN)
+@jonnx.register("Add_", since=VERSION, domain=DOMAIN, attributes=ATTRIBUTES["Add_"])
 def add_(inputs, attrs, ctx):
     """Custom ``Add_``: ``a + alpha * b`` (the runtime's in-place add, functional here)."""
-    attrs = _attributes(attrs, ctx)
     a, b = inputs
     alpha = jnp.asarray(attrs["alpha"], jnp.result_type(a))
     return (a + alpha * b,)

@@ -321,6 +321,13 @@ class GraphBuilder:
         if op is None:
             self.unsupported.append((name, proto.op_type, domain, opset))
             return None
+        if schema is None:
+            attrs, unknown = op.with_declared_defaults(attrs)
+            if unknown:
+                raise errors.ModelStructureError(
+                    f"node {name!r} ({proto.op_type}, domain {domain!r}) sets unknown attribute(s) "
+                    f"{unknown}; {proto.op_type} takes {sorted(op.attributes)}"
+                )
         if op.validate is not None:
             try:
                 problem = op.validate(attrs, len(proto.input), len(proto.output))

@@ -73,6 +73,10 @@ class OpDef:
         validate: checks a node at load time, ``validate(attrs, n_inputs, n_outputs)``,
             returning a message when the node is malformed (If branches giving different
             numbers of outputs), or None; the loader raises it as a ModelStructureError.
+        attributes: for an op onnx has no schema for (a custom domain), the attributes it
+            takes with their defaults (None: no default), playing the schema's part: a node
+            setting any other attribute is refused at load. None: the op gets exactly the
+            attributes a node sets.
     """
 
     domain: str
@@ -86,6 +90,13 @@ class OpDef:
     reads_graph: bool = False
     state_updates: Mapping[int, int] = dataclasses.field(default_factory=dict)
     validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None
+    attributes: Mapping[str, Any] | None = None
+
+    def with_declared_defaults(self, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """``given`` over the declared attribute defaults, and the given names not declared."""
+        if self.attributes is None:
+            return dict(given), []
+        return {**self.attributes, **given}, sorted(set(given) - set(self.attributes))
 
     def static_positions(self, attrs: Mapping[str, Any]) -> frozenset[int]:
         """The input positions that must be static for a node with these attributes."""
@@ -188,6 +199,7 @@ def register(
     reads_graph: bool = False,
     state_updates: Mapping[int, int] | None = None,
     validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None,
+    attributes: Mapping[str, Any] | None = None,
 ) -> Callable[[OpFn], OpFn]:
     """Register ``fn`` as the implementation of ``op_type`` for the given since_versions.
 
@@ -204,6 +216,7 @@ def register(
         state_updates: ``{output position: input position}`` of outputs that update a state
             input (running statistics), see :class:`OpDef`.
         validate: a load-time check of a node, see :class:`OpDef`.
+        attributes: a custom op's attributes and their defaults, see :class:`OpDef`.
 
     Returns:
         A decorator that registers the function and returns it unchanged.
@@ -214,10 +227,10 @@ def register(
     Example:
         >>> import jax.numpy as jnp
         >>> from jonnx import register
-        >>> @register("Relu6", since=1, domain="example.doctest")
+        >>> @register("Relu6", since=1, domain="example.doctest", attributes={"cap": 6.0})
         ... def relu6(inputs, attrs, ctx):
         ...     (x,) = inputs
-        ...     return (jnp.clip(x, 0, 6),)
+        ...     return (jnp.clip(x, 0, attrs["cap"]),)
     """
     versions = (since,) if isinstance(since, int) else tuple(since)
     if not versions:
@@ -241,6 +254,7 @@ def register(
                 reads_graph=reads_graph,
                 state_updates=types.MappingProxyType(dict(state_updates or {})),
                 validate=validate,
+                attributes=None if attributes is None else types.MappingProxyType(dict(attributes)),
             )
         return fn
 

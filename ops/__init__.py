@@ -97,8 +97,17 @@ def call(
             f"no implementation of {op_type} (domain {domain or 'ai.onnx'!r}) at opset {opset}",
             nodes=(("<call>", op_type, domain, opset),),
         )
-    merged = schema_defaults(schema_for(domain, op_type, opset))
-    merged.update(attrs)
+    ctx = OpContext(
+        node="<call>", op_type=op_type, domain=domain, opset=opset, train=train, key=key,
+        n_outputs=n_outputs,
+    )
+    schema = schema_for(domain, op_type, opset)
+    if schema is None:
+        merged, unknown = op.with_declared_defaults(attrs)
+        if unknown:
+            raise ctx.error(f"unknown attribute(s) {unknown}; {op_type} takes {sorted(op.attributes)}")
+    else:
+        merged = {**schema_defaults(schema), **attrs}
     static = op.static_positions(merged)
     for i in static:
         if i < len(inputs) and isinstance(inputs[i], jax.core.Tracer):
@@ -107,10 +116,6 @@ def call(
                 "traced; pass a numpy array"
             )
     args = tuple(np.asarray(x) if i in static and x is not None else x for i, x in enumerate(inputs))
-    ctx = OpContext(
-        node="<call>", op_type=op_type, domain=domain, opset=opset, train=train, key=key,
-        n_outputs=n_outputs,
-    )
     outputs = op.fn(args, merged, ctx)
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

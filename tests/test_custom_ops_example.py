@@ -283,3 +283,27 @@ def test_error_in_a_model_names_the_node():
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21), oh.make_opsetid(ex.DOMAIN, 1)])
     with pytest.raises(errors.NodeError, match="bad_up.*size must be two positive integers"):
         jonnx.load(model)(np.ones((1, 2, 2, 1), np.float32))
+
+
+def test_undeclared_attribute_is_refused_at_load_naming_the_node():
+    graph = oh.make_graph(
+        [oh.make_node("Add_", ["x", "x"], ["y"], domain=ex.DOMAIN, name="scaled_add", beta=2.0)],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21), oh.make_opsetid(ex.DOMAIN, 1)])
+    with pytest.raises(errors.ModelStructureError, match=r"'scaled_add'.*unknown attribute\(s\) \['beta'\].*\['alpha'\]"):
+        jonnx.load(model)
+
+
+def test_declared_defaults_fill_in_what_a_node_leaves_out():
+    graph = oh.make_graph(
+        [oh.make_node("Add_", ["x", "x"], ["y"], domain=ex.DOMAIN)],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21), oh.make_opsetid(ex.DOMAIN, 1)])
+    x = np.array([1.0, -2.0], np.float32)
+    np.testing.assert_array_equal(np.asarray(jonnx.load(model)(x)[0]), x + 1.0 * x)  # alpha = 1.0
