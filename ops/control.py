@@ -15,6 +15,8 @@ so bodies may read outer values at any nesting depth.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import jax
@@ -286,29 +288,49 @@ def scan(inputs, attrs, ctx):
     return _scan_core(list(inputs[:n_state]), list(inputs[n_state:]), attrs, ctx)
 
 
-@register("Scan", since=8, prefer_static=(0,))
+@register("Scan", since=8)
 def scan_8(inputs, attrs, ctx):
     """ONNX ``Scan``-8: a leading batch axis and optional per-batch ``sequence_lens``.
 
-    ``sequence_lens`` must be known at trace time and equal the full scan length.
+    A sequence shorter than the scan axis stops updating its states after its length; its
+    scan outputs are zero past it, and a reversed input is read from its last valid element.
     """
     lens, *rest = inputs
     n_in = attrs["num_scan_inputs"]
     n_state = len(rest) - n_in
-    state, scan_inputs = rest[:n_state], rest[n_state:]
-    if lens is not None:
-        full = jnp.shape(scan_inputs[0])[1]
-        if not is_concrete(lens):
-            raise ctx.error(
-                "Scan-8's sequence_lens depends on runtime data; it must be known at trace time "
-                "(pass it as a graph input through Model.__call__, or as a constant)"
-            )
-        if np.any(np.asarray(lens) != full):
-            raise ctx.error(
-                f"Scan-8 with sequence_lens {np.asarray(lens).tolist()} shorter than the scan "
-                f"axis ({full}) is not supported"
-            )
-    # Scan-8's `directions` is Scan-9's `scan_input_directions`; every axis is 0 after the batch.
-    attrs9 = {"body": attrs["body"], "scan_input_directions": attrs.get("directions")}
-    batched = jax.vmap(lambda s, x: _scan_core(list(s), list(x), attrs9, ctx))
-    return batched([jnp.asarray(s) for s in state], [jnp.asarray(x) for x in scan_inputs])
+    state = [jnp.asarray(s) for s in rest[:n_state]]
+    scan_inputs = [jnp.asarray(x) for x in rest[n_state:]]
+    full = jnp.shape(scan_inputs[0])[1]
+    directions = attrs.get("directions") or (0,) * n_in
+    if lens is None or (is_concrete(lens) and np.all(np.asarray(lens) == full)):
+        # Scan-8's `directions` is Scan-9's `scan_input_directions`; axes are 0 past the batch.
+        attrs9 = {"body": attrs["body"], "scan_input_directions": directions}
+        batched = jax.vmap(lambda s, x: _scan_core(list(s), list(x), attrs9, ctx))
+        return batched(state, scan_inputs)
+    if jnp.shape(lens) != (jnp.shape(scan_inputs[0])[0],):
+        raise ctx.error(f"sequence_lens has shape {jnp.shape(lens)}; it needs one length per batch entry")
+    if is_concrete(lens):
+        if np.any(np.asarray(lens) < 0) or np.any(np.asarray(lens) > full):
+            raise ctx.error(f"sequence_lens {np.asarray(lens).tolist()} must lie in [0, {full}]")
+    else:
+        ctx.check((lens >= 0) & (lens <= full), f"sequence_lens must lie in [0, {full}]")
+    run = functools.partial(_scan_8_ragged, body=attrs["body"], directions=directions, full=full, ctx=ctx)
+    return jax.vmap(run)(jnp.asarray(lens), state, scan_inputs)
+
+
+def _scan_8_ragged(length, state, xs, *, body, directions, full, ctx):
+    """One batch entry of Scan-8 whose sequence may be shorter than the scan axis."""
+    n_state = len(state)
+
+    def step(carried, t):
+        valid = t < length
+        # A reversed input runs from its last valid element down to its first.
+        index = [jnp.clip(jnp.where(d, length - 1 - t, t), 0, full - 1) for d in directions]
+        slices = [x[i] for x, i in zip(xs, index)]
+        out = ctx.run_graph(body, dict(zip(body.input_names, [*carried, *slices])), iteration=t)
+        new = _match(list(out[:n_state]), carried, ctx)
+        kept = [jnp.where(valid, n, c) for n, c in zip(new, carried)]
+        return kept, [jnp.where(valid, o, jnp.zeros_like(o)) for o in map(jnp.asarray, out[n_state:])]
+
+    final, ys = lax.scan(step, state, jnp.arange(full))
+    return (*final, *ys)

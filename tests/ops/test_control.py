@@ -711,21 +711,44 @@ def test_scan_8_batch_axis(directions):
     check(proto, [s1, s2, u, v], expected=expected)
 
 
-def test_scan_8_sequence_lens():
-    node = oh.make_node("Scan", ["lens", "s", "x"], ["f", "y"], name="scan", num_scan_inputs=1,
-                        body=graph([oh.make_node("Add", ["s_in", "xi"], ["s_out"]),
-                                    oh.make_node("Identity", ["s_out"], ["o"])],
-                                   [vi("s_in", F, []), vi("xi", F, [])], [vi("s_out", F, []), vi("o", F, [])]))
-    proto = model([node], [vi("lens", TensorProto.INT32, [2]), vi("s", F, [2]), vi("x", F, [2, 3])],
-                  [vi("f", F, None), vi("y", F, None)], opset=8)
-    x = np.float32([[1, 2, 3], [4, 5, 6]])
-    # Full lengths are the plain scan; Model.__call__ passes sequence_lens as static.
-    check(proto, [np.int32([3, 3]), np.float32([0, 1]), x], modes=("call", "apply"),
-          expected=[np.float32([6, 16]), np.cumsum(x, axis=1) + np.float32([[0], [1]])])
-    with pytest.raises(errors.NodeError, match=r"'scan'.*sequence_lens \[3, 2\] shorter"):
-        run(proto, [np.int32([3, 2]), np.float32([0, 1]), x])
-    with pytest.raises(errors.NodeError, match="'scan'.*sequence_lens depends on runtime data"):
-        run(proto, [np.int32([3, 3]), np.float32([0, 1]), x], "jit")
+def _scan_8_lens_model(directions):
+    """Scan-8 with sequence_lens: state s += a * b_t... over two inputs, one per direction."""
+    body = graph([oh.make_node("Mul", ["ai", "bi"], ["p"]), oh.make_node("Add", ["s_in", "p"], ["s_out"]),
+                  oh.make_node("Identity", ["s_out"], ["o1"]), oh.make_node("Identity", ["ai"], ["o2"])],
+                 [vi("s_in", F, [2]), vi("ai", F, [2]), vi("bi", F, [2])],
+                 [vi("s_out", F, [2]), vi("o1", F, [2]), vi("o2", F, [2])])
+    node = oh.make_node("Scan", ["lens", "s", "a", "b"], ["f", "y1", "y2"], name="scan", num_scan_inputs=2,
+                        body=body, directions=list(directions))
+    proto = model([node], [vi("lens", I64, [3]), vi("s", F, [3, 2]), vi("a", F, [3, 4, 2]), vi("b", F, [3, 4, 2])],
+                  [vi("f", F, [3, 2]), vi("y1", F, [3, 4, 2]), vi("y2", F, [3, 4, 2])], opset=8)
+    proto.ir_version = 8
+    return proto
+
+
+@pytest.mark.parametrize("directions", [(0, 0), (1, 0), (0, 1)])
+@pytest.mark.parametrize("lens", [(4, 4, 4), (4, 2, 1), (1, 3, 4)])
+def test_scan_8_sequence_lens_against_onnxruntime(directions, lens):
+    # A short sequence keeps its state past its length, its scan outputs are zero there, and
+    # a reversed input starts at its last valid element: onnxruntime implements Scan-8.
+    import onnxruntime as ort
+
+    proto = _scan_8_lens_model(directions)
+    feeds = [np.int64(lens), RNG.standard_normal((3, 2)).astype(np.float32),
+             RNG.standard_normal((3, 4, 2)).astype(np.float32), RNG.standard_normal((3, 4, 2)).astype(np.float32)]
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, dict(zip(["lens", "s", "a", "b"], feeds)))
+    check(proto, feeds, expected=want)
+    m = jonnx.load(proto)
+    traced = jax.jit(lambda *xs: m.apply(m.params, *xs))(*feeds)  # lengths known only at run time
+    assert_same([np.asarray(t) for t in traced], want, rtol=1e-5, atol=1e-6)
+
+
+def test_scan_8_sequence_lens_out_of_range():
+    proto = _scan_8_lens_model((0, 0))
+    feeds = [np.int64([5, 1, 1]), np.zeros((3, 2), np.float32), np.zeros((3, 4, 2), np.float32),
+             np.zeros((3, 4, 2), np.float32)]
+    with pytest.raises(errors.NumericCheckError, match=r"'scan'.*sequence_lens must lie in \[0, 4\]"):
+        jonnx.load(proto, checked=True)(*feeds)
 
 
 def test_scan_errors():
