@@ -262,6 +262,8 @@ def _scan_core(state, scan_inputs, attrs, ctx):
         x = jnp.moveaxis(jnp.asarray(x), normalize_axis(axis, jnp.ndim(x), ctx), 0)
         xs.append(jnp.flip(x, 0) if direction else x)
     lengths = {jnp.shape(x)[0] for x in xs}
+    if not lengths:
+        raise ctx.error("Scan needs at least one scan input (num_scan_inputs >= 1)")
     if len(lengths) > 1:
         raise ctx.error(f"scan inputs have different lengths along their scan axes: {sorted(lengths)}")
     names = body.input_names
@@ -271,7 +273,7 @@ def _scan_core(state, scan_inputs, attrs, ctx):
         out = ctx.run_graph(body, dict(zip(names, [*carried, *slices])), iteration=i)
         return _match(list(out[:n_state]), carried, ctx), [jnp.asarray(o) for o in out[n_state:]]
 
-    length = lengths.pop() if lengths else 0
+    (length,) = lengths
     final, ys = lax.scan(step, [jnp.asarray(s) for s in state], (jnp.arange(length), xs))
     outputs = []
     for y, axis, direction in zip(ys, out_axes, out_dirs):
@@ -309,11 +311,8 @@ def scan_8(inputs, attrs, ctx):
         return batched(state, scan_inputs)
     if jnp.shape(lens) != (jnp.shape(scan_inputs[0])[0],):
         raise ctx.error(f"sequence_lens has shape {jnp.shape(lens)}; it needs one length per batch entry")
-    if is_concrete(lens):
-        if np.any(np.asarray(lens) < 0) or np.any(np.asarray(lens) > full):
-            raise ctx.error(f"sequence_lens {np.asarray(lens).tolist()} must lie in [0, {full}]")
-    else:
-        ctx.check((lens >= 0) & (lens <= full), f"sequence_lens must lie in [0, {full}]")
+    # Known lengths are checked now; runtime ones in checked mode (ctx.check decides).
+    ctx.check((lens >= 0) & (lens <= full), f"sequence_lens must lie in [0, {full}]")
     run = functools.partial(_scan_8_ragged, body=attrs["body"], directions=directions, full=full, ctx=ctx)
     return jax.vmap(run)(jnp.asarray(lens), state, scan_inputs)
 

@@ -49,6 +49,11 @@ def _ints(value, n: int, default: int, what: str, ctx) -> tuple[int, ...]:
     return value
 
 
+def _strides_dilations(attrs, n: int, ctx) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A convolution-like node's ``strides`` and ``dilations``, each ``n`` positive ints."""
+    return _ints(attrs["strides"], n, 1, "strides", ctx), _ints(attrs["dilations"], n, 1, "dilations", ctx)
+
+
 def _explicit_pads(attrs, n: int, ctx) -> tuple[tuple[int, ...], tuple[int, ...]]:
     pads = attrs.get("pads")
     if pads is None or len(pads) == 0:
@@ -139,8 +144,7 @@ def convolve(x, w, b, attrs, ctx):
             f"(M, C/group, ...) with M divisible by group"
         )
     _kernel_attr(attrs, jnp.shape(w)[2:], ctx)
-    strides = _ints(attrs["strides"], n, 1, "strides", ctx)
-    dilations = _ints(attrs["dilations"], n, 1, "dilations", ctx)
+    strides, dilations = _strides_dilations(attrs, n, ctx)
     lo, hi, _ = _window_pads(jnp.shape(x)[2:], jnp.shape(w)[2:], strides, dilations, attrs, ctx)
     y = lax.conv_general_dilated(
         x, w, window_strides=strides, padding=tuple(zip(lo, hi)), rhs_dilation=dilations,
@@ -173,8 +177,7 @@ def conv_transpose(inputs, attrs, ctx):
     kernel = jnp.shape(w)[2:]
     _kernel_attr(attrs, kernel, ctx)
     in_shape = jnp.shape(x)[2:]
-    strides = _ints(attrs["strides"], n, 1, "strides", ctx)
-    dilations = _ints(attrs["dilations"], n, 1, "dilations", ctx)
+    strides, dilations = _strides_dilations(attrs, n, ctx)
     out_pad = _ints(attrs["output_padding"], n, 0, "output_padding", ctx)
     span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     full = [s * (i - 1) + op + w_ for s, i, op, w_ in zip(strides, in_shape, out_pad, span)]
@@ -530,8 +533,7 @@ def col2im(inputs, attrs, ctx):
             f"input of shape {jnp.shape(x)} must be (N, C*prod(block_shape), L); image_shape "
             f"{image} and block_shape {block} must have the same length"
         )
-    strides = _ints(attrs["strides"], n, 1, "strides", ctx)
-    dilations = _ints(attrs["dilations"], n, 1, "dilations", ctx)
+    strides, dilations = _strides_dilations(attrs, n, ctx)
     lo, hi = _explicit_pads(attrs, n, ctx)
     batch, cols, length = jnp.shape(x)
     if cols % math.prod(block):
@@ -628,8 +630,7 @@ def deform_conv(inputs, attrs, ctx):
             f"offset of shape {jnp.shape(offset)} needs {offset_group * k * nd} channels "
             f"(offset_group * prod(kernel) * {nd}) and X's {c} channels divisible by offset_group"
         )
-    strides = _ints(attrs["strides"], nd, 1, "strides", ctx)
-    dilations = _ints(attrs["dilations"], nd, 1, "dilations", ctx)
+    strides, dilations = _strides_dilations(attrs, nd, ctx)
     lo, hi = _explicit_pads(attrs, nd, ctx)
     out = tuple(jnp.shape(offset)[2:])
     want = tuple(
