@@ -19,6 +19,7 @@ from jonnx import errors
 from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._interpreter import RunOptions, run_graph
 from jonnx._ir import Graph, ValueInfo
+from jonnx._jit import jit
 from jonnx._registry import normalize_domain
 from jonnx._static import preferred_static_inputs, static_values
 
@@ -216,7 +217,7 @@ class Model:
         # shapes of the others: the trace records them here and __call__ merges them back.
         self._host_outputs: dict[Any, dict[int, Any]] = {}
         call = checkify.checkify(self._call_impl, errors=checkify.user_checks) if checked else self._call_impl
-        self._jitted = jax.jit(call, static_argnums=(2,))
+        self._jitted = jit(call, static_argnums=(2,))
 
     def __repr__(self) -> str:
         n_values = sum(int(np.prod(p.shape)) for p in self._params.values())

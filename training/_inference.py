@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jonnx
 from jonnx._model import Model
 from jonnx.training._step import TrainState, _split_loss, model_inputs
 
@@ -23,7 +24,7 @@ _COMPILED: "weakref.WeakKeyDictionary[Model, dict[Any, Callable]]" = weakref.Wea
 def _compiled(model: Model, key: tuple, make: Callable[[], Callable]) -> Callable:
     per_model = _COMPILED.setdefault(model, {})
     if key not in per_model:
-        per_model[key] = jax.jit(make())
+        per_model[key] = jonnx.jit(make())
     return per_model[key]
 
 
@@ -95,7 +96,7 @@ def predict(
         def run(params, state, dynamic):
             return model.apply(params, state=state, train=False, precision=precision, **dynamic, **static)
 
-        fn = jax.jit(run)
+        fn = jonnx.jit(run)
     else:
         fn = _compiled(model, ("predict", precision), lambda: _apply_eval(model, precision))
     if batch_size is None:

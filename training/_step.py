@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+import jonnx
 from jonnx import errors
 from jonnx._model import Model
 from jonnx.training._losses import LossFn
@@ -120,7 +121,7 @@ class TrainStep:
         self.input_fn = input_fn
         self.precision = precision
         self.fn = self._step
-        self._jitted = jax.jit(self._step, donate_argnums=(0,) if donate else ())
+        self._jitted = jonnx.jit(self._step, donate_argnums=(0,) if donate else ())
 
     def __repr__(self) -> str:
         n_frozen = sum(not m for m in self.mask.values())

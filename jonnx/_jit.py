@@ -1,0 +1,53 @@
+"""``jonnx.jit``: ``jax.jit`` with the XLA compiler options jonnx needs to be correct.
+
+XLA's CPU backend in jaxlib 0.10 miscompiles a dot whose operand is a broadcast when it fuses
+the dot, through YNNPACK, with the reduction after it (a mean, a softmax): the result is garbage
+or NaN. All-equal constants reach XLA as broadcasts, so a model whose MatMul/Gemm weights are
+``ConstantOfShape`` fills (the light model zoo of the onnx test data) feeding a Softmax or a
+ReduceMean hits it. Limiting YNNPACK to fusions of one dot or one convolution avoids the bad
+fusion and keeps YNNPACK's kernels (measured on the benchmarks: no change beyond noise). The
+reproducer, in plain JAX, is in docs/known_issues.md.
+
+Every function jonnx compiles itself goes through :func:`jit`; a user's own ``jax.jit`` over
+``Model.apply`` can use :func:`jonnx.jit` (or ``compiler_options=jonnx.compiler_options()``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+_YNN_FUSION_FLAG = "xla_cpu_experimental_ynn_fusion_type"
+_SAFE_YNN_FUSIONS = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
+
+
+def compiler_options() -> dict[str, str]:
+    """The XLA compiler options jonnx compiles with, as a new dict.
+
+    Empty where the installed jaxlib does not know the option (a jaxlib without YNNPACK, or a
+    newer one that renamed it): compiling with an unknown option is an error, so it is probed
+    once, on a trivial function.
+    """
+    return dict(_probed_options())
+
+
+@functools.cache
+def _probed_options() -> tuple[tuple[str, str], ...]:
+    options = {_YNN_FUSION_FLAG: _SAFE_YNN_FUSIONS}
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.zeros(())).compile()
+    except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such option"
+        return ()
+    return tuple(options.items())
+
+
+def jit(fn: Callable[..., Any], **jit_kwargs: Any) -> Callable[..., Any]:
+    """``jax.jit(fn, **jit_kwargs)`` with :func:`compiler_options` added.
+
+    >>> fast_apply = jonnx.jit(model.apply)          # doctest: +SKIP
+    """
+    options = {**compiler_options(), **(jit_kwargs.pop("compiler_options", None) or {})}
+    return jax.jit(fn, compiler_options=options, **jit_kwargs)
