@@ -180,9 +180,6 @@ def gather_nd(inputs, attrs, ctx):
 # Scatter family
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
-# Beyond this many repeats of one target, a multiplying scatter runs as one (faster) scatter
-# that JAX cannot differentiate, rather than one scatter per repeat.
-_MAX_MUL_LAYERS = 16
 
 
 def _scatter(data, index, updates, reduction, ctx):
@@ -197,18 +194,10 @@ def _scatter(data, index, updates, reduction, ctx):
         return out
     data = jnp.asarray(data)
     updates = jnp.asarray(updates, dtype=data.dtype)
-    layers = _unique_layers(index, np.shape(data))
-    if layers is None:
-        return _scatter_once(data, index, updates, reduction, unique=False)
-    if len(layers) == 1 or (reduction == "mul" and len(layers) <= _MAX_MUL_LAYERS):
-        # Concrete indices: scatter each layer of distinct targets with unique_indices=True,
-        # which JAX can differentiate for mul (it cannot when targets repeat).
-        for mask in layers:
-            sub_index = tuple(i[mask] for i in np.broadcast_arrays(*index))
-            sub_updates = updates if len(layers) == 1 else updates[mask]
-            data = _scatter_once(data, sub_index, sub_updates, reduction, unique=True)
-        return data
-    return _scatter_once(data, index, updates, reduction, unique=False)
+    unique = _targets_unique(index, np.shape(data))
+    if reduction == "mul" and not unique:
+        return _scatter_mul_repeated(data, index, updates)
+    return _scatter_once(data, index, updates, reduction, unique=bool(unique))
 
 
 def _scatter_once(data, index, updates, reduction, unique: bool):
@@ -226,23 +215,52 @@ def _scatter_once(data, index, updates, reduction, unique: bool):
     return at.min(updates, **kw)
 
 
-def _unique_layers(index, shape):
-    """Boolean masks splitting concrete scatter targets into layers without repeats, in
-    order of occurrence; None when any index array is traced."""
+def _targets_unique(index, shape) -> bool | None:
+    """Whether concrete scatter targets are all distinct; None when an index array is traced."""
     if not all(isinstance(i, np.ndarray) for i in index):
         return None
     arrays = np.broadcast_arrays(*index)
-    if arrays[0].size == 0:
-        return [np.ones(arrays[0].shape, bool)]
     flat = np.ravel_multi_index(tuple(a.reshape(-1) for a in arrays), shape[:len(index)], mode="clip")
-    order = np.argsort(flat, kind="stable")
-    ordered = flat[order]
-    starts = np.r_[0, np.nonzero(np.diff(ordered))[0] + 1]
-    group_start = np.repeat(starts, np.diff(np.r_[starts, ordered.size]))
-    rank = np.empty_like(order)
-    rank[order] = np.arange(ordered.size) - group_start
-    rank = rank.reshape(arrays[0].shape)
-    return [rank == r for r in range(int(rank.max()) + 1)]
+    return np.unique(flat).size == flat.size
+
+
+def _scatter_mul_repeated(data, index, updates):
+    """``data.at[index].multiply(updates)`` where targets may repeat, in a form JAX can
+    differentiate: its scatter-multiply has a gradient only for distinct targets.
+
+    The updates are sorted by target and multiplied together per target with a segmented
+    scan; each position of ``data`` then gathers its target's product (1 where nothing lands).
+    Out-of-range targets are dropped, as by the other scatters.
+    """
+    lead, rest = np.shape(data)[:len(index)], np.shape(data)[len(index):]
+    arrays = jnp.broadcast_arrays(*(jnp.asarray(i) for i in index))
+    count, size = arrays[0].size, math.prod(lead)
+    if count == 0 or size == 0:
+        return data
+    # Row-major position of each target among data's leading dims; `size` marks "dropped".
+    linear = jnp.zeros(arrays[0].shape, index_dtype())
+    valid = jnp.ones(arrays[0].shape, bool)
+    for i, dim in zip(arrays, lead):
+        i = i.astype(index_dtype())
+        valid &= (i >= 0) & (i < dim)
+        linear = linear * dim + i
+    linear = jnp.where(valid, linear, size).reshape(-1)
+    order = jnp.argsort(linear, stable=True)
+    targets = linear[order]
+    values = jnp.reshape(updates, (count, *rest))[order]
+    starts = jnp.concatenate([jnp.ones(1, bool), targets[1:] != targets[:-1]])
+    trailing = (None,) * len(rest)
+
+    def combine(a, b):  # (segment starts here, running product): associative
+        (start_a, prod_a), (start_b, prod_b) = a, b
+        return start_a | start_b, jnp.where(start_b[(..., *trailing)], prod_b, prod_a * prod_b)
+
+    _, products = jax.lax.associative_scan(combine, (starts, values))
+    positions = jnp.arange(size, dtype=index_dtype())
+    last = jnp.maximum(jnp.searchsorted(targets, positions, side="right") - 1, 0)
+    hit = targets[last] == positions
+    factor = jnp.where(hit[(..., *trailing)], products[last], jnp.ones((), data.dtype))
+    return jnp.reshape(jnp.reshape(data, (size, *rest)) * factor, np.shape(data))
 
 
 def _scatter_nd(inputs, reduction, ctx):

@@ -381,12 +381,6 @@ _EXCLUDED: dict[str, str] = {
         "has no derivative"
         for t in ("float16", "float32", "float64")
     },
-    **{
-        name: "indices are traced graph inputs and repeat a target: JAX cannot differentiate a "
-        "multiplying scatter with repeated targets (with constant indices jonnx can: "
-        "test_scatter_mul_with_constant_indices)"
-        for name in ("test_scatter_elements_with_reduction_mul", "test_scatternd_multiply")
-    },
 }
 
 
@@ -530,7 +524,7 @@ def test_random_input_gradients():
 
 # The coverage found when this file was written; a drop means cases stopped being checked.
 _MIN_NODE_OPS = 115
-_MIN_NODE_CASES = 655
+_MIN_NODE_CASES = 657
 _MIN_RANDOM_OPS = 120
 
 
@@ -791,8 +785,8 @@ def _with_constant_indices(name: str) -> GradCase:
 
 @pytest.mark.parametrize("name", ["test_scatternd_multiply", "test_scatter_elements_with_reduction_mul"])
 def test_scatter_mul_with_constant_indices(name):
-    # The node cases repeat targets with traced indices (excluded above); with the indices a
-    # constant, as exported models have them, jonnx splits the repeats into unique layers.
+    # The node cases repeat targets with traced indices; exported models hold them as
+    # constants, which take the same segmented-product path with indices known at trace time.
     _check_case(_with_constant_indices(name))
 
 

@@ -4,8 +4,10 @@ ReverseSequence, TensorScatter) against the ReferenceEvaluator / numpy, over ops
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.test_util import check_grads
 
 import jonnx
 from jonnx import errors
@@ -138,10 +140,8 @@ def test_scatter_nd(opset, reduction, k):
     inputs = {"data": data, "indices": indices, "updates": updates}
     assert_matches_reference("ScatterND", inputs, opset=opset, **attrs)
     if reduction in (None, "none", "add", "mul"):
-        # mul: JAX differentiates a repeated-target multiply only layer by layer, which jonnx
-        # does for indices known at trace time (here an initializer).
-        check_op_grads("ScatterND", inputs, opset=opset, **attrs,
-                       initializers=("indices",) if reduction == "mul" else ())
+        for initializers in ((), ("indices",)):  # traced indices, and indices known at trace time
+            check_op_grads("ScatterND", inputs, opset=opset, **attrs, initializers=initializers)
 
 
 @pytest.mark.parametrize("op,opset,reduction,axis,dtype", [
@@ -175,8 +175,31 @@ def test_scatter_elements(op, opset, reduction, axis, dtype):
             return [out]
     assert_matches_reference(op, inputs, opset=opset, expected=expected, **attrs)
     if dtype == np.float32 and reduction in (None, "none", "add", "mul"):
-        check_op_grads(op, inputs, opset=opset, **attrs,
-                       initializers=("indices",) if reduction == "mul" else ())
+        for initializers in ((), ("indices",)):  # traced indices, and indices known at trace time
+            check_op_grads(op, inputs, opset=opset, **attrs, initializers=initializers)
+
+
+def test_scatter_mul_repeated_traced_targets_under_jit():
+    # Indices traced under jit, targets repeated up to 4 times, zeros among the updates: the
+    # segmented product must match a numpy loop, and its gradient finite differences.
+    data = _data((4, 3))
+    indices = np.array([[0, 2, 1], [0, 2, 1], [3, 2, 1], [0, 0, 1]], np.int64)
+    updates = _data((4, 3))
+    updates[1, 1] = 0.0
+    model = jonnx.load(node_model("ScatterElements", {"data": data, "indices": indices, "updates": updates},
+                                  opset=18, axis=0, reduction="mul"))
+    want = data.copy()
+    for pos in np.ndindex(indices.shape):
+        want[indices[pos], pos[1]] *= updates[pos]
+    (got,) = jax.jit(model.apply)(model.params, data, indices, updates)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+    with jax.enable_x64(True):
+        def f(d, u):
+            return model.apply(model.params, d, jnp.asarray(indices), u)[0]
+
+        check_grads(jax.jit(f), (data.astype(np.float64), updates.astype(np.float64)), order=1,
+                    modes=("fwd", "rev"), eps=1e-4, rtol=1e-3, atol=1e-3)
 
 
 def test_scatter_out_of_range_constant_index_raises():
