@@ -51,7 +51,9 @@ def _hand_written_cnn(model: jonnx.Model):
         x = jnp.maximum(x, 0)
         return lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
 
-    @jax.jit
+    # Same compiler options as jonnx's own jit (jonnx.compiler_options()), so that the ratio
+    # measures what the interpreter adds, not XLA's fusion settings.
+    @jonnx.jit
     def forward(p, image):  # weights as arguments, as jonnx passes its params
         h = block(p, block(p, image, "block1"), "block2")
         h = jnp.mean(h, axis=(2, 3))
