@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -23,25 +22,13 @@ from jax.test_util import check_grads
 
 import jonnx
 from jonnx import errors
+from tests._scripts import load_script
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "custom_ops.py"
 MODULE_NAME = "_jonnx_example_custom_ops"
 
 
-def _load_example():
-    if MODULE_NAME not in sys.modules:
-        spec = importlib.util.spec_from_file_location(MODULE_NAME, EXAMPLE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[MODULE_NAME] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[MODULE_NAME]
-            raise
-    return sys.modules[MODULE_NAME]
-
-
-ex = _load_example()
+ex = load_script(EXAMPLE, MODULE_NAME)
 RNG = np.random.default_rng(0)
 
 

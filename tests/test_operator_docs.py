@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import pathlib
-import sys
 
 import jonnx
+from tests._scripts import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docs" / "make_operators.py"
@@ -21,14 +20,8 @@ def _docs_probe(inputs, attrs, ctx):
 
 
 def _load_generator():
-    """docs/make_operators.py as a module (docs/ is not a package), loaded once per process."""
-    name = "_jonnx_docs_make_operators"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """docs/make_operators.py as a module (docs/ is not a package)."""
+    return load_script(SCRIPT, "_jonnx_docs_make_operators")
 
 
 def test_operators_page_is_up_to_date():

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import sys
 
 import numpy as np
 import pytest
+
+from tests._scripts import load_script
 
 pytest.importorskip("sklearn")
 
@@ -17,13 +18,7 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "finetune_d
 
 
 def _load_example():
-    name = "_jonnx_example_finetune_digits"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_script(EXAMPLE, "_jonnx_example_finetune_digits")
 
 
 def test_fast_run_completes_and_its_checks_pass(tmp_path, capsys):
