@@ -89,7 +89,7 @@ def run_graph(
     # them (Model passes the main graph's params and constants explicitly).
     env: dict[str, Any] = {**(outer or {}), **graph.initializers, **values}
     for index, node in enumerate(graph.nodes):
-        args = tuple(env[name] if name else None for name in node.inputs)
+        args = node.padded(tuple(env[name] if name else None for name in node.inputs))
         key = None
         if options.key is not None and (node.op.random or _has_subgraph(node)):
             key = jax.random.fold_in(options.key, index)

@@ -48,6 +48,8 @@ class Node:
         opset: the model's opset for ``domain``.
         static_inputs: input positions that must be known at trace time.
         prefer_static: input positions better known at trace time (see ``OpDef``).
+        arity: how many inputs the op body receives at least: the schema's formal inputs
+            (before a variadic one), so omitted optional inputs arrive as None.
     """
 
     name: str
@@ -60,6 +62,11 @@ class Node:
     opset: int
     static_inputs: frozenset[int] = frozenset()
     prefer_static: frozenset[int] = frozenset()
+    arity: int = 0
+
+    def padded(self, args: tuple) -> tuple:
+        """``args`` with omitted trailing optional inputs filled in as None, up to ``arity``."""
+        return args + (None,) * (self.arity - len(args)) if len(args) < self.arity else args
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -3,7 +3,8 @@
 Every operator, jonnx's own and a user's custom ones, is registered with :func:`register`.
 An implementation is a pure function ``fn(inputs, attrs, ctx) -> tuple of outputs``:
 
-* ``inputs``: a tuple with one entry per node input, ``None`` for a missing optional input.
+* ``inputs``: a tuple with one entry per formal input of the op's schema (more for a variadic
+  last input), ``None`` for an omitted optional input, so bodies unpack inputs by name.
   An entry is a ``numpy.ndarray`` when the value is known at trace time (a constant, a shape)
   and a ``jax.Array`` (possibly a tracer) otherwise. Inputs listed in ``static_inputs`` are
   always numpy.
@@ -33,7 +34,7 @@ import onnx.defs
 
 from jonnx import errors
 
-__all__ = ["OpDef", "OpContext", "register", "lookup", "registered", "schema_for", "ONNX_DOMAINS"]
+__all__ = ["OpDef", "OpContext", "arity", "register", "lookup", "registered", "schema_for", "ONNX_DOMAINS"]
 
 #: Domains whose schemas the installed onnx package defines.
 ONNX_DOMAINS = frozenset(s.domain for s in onnx.defs.get_all_schemas_with_history())
@@ -77,6 +78,9 @@ class OpDef:
             takes with their defaults (None: no default), playing the schema's part: a node
             setting any other attribute is refused at load. None: the op gets exactly the
             attributes a node sets.
+        n_inputs: for an op onnx has no schema for, its formal input count: a node's omitted
+            trailing optional inputs arrive as None up to it. Ops with a schema take the
+            schema's count (:func:`arity`).
     """
 
     domain: str
@@ -91,6 +95,7 @@ class OpDef:
     state_updates: Mapping[int, int] = dataclasses.field(default_factory=dict)
     validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None
     attributes: Mapping[str, Any] | None = None
+    n_inputs: int = 0
 
     def with_declared_defaults(self, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """``given`` over the declared attribute defaults, and the given names not declared."""
@@ -200,6 +205,7 @@ def register(
     state_updates: Mapping[int, int] | None = None,
     validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None,
     attributes: Mapping[str, Any] | None = None,
+    n_inputs: int = 0,
 ) -> Callable[[OpFn], OpFn]:
     """Register ``fn`` as the implementation of ``op_type`` for the given since_versions.
 
@@ -217,6 +223,7 @@ def register(
             input (running statistics), see :class:`OpDef`.
         validate: a load-time check of a node, see :class:`OpDef`.
         attributes: a custom op's attributes and their defaults, see :class:`OpDef`.
+        n_inputs: a custom op's formal input count, see :class:`OpDef`.
 
     Returns:
         A decorator that registers the function and returns it unchanged.
@@ -255,6 +262,7 @@ def register(
                 state_updates=types.MappingProxyType(dict(state_updates or {})),
                 validate=validate,
                 attributes=None if attributes is None else types.MappingProxyType(dict(attributes)),
+                n_inputs=n_inputs,
             )
         return fn
 
@@ -270,6 +278,15 @@ def schema_for(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | No
         return onnx.defs.get_schema(op_type, max_inclusive_version=opset, domain=domain)
     except onnx.defs.SchemaError:
         return None
+
+
+def arity(schema: onnx.defs.OpSchema | None, op: OpDef) -> int:
+    """How many inputs ``op``'s body receives at least: the formal inputs before a variadic one."""
+    if schema is None:
+        return op.n_inputs
+    formal = schema.inputs
+    variadic = bool(formal) and formal[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+    return len(formal) - variadic
 
 
 def lookup(domain: str, op_type: str, opset: int) -> OpDef | None:

@@ -21,7 +21,7 @@ import onnx.defs
 
 from jonnx import errors
 from jonnx._build import schema_defaults
-from jonnx._registry import OpContext, lookup, normalize_domain, register, registered, schema_for
+from jonnx._registry import OpContext, arity, lookup, normalize_domain, register, registered, schema_for
 
 # Each module registers one op family on import.
 from jonnx.ops import (  # noqa: F401
@@ -115,6 +115,7 @@ def call(
                 f"{op_type} needs input {i} at trace time (a shape, axes or count), but it is "
                 "traced; pass a numpy array"
             )
+    inputs = inputs + (None,) * (arity(schema, op) - len(inputs))
     args = tuple(np.asarray(x) if i in static and x is not None else x for i, x in enumerate(inputs))
     outputs = op.fn(args, merged, ctx)
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
