@@ -10,13 +10,16 @@ from typing import Any
 import jax
 import numpy as np
 import onnx
+import onnx.helper
 import onnx.numpy_helper
 
 from jonnx import errors
+from jonnx._inference_graph import to_inference
 from jonnx._ir import Graph
+from jonnx._state import StateSlot
 from jonnx._tensors import np_dtype
 
-__all__ = ["save"]
+__all__ = ["inline_external", "save"]
 
 # Protobuf cannot serialize a message of 2 GiB or more.
 PROTOBUF_LIMIT = 2**31 - 1
@@ -38,6 +41,7 @@ def save(
     *,
     params: Mapping[str, Any] | None = None,
     state: Mapping[str, Any] | None = None,
+    train: bool | None = None,
     external_data: bool | None = None,
     size_threshold: int = PROTOBUF_LIMIT,
 ) -> None:
@@ -55,7 +59,16 @@ def save(
     ``running * momentum + batch * (1 - momentum)``. So statistics and attribute stay
     consistent for any ONNX runtime that goes on training the saved model. PyTorch's
     ``momentum`` is the other way round: it is ``1 - momentum`` in ONNX terms, and
-    ``torch.onnx.export`` writes the ONNX value.
+    ``torch.onnx.export`` writes the ONNX value. A statistic that reached its node through
+    an ``Identity`` (see :attr:`jonnx.Model.state`) is written as an initializer of its own
+    under its state name, in place of that ``Identity``.
+
+    Inference form (``train=False``): a model exported in training mode is written so that
+    every runtime runs it in inference mode: BatchNormalization with ``training_mode=0`` and
+    only its ``Y`` output (what read its running-statistics outputs reads the running
+    statistics themselves, through ``Identity`` nodes), Dropout without its
+    ``training_mode`` input. onnxruntime then computes what ``model.apply(params, ...,
+    state=state, train=False)`` does.
 
     External data: a serialized model of 2 GB or more is more than protobuf can hold. When
     the model would be larger than ``size_threshold`` bytes (protobuf's limit by default), or
@@ -77,6 +90,8 @@ def save(
         params: new values of trainable initializers, by name (a subset of
             ``model.params``); names left out keep their values.
         state: new running statistics, by name (a subset of ``model.state``).
+        train: ``False`` writes the inference form (above); ``None`` (default) keeps the
+            graph as it was.
         external_data: ``True`` writes the data file, ``False`` refuses it (and raises if
             the model is too large), ``None`` (default) writes it only when needed.
         size_threshold: the serialized size, in bytes, above which ``external_data=None``
@@ -105,6 +120,11 @@ def save(
         [2.0, 3.0]
     """
     path = os.fspath(path)
+    if train not in (None, False):
+        raise ValueError(
+            f"train={train!r}: jonnx.save writes the graph as it was (train=None) or its "
+            "inference form (train=False)"
+        )
     if external_data not in (None, True, False):
         raise TypeError(f"external_data must be True, False or None, not {external_data!r}")
     if isinstance(size_threshold, bool) or not isinstance(size_threshold, int) or size_threshold < 0:
@@ -119,8 +139,11 @@ def save(
     new = _new_values(model, proto.graph, params, state)
     out = onnx.ModelProto()
     out.CopyFrom(proto)
+    _materialize_state(out, model.state_plan.slots, new)
     _replace_initializers(out.graph, new)
-    sources = _inline_external(out, model.graph)
+    sources = inline_external(out, model.graph)
+    if train is False:
+        to_inference(out)
 
     tensors = [t for t in _initializers(out.graph) if len(t.raw_data) >= _MIN_EXTERNAL_BYTES]
     blobs = [t.raw_data for t in tensors]
@@ -186,6 +209,8 @@ def _new_values(
     known_params, known_state = set(model.params), set(model.state)
     specs = {t.name: (t.data_type, tuple(t.dims)) for t in graph.initializer}
     specs.update({s.values.name: (s.values.data_type, tuple(s.dims)) for s in graph.sparse_initializer})
+    # A statistic routed through an Identity has no initializer of its own: it takes its source's.
+    specs.update({s.key: specs[s.source] for s in model.state_plan.slots if s.via and s.source in specs})
     new: dict[str, np.ndarray] = {}
     for given, known, other, what, other_what in (
         (params, known_params, known_state, "param", "state="),
@@ -261,10 +286,49 @@ def _replace_initializers(graph: onnx.GraphProto, new: Mapping[str, np.ndarray])
         graph.sparse_initializer.remove(s)
 
 
+def _materialize_state(
+    model: onnx.ModelProto, slots: tuple[StateSlot, ...], new: Mapping[str, np.ndarray]
+) -> None:
+    """Give each new statistic that an Identity produced an initializer of its own.
+
+    The Identity producing it goes; its source initializer goes too when nothing else reads it.
+    """
+    graph = model.graph
+    routed = {s.key: s for s in slots if s.via and s.key in new}
+    if not routed:
+        return
+    for node in [n for n in graph.node if n.op_type == "Identity" and n.output[0] in routed]:
+        graph.node.remove(node)
+    types = {t.name: t.data_type for t in graph.initializer}
+    for key, slot in routed.items():
+        graph.initializer.append(_encode(new[key], key, types[slot.source]))
+        if model.ir_version < 4:  # initializers were graph inputs too before IR version 4
+            graph.input.append(onnx.helper.make_tensor_value_info(key, types[slot.source], new[key].shape))
+    read = _names_read(graph)
+    for source in {s.source for s in routed.values()} - read:
+        for container in (graph.initializer, graph.input):
+            for item in [t for t in container if t.name == source]:
+                container.remove(item)
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every value name a node of ``graph`` or of its subgraphs reads, and the graph's outputs."""
+    names = {o.name for o in graph.output}
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            if attr.type == _A.GRAPH:
+                names |= _names_read(attr.g)
+            elif attr.type == _A.GRAPHS:
+                for g in attr.graphs:
+                    names |= _names_read(g)
+    return names
+
+
 # -- the source model's external data ---------------------------------------------------------
 
 
-def _inline_external(out: onnx.ModelProto, ir: Graph) -> set[str]:
+def inline_external(out: onnx.ModelProto, ir: Graph) -> set[str]:
     """Put the loaded values of the source's external tensors back inline.
 
     Returns the locations (relative to the source's folder) of the source's data files.

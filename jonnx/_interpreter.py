@@ -36,8 +36,8 @@ class RunOptions:
             as the graph says); see ``OpContext.train``.
         key: the run's PRNG key; random ops get ``fold_in(key, node position)``.
         precision: ``jax.lax.Precision`` for matmul/conv, or None for JAX's default.
-        state: names of the main graph's state values (running statistics), and
-        state_out: where their new values are collected (per run; filled by ``run_graph``).
+        state: names of the main graph's state values (running statistics): a node that
+            runs in training mode returns their new values, which ``run_graph`` returns.
         memory_limit: the largest tensor, in bytes, a node may create (None: no limit).
         checked: emit ``checkify`` checks for out-of-range indices and division by zero.
     """
@@ -46,7 +46,6 @@ class RunOptions:
     key: jax.Array | None = None
     precision: Any = None
     state: frozenset[str] = frozenset()
-    state_out: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
     memory_limit: int | None = None
     checked: bool = False
 
@@ -73,8 +72,8 @@ def run_graph(
     values: Mapping[str, Any],
     options: RunOptions,
     outer: Mapping[str, Any] | None = None,
-) -> tuple:
-    """Evaluate ``graph`` and return its outputs in order.
+) -> tuple[tuple, dict[str, Any]]:
+    """Evaluate ``graph``: its outputs in order, and the new values of state it updated.
 
     Args:
         graph: the graph to run.
@@ -83,11 +82,13 @@ def run_graph(
         outer: values of enclosing scopes that a subgraph may read.
 
     Returns:
-        A tuple with one value per graph output.
+        ``(outputs, updates)``: one value per graph output, and ``{state name: new value}``
+        for the state values (``options.state``) that nodes running in training mode updated.
     """
     # A subgraph's own initializers are constants of that scope; the values given override
     # them (Model passes the main graph's params and constants explicitly).
     env: dict[str, Any] = {**(outer or {}), **graph.initializers, **values}
+    updates: dict[str, Any] = {}
     for index, node in enumerate(graph.nodes):
         args = node.padded(tuple(env[name] if name else None for name in node.inputs))
         key = None
@@ -102,17 +103,19 @@ def run_graph(
         for name, value in zip(node.outputs, outputs):
             if name:
                 env[name] = value
-        if node.op.state_updates and options.state_out is not None:
-            _collect_state(node, outputs, options)
-    return tuple(env[o.name] for o in graph.outputs)
+        if node.op.state_updates and node.trains(options.train):
+            updates.update(_state_updates(node, outputs, options.state))
+    return tuple(env[o.name] for o in graph.outputs), updates
 
 
-def _collect_state(node: Node, outputs: Sequence[Any], options: RunOptions) -> None:
-    """Record the new values an op gives for state inputs (BatchNormalization statistics)."""
+def _state_updates(node: Node, outputs: Sequence[Any], state: frozenset[str]) -> dict[str, Any]:
+    """The new values a node in training mode gives for its state inputs (running statistics)."""
+    found = {}
     for out, inp in node.op.state_updates.items():
         name = node.inputs[inp] if inp < len(node.inputs) else ""
-        if name in options.state and out < len(outputs) and outputs[out] is not None:
-            options.state_out[name] = outputs[out]
+        if name in state and out < len(outputs) and outputs[out] is not None:
+            found[name] = outputs[out]
+    return found
 
 
 def _run_node(
@@ -129,13 +132,15 @@ def _run_node(
             raise errors.StaticValueError(_static_message(graph, node, i, env))
 
     def run_subgraph(sub: Graph, inputs: Mapping[str, Any], *, outer_env=None, iteration=None) -> tuple:
-        # State is collected from the main graph only: a statistic updated inside a loop
-        # body has no single new value.
         sub_key = key
         if key is not None and iteration is not None:  # a fresh Dropout mask per iteration
             sub_key = jax.random.fold_in(key, jnp.asarray(iteration).astype(jnp.uint32))
-        sub_options = dataclasses.replace(options, key=sub_key, state_out=None)
-        return run_graph(sub, inputs, sub_options, outer={**env, **(outer_env or {})})
+        # Statistics updated inside a body have no single new value; Model refuses to train
+        # such a model (jonnx._state), so what a body's nodes return here is not state.
+        outputs, _ = run_graph(
+            sub, inputs, dataclasses.replace(options, key=sub_key), outer={**env, **(outer_env or {})}
+        )
+        return outputs
 
     ctx = OpContext(
         node=node.name,

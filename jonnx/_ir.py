@@ -64,6 +64,16 @@ class Node:
     prefer_static: frozenset[int] = frozenset()
     arity: int = 0
 
+    def trains(self, train: bool | None) -> bool:
+        """Whether this node runs in training mode in a run whose flag is ``train``.
+
+        Only ops that update state (``OpDef.state_updates``) have a mode that matters here:
+        the run's flag when set, else what the node's attributes say (``OpDef.trains``).
+        """
+        if train is not None:
+            return bool(train)
+        return bool(self.op.trains is not None and self.op.trains(self.attrs))
+
     def padded(self, args: tuple) -> tuple:
         """``args`` with omitted trailing optional inputs filled in as None, up to ``arity``."""
         return args + (None,) * (self.arity - len(args)) if len(args) < self.arity else args

@@ -17,10 +17,12 @@ from jax.experimental import checkify
 
 from jonnx import errors
 from jonnx._build import GraphBuilder, default_memory_limit
+from jonnx._export import inline_external
 from jonnx._interpreter import RunOptions, run_graph
 from jonnx._ir import Graph, ValueInfo
 from jonnx._jit import jit
 from jonnx._registry import normalize_domain
+from jonnx._state import StatePlan, plan_state
 from jonnx._static import preferred_static_inputs, static_values
 
 __all__ = ["Model", "load"]
@@ -171,6 +173,8 @@ class Model:
             calling the model does that itself and raises NumericCheckError.
         input_names: the graph inputs, in order (initializer-backed inputs excluded).
         output_names: the graph outputs, in order.
+        state_plan: where each running statistic (:attr:`state` entry) starts from, and the
+            stateful nodes whose statistics cannot be kept as state (``jonnx._state``).
         static_input_names: inputs that must be known at trace time (they feed a shape, axes,
             a count), or that directly drive control flow (If's condition, Loop's trip count);
             ``__call__`` passes them to ``jax.jit`` as static arguments (one compilation per
@@ -190,18 +194,30 @@ class Model:
         self.checked = checked
         self.base_dir = base_dir
         self.memory_limit = memory_limit
+        # Every keyword option, so that a pickled model loads again the same way.
+        self._load_options = dict(
+            base_dir=base_dir, memory_limit=memory_limit, checked=checked,
+            allow_newer_opset=allow_newer_opset,
+        )
         self.opsets = _opsets(proto, allow_newer_opset)
         builder = GraphBuilder(self.opsets, base_dir, functions=proto.functions, memory_limit=memory_limit)
-        self.graph: Graph = builder.graph(proto.graph)
+        graph = builder.graph(proto.graph)
         builder.raise_if_unsupported()
 
+        # Running statistics become state entries named after the value each node reads; the
+        # Identity nodes an exporter routes them through are dropped (see jonnx._state).
+        self.state_plan: StatePlan = plan_state(graph)
+        self.graph: Graph = self.state_plan.graph
         static = static_values(self.graph)
         inits = self.graph.initializers
         self._constants = {n: v for n, v in inits.items() if n in static or not _is_trainable(v)}
-        state_names = _state_names(self.graph) - set(self._constants)
-        self._state = {n: jnp.asarray(inits[n]) for n in inits if n in state_names}
+        self._state = {s.key: jnp.asarray(inits[s.source]) for s in self.state_plan.slots}
+        # An initializer that only fed a dropped Identity is read by nothing now: not a param.
+        unread = {s.source for s in self.state_plan.slots if s.via} - _read_names(self.graph)
         self._params = {
-            n: jnp.asarray(v) for n, v in inits.items() if n not in self._constants and n not in state_names
+            n: jnp.asarray(v)
+            for n, v in inits.items()
+            if n not in self._constants and n not in self._state and n not in unread
         }
         self.input_names = self.graph.input_names
         self.output_names = self.graph.output_names
@@ -218,6 +234,12 @@ class Model:
         self._host_outputs: dict[Any, dict[int, Any]] = {}
         call = checkify.checkify(self._call_impl, errors=checkify.user_checks) if checked else self._call_impl
         self._jitted = jit(call, static_argnums=(2,))
+
+    def __reduce__(self) -> tuple:
+        # Pickled as the graph without its weights plus the weights as numpy arrays (the
+        # model's own values, external data included), rebuilt by loading: the graph IR holds
+        # read-only mappings and the compiled functions, neither of which pickles.
+        return _unpickle, _pickle_parts(self)
 
     def __repr__(self) -> str:
         n_values = sum(int(np.prod(p.shape)) for p in self._params.values())
@@ -240,9 +262,32 @@ class Model:
         """The running statistics (BatchNormalization mean and variance), by name.
 
         Kept apart from :attr:`params` so that ``jax.grad`` sees only parameters; training-mode
-        runs return their new values (``apply(..., train=True)``).
+        runs return their new values (``apply(..., train=True)``). Each is named after the
+        value its node reads: the initializer itself, or the output of the ``Identity`` an
+        exporter routed it through (``bn1.running_mean``), which jonnx then drops so the node
+        reads the state entry.
         """
         return dict(self._state)
+
+    @property
+    def trains_by_default(self) -> bool:
+        """Whether the graph itself runs a stateful node in training mode.
+
+        True for a model exported in training mode (BatchNormalization-15 with
+        ``training_mode=1``): ``apply(..., train=None)`` then computes new running
+        statistics, and returns them with the outputs.
+        """
+        slot_nodes = {s.node for s in self.state_plan.slots}
+        return any(n.trains(None) for n in self.graph.nodes if n.name in slot_nodes)
+
+    @property
+    def untracked_state(self) -> dict[str, str]:
+        """Stateful nodes whose running statistics cannot be kept as state: node -> why.
+
+        ``apply(..., train=True)`` refuses to run such a model rather than train those nodes
+        without running statistics.
+        """
+        return dict(self.state_plan.untracked)
 
     def apply(
         self,
@@ -256,50 +301,113 @@ class Model:
     ) -> Any:
         """Run the model: a pure function of ``params``, ``state`` and the inputs.
 
+        What it returns depends on whether the run computes new running statistics, which
+        ``train`` and the graph decide before anything runs:
+
+        * ``train=False``: inference everywhere (BatchNormalization on its running statistics,
+          which a node exported in training mode passes through as its extra outputs; Dropout
+          off whatever its ``training_mode`` input says). Returns the outputs.
+        * ``train=True``: training everywhere, also for a model exported in eval mode
+          (BatchNormalization on batch statistics, Dropout active with masks from ``key``).
+          Returns ``(outputs, new_state)``.
+        * ``train=None`` (default): each node as the graph says. Returns ``(outputs,
+          new_state)`` when the graph trains a stateful node itself
+          (:attr:`trains_by_default`, e.g. a ``TrainingMode.PRESERVE`` export), else the
+          outputs, so statistics a node computed are never dropped.
+
+        :meth:`apply_with_state` always returns ``(outputs, new_state)``.
+
         Args:
             params: trainable initializers by name (see :attr:`params`). Names left out keep
                 the model's own values, as constants.
             *inputs: graph inputs in order (:attr:`input_names`).
             state: running statistics by name (default :attr:`state`); names left out keep
                 the model's own values.
-            train: ``True`` runs the whole model in training mode (BatchNormalization with
-                batch statistics, Dropout active), even if it was exported in eval mode;
-                ``False`` runs it all in inference mode; ``None`` (default) runs each node
-                as the graph says.
+            train: the mode, as above.
             key: a PRNG key for random ops (Dropout in training, RandomNormal, ...); each
                 node folds in its own. Never a fixed seed: without a key they raise.
             precision: ``jax.lax.Precision`` for MatMul/Gemm/Conv (TF32 on GPUs by default).
             **named_inputs: graph inputs by name, instead of or after the positional ones.
 
         Returns:
-            The graph outputs, in order; with ``train=True``, ``(outputs, new_state)`` where
-            ``new_state`` holds the running statistics updated by ONNX's momentum rule
-            (``running * momentum + batch * (1 - momentum)``, under ``stop_gradient``).
+            The graph outputs, in order, or ``(outputs, new_state)`` as above. ``new_state``
+            holds every running statistic: those that nodes updated by ONNX's momentum rule
+            (``running * momentum + batch * (1 - momentum)``, under ``stop_gradient``), the
+            others as given.
 
         Raises:
             jonnx.errors.InputError: inputs missing, duplicated or unknown, or unknown
                 params or state names.
             jonnx.errors.StaticValueError: an input that must be static was traced.
+            jonnx.errors.NodeError: ``train=True`` on a model with a stateful node whose
+                running statistics cannot be kept as state (:attr:`untracked_state`).
+        """
+        outputs, new_state = self.apply_with_state(
+            params, *inputs, state=state, train=train, key=key, precision=precision, **named_inputs
+        )
+        if train or (train is None and self.trains_by_default):
+            return outputs, new_state
+        return outputs
+
+    def apply_with_state(
+        self,
+        params: Mapping[str, jax.Array],
+        *inputs: Any,
+        state: Mapping[str, jax.Array] | None = None,
+        train: bool | None = None,
+        key: jax.Array | None = None,
+        precision: Any = None,
+        **named_inputs: Any,
+    ) -> tuple[tuple, dict[str, jax.Array]]:
+        """:meth:`apply`, always returning ``(outputs, new_state)`` (Equinox's convention).
+
+        ``new_state`` holds every running statistic: updated where a node ran in training
+        mode, else as given (or the model's own). Arguments and errors are :meth:`apply`'s.
+
+        Example:
+            >>> import numpy as np, onnx, onnx.helper as oh, jonnx
+            >>> inits = [onnx.numpy_helper.from_array(np.array([v], np.float32), n)
+            ...          for n, v in [("s", 1.0), ("b", 0.0), ("m", 0.0), ("v", 1.0)]]
+            >>> bn = oh.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], momentum=0.5)
+            >>> graph = oh.make_graph([bn], "g", [oh.make_tensor_value_info("x", 1, [2, 1])],
+            ...                       [oh.make_tensor_value_info("y", 1, [2, 1])], inits)
+            >>> model = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 15)]))
+            >>> x = np.array([[1.0], [3.0]], np.float32)
+            >>> _, state = model.apply_with_state(model.params, x, train=True)
+            >>> float(state["m"][0])  # 0.0 * 0.5 + mean(x) * (1 - 0.5)
+            1.0
+            >>> _, state = model.apply_with_state(model.params, x, train=False)
+            >>> float(state["m"][0])
+            0.0
         """
         for given, known, what in ((params, self._params, "trainable initializers"), (state or {}, self._state, "state values")):
             unknown = set(given) - set(known)
             if unknown:
                 raise errors.InputError(f"{sorted(unknown)[:10]} are not {what} of the model")
+        if train:
+            self._refuse_untracked()
         values = list(self.bind(*inputs, **named_inputs).values())
         _check_inputs(self.graph.inputs, values)
         current = {**self._state, **(state or {})}
         env: dict[str, Any] = {**self._constants, **current, **self._params, **params}
         for name, value in zip(self.input_names, values):
             env[name] = self._prepare_input(name, value)
-        collected: dict[str, Any] = {}
         options = RunOptions(
             train=train, key=key, precision=precision, state=frozenset(self._state),
-            state_out=collected, memory_limit=self.memory_limit, checked=self.checked,
+            memory_limit=self.memory_limit, checked=self.checked,
         )
-        outputs = tuple(_as_output(o) for o in run_graph(self.graph, env, options))
-        if train:
-            return outputs, {**current, **collected}
-        return outputs
+        outputs, updates = run_graph(self.graph, env, options)
+        return tuple(_as_output(o) for o in outputs), {**current, **updates}
+
+    def _refuse_untracked(self) -> None:
+        untracked = self.state_plan.untracked
+        if untracked:
+            lines = "\n".join(f"  node {node!r}: {why}" for node, why in untracked.items())
+            raise errors.NodeError(
+                f"train=True would train {len(untracked)} node(s) without running statistics:\n"
+                f"{lines}\nRun with train=None (each node as the graph says) or train=False "
+                "(inference), or give each such node its own float initializer for its statistics."
+            )
 
     def __call__(
         self, *inputs: Any, key: jax.Array | None = None, **named_inputs: Any
@@ -334,7 +442,9 @@ class Model:
             next(sta).value if name in self.static_input_names else next(dyn)
             for name in self.input_names
         ]
-        outputs = self.apply(params, *values, key=key)
+        # The graph's own mode (train=None); statistics a training-mode graph computes are
+        # not kept: the model's own values never change (use apply_with_state for them).
+        outputs, _ = self.apply_with_state(params, *values, key=key)
         host = {i: o for i, o in enumerate(outputs) if _is_host_value(o)}
         if host:
             self._host_outputs[(static, _signature(dynamic))] = host
@@ -428,14 +538,30 @@ def _show(shape: tuple) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def _state_names(graph: Graph) -> set[str]:
-    """Initializers that feed a state input of some node (running statistics)."""
-    names = set()
+def _read_names(graph: Graph) -> set[str]:
+    """Every value a node of ``graph`` reads (subgraphs' outer reads included), and its outputs."""
+    names = set(graph.output_names)
     for node in graph.nodes:
-        for inp in node.op.state_updates.values():
-            if inp < len(node.inputs) and node.inputs[inp] in graph.initializers:
-                names.add(node.inputs[inp])
+        names.update(i for i in node.inputs if i)
+        for value in node.attrs.values():
+            for g in value if isinstance(value, tuple) else (value,):
+                if isinstance(g, Graph):
+                    names |= g.outer_names
     return names
+
+
+def _pickle_parts(model: Model) -> tuple:
+    """The model as bytes of a self-contained proto (external data inlined) and load options."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    inline_external(proto, model.graph)
+    return proto.SerializeToString(), model._load_options
+
+
+def _unpickle(proto_bytes: bytes, options: Mapping[str, Any]) -> Model:
+    proto = onnx.ModelProto()
+    proto.ParseFromString(proto_bytes)
+    return Model(proto, **options)
 
 
 def _is_host_value(value: Any) -> bool:

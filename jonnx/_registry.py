@@ -70,7 +70,10 @@ class OpDef:
         state_updates: ``{output position: input position}`` for outputs that are the new
             value of a state input (BatchNormalization's running mean and variance). An op
             returns them in training mode even when the node does not list those outputs, and
-            ``Model.apply(..., train=True)`` collects them as the new state.
+            ``Model.apply`` collects them as the new state when the node runs in training mode.
+        trains: for ops with ``state_updates``, whether a node with these attributes runs in
+            training mode when the run leaves the choice to the graph (``train=None``):
+            BatchNormalization-15 with ``training_mode=1``. Default: it does not.
         validate: checks a node at load time, ``validate(attrs, n_inputs, n_outputs)``,
             returning a message when the node is malformed (If branches giving different
             numbers of outputs), or None; the loader raises it as a ModelStructureError.
@@ -93,6 +96,7 @@ class OpDef:
     random: bool = False
     reads_graph: bool = False
     state_updates: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    trains: Callable[[Mapping[str, Any]], bool] | None = None
     validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None
     attributes: Mapping[str, Any] | None = None
     n_inputs: int = 0
@@ -203,6 +207,7 @@ def register(
     random: bool = False,
     reads_graph: bool = False,
     state_updates: Mapping[int, int] | None = None,
+    trains: Callable[[Mapping[str, Any]], bool] | None = None,
     validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None,
     attributes: Mapping[str, Any] | None = None,
     n_inputs: int = 0,
@@ -221,6 +226,7 @@ def register(
         reads_graph: the op reads the enclosing graph (``ctx.graph``) and must never be folded.
         state_updates: ``{output position: input position}`` of outputs that update a state
             input (running statistics), see :class:`OpDef`.
+        trains: whether a node with given attributes trains by default, see :class:`OpDef`.
         validate: a load-time check of a node, see :class:`OpDef`.
         attributes: a custom op's attributes and their defaults, see :class:`OpDef`.
         n_inputs: a custom op's formal input count, see :class:`OpDef`.
@@ -260,6 +266,7 @@ def register(
                 random=random,
                 reads_graph=reads_graph,
                 state_updates=types.MappingProxyType(dict(state_updates or {})),
+                trains=trains,
                 validate=validate,
                 attributes=None if attributes is None else types.MappingProxyType(dict(attributes)),
                 n_inputs=n_inputs,

@@ -119,7 +119,10 @@ def _bn_legacy(inputs, attrs, training: bool, spatial: bool):
 _RUNNING_STATS = {1: 3, 2: 4}  # outputs 1 and 2 are the new running mean and variance
 
 
-@register("BatchNormalization", since=(1, 6), state_updates=_RUNNING_STATS)
+@register(
+    "BatchNormalization", since=(1, 6), state_updates=_RUNNING_STATS,
+    trains=lambda attrs: not attrs["is_test"],
+)
 def batch_normalization_1(inputs, attrs, ctx):
     """ONNX ``BatchNormalization``-1/6: ``is_test=0`` (the default) is training mode.
 
@@ -141,18 +144,23 @@ def batch_normalization_9(inputs, attrs, ctx):
     return _bn_legacy(inputs, attrs, ctx.training(False), True)
 
 
-@register("BatchNormalization", since=(14, 15), state_updates=_RUNNING_STATS)
+@register(
+    "BatchNormalization", since=(14, 15), state_updates=_RUNNING_STATS,
+    trains=lambda attrs: bool(attrs["training_mode"]),
+)
 def batch_normalization(inputs, attrs, ctx):
     """ONNX ``BatchNormalization``, opsets 14+: ``training_mode`` attribute or ``train``.
 
     In training mode, outputs 1 and 2 (the updated running statistics) are returned even
-    when the node (exported in eval mode) does not list them.
+    when the node (exported in eval mode) does not list them. In inference mode a node
+    exported in training mode (three outputs) passes its running statistics through as
+    outputs 1 and 2: unchanged, as no batch updated them.
     """
     x, scale, bias, mean, var = inputs
     eps, momentum = attrs["epsilon"], attrs["momentum"]
     if ctx.training(bool(attrs["training_mode"])):
         return _bn_training(x, scale, bias, mean, var, momentum, eps)
-    return (_bn_inference(x, scale, bias, mean, var, eps),)
+    return (_bn_inference(x, scale, bias, mean, var, eps), mean, var)
 
 
 # --------------------------------------------------------------------------------------------

@@ -194,10 +194,9 @@ class TrainStep:
                 params, feed = _cast_floats(params, jnp.bfloat16), _cast_floats(inputs, jnp.bfloat16)
             kwargs = dict(state=ts.state, train=self.train, key=key, precision=self.precision)
             if isinstance(feed, Mapping):
-                result = model.apply(params, **kwargs, **feed)
+                outputs, new_state = model.apply_with_state(params, **kwargs, **feed)
             else:
-                result = model.apply(params, *feed, **kwargs)
-            outputs, new_state = result if self.train else (result, ts.state)
+                outputs, new_state = model.apply_with_state(params, *feed, **kwargs)
             if self.mixed_precision:
                 outputs = _cast_floats(outputs, jnp.float32)
             loss, aux = _split_loss(self.loss_fn(outputs, batch))
@@ -208,7 +207,7 @@ class TrainStep:
         updates, opt_state = self.optimizer.update({**frozen, **grads}, ts.opt_state, ts.params)
         params = {n: optax.apply_updates(p, updates[n]) if mask[n] else p for n, p in ts.params.items()}
         metrics = {"loss": loss, "grad_norm": _global_norm(grads), **aux}
-        new_ts = TrainState(step=ts.step + 1, params=params, state={**ts.state, **new_state}, opt_state=opt_state)
+        new_ts = TrainState(step=ts.step + 1, params=params, state=new_state, opt_state=opt_state)
         return new_ts, metrics
 
 
