@@ -9,6 +9,7 @@ half to even and saturates to the target type's range; float8 targets follow Cas
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -180,11 +181,51 @@ def _requantize(acc, multiplier, zero_point, target: np.dtype, ctx):
     return _saturate_round(q, zero_point, target, True, ctx)
 
 
+def _as_int8(x) -> tuple[jax.Array, int]:
+    """8-bit integers as int8 values and the offset that restores them: ``x = x8 + offset``."""
+    x = jnp.asarray(x)
+    if x.dtype == jnp.uint8:
+        return (x.astype(jnp.int16) - 128).astype(jnp.int8), 128
+    return x.astype(jnp.int8), 0
+
+
+def _zero_offset(offset: int, zero_point, per_row: bool) -> jax.Array:
+    """``offset - zero_point`` in int32, shaped to broadcast over rows (A) or columns (B)."""
+    if zero_point is None:
+        return jnp.int32(offset)
+    centered = offset - jnp.asarray(zero_point).astype(jnp.int32)
+    if per_row and jnp.ndim(centered) == 1 and jnp.shape(centered)[0] > 1:
+        return centered[:, None]
+    return centered
+
+
+def integer_matmul(a, b, a_zero, b_zero) -> jax.Array:
+    """``(a - a_zero) @ (b - b_zero)`` for 8-bit ``a`` and ``b``, exactly, in int32.
+
+    XLA on CPU multiplies int8 by int8 into int32 about six times faster than int32 by
+    int32 (a BERT-base projection: 1.8 ms against 11 ms), so the product runs on int8
+    values: with ``A = a8 + ca`` (``ca = offset - a_zero``, per row or scalar) and
+    ``B = b8 + cb`` (per column or scalar),
+    ``A @ B = a8 @ b8 + ca * colsum(b8) + cb * rowsum(a8) + K * ca * cb``, every term exact.
+    """
+    if not all(jnp.asarray(x).dtype in (jnp.int8, jnp.uint8) for x in (a, b)):  # float8 (opset 21)
+        return jnp.matmul(_centered(a, a_zero, True), _centered(b, b_zero, False))
+    a8, a_offset = _as_int8(a)
+    b8, b_offset = _as_int8(b)
+    ca = _zero_offset(a_offset, a_zero, per_row=True)
+    cb = _zero_offset(b_offset, b_zero, per_row=False)
+    product = jnp.matmul(a8, b8, preferred_element_type=jnp.int32)
+    row_sums = jnp.sum(a8, axis=-1, keepdims=True, dtype=jnp.int32)
+    col_sums = jnp.sum(b8, axis=-2, keepdims=True, dtype=jnp.int32)
+    k = jnp.int32(jnp.shape(a8)[-1])
+    return product + ca * col_sums + cb * row_sums + k * ca * cb
+
+
 @register("MatMulInteger", since=10)
 def matmul_integer(inputs, attrs, ctx):
     """ONNX ``MatMulInteger``, opset 10: ``(A - a_zero_point) @ (B - b_zero_point)`` in int32."""
-    a, b, a_zero, b_zero = (tuple(inputs) + (None,) * 4)[:4]
-    return (jnp.matmul(_centered(a, a_zero, True), _centered(b, b_zero, False)),)
+    a, b, a_zero, b_zero = inputs
+    return (integer_matmul(a, b, a_zero, b_zero),)
 
 
 def _row_scale(scale):
@@ -195,7 +236,7 @@ def _row_scale(scale):
 def qlinear_matmul(inputs, attrs, ctx):
     """ONNX ``QLinearMatMul``, opsets 10 and 21 (21 adds float8 and float16/bfloat16 scales)."""
     a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero = inputs
-    acc = jnp.matmul(_centered(a, a_zero, True), _centered(b, b_zero, False))
+    acc = integer_matmul(a, b, a_zero, b_zero)
     # The scales combine in their own type first, as onnxruntime and the reference do.
     multiplier = _divide(_row_scale(jnp.asarray(a_scale)) * jnp.asarray(b_scale), jnp.asarray(y_scale))
     target = dtype_of(y_zero) if y_zero is not None else dtype_of(a)

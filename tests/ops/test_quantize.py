@@ -175,6 +175,22 @@ def test_matmul_integer(dtype):
     assert_matches_reference("MatMulInteger", {"a": a2, "b": b, "za": za, "zb": zb}, opset=10, expected=[want])
 
 
+@pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("b_dtype", [np.uint8, np.int8])
+def test_matmul_integer_is_exact_over_full_ranges(a_dtype, b_dtype):
+    # jonnx multiplies int8 by int8 and corrects for the offsets: check it against exact
+    # integer arithmetic at the ends of each range, batched, with per-row/per-column zero points.
+    info_a, info_b = np.iinfo(a_dtype), np.iinfo(b_dtype)
+    a = RNG.integers(info_a.min, info_a.max + 1, (2, 6, 1024), endpoint=False).astype(a_dtype)
+    b = RNG.integers(info_b.min, info_b.max + 1, (1024, 7), endpoint=False).astype(b_dtype)
+    a[0, 0], b[:, 0] = info_a.max, info_b.min
+    za = np.array([info_a.min, info_a.max, 0, 1, 3, 7], a_dtype)
+    zb = np.array([info_b.max, info_b.min, 0, 5, 2, 1, 9], b_dtype)
+    want = (a.astype(np.int64) - za[:, None].astype(np.int64)) @ (b.astype(np.int64) - zb.astype(np.int64))
+    assert_matches_reference("MatMulInteger", {"a": a, "b": b, "za": za, "zb": zb}, opset=10,
+                             expected=[want.astype(np.int32)])
+
+
 @pytest.mark.parametrize("opset", [10, 21])
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 def test_qlinear_matmul(opset, dtype):
