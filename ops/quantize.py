@@ -9,6 +9,8 @@ half to even and saturates to the target type's range; float8 targets follow Cas
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -181,12 +183,16 @@ def _requantize(acc, multiplier, zero_point, target: np.dtype, ctx):
     return _saturate_round(q, zero_point, target, True, ctx)
 
 
-def _as_int8(x) -> tuple[jax.Array, int]:
-    """8-bit integers as int8 values and the offset that restores them: ``x = x8 + offset``."""
-    x = jnp.asarray(x)
-    if x.dtype == jnp.uint8:
-        return (x.astype(jnp.int16) - 128).astype(jnp.int8), 128
-    return x.astype(jnp.int8), 0
+def _as_int8(x) -> tuple[Any, int]:
+    """8-bit integers as int8 values and the offset that restores them: ``x = x8 + offset``.
+
+    Weights (integer initializers) are numpy here and stay numpy, so that their shift and
+    sums are computed once at trace time rather than constant-folded by XLA, which is slow.
+    """
+    xp = np if isinstance(x, np.ndarray) else jnp
+    if x.dtype == np.uint8:
+        return (x.astype(np.int16) - 128).astype(np.int8), 128
+    return xp.asarray(x).astype(np.int8), 0
 
 
 def _zero_offset(offset: int, zero_point, per_row: bool) -> jax.Array:
@@ -208,17 +214,22 @@ def integer_matmul(a, b, a_zero, b_zero) -> jax.Array:
     ``B = b8 + cb`` (per column or scalar),
     ``A @ B = a8 @ b8 + ca * colsum(b8) + cb * rowsum(a8) + K * ca * cb``, every term exact.
     """
-    if not all(jnp.asarray(x).dtype in (jnp.int8, jnp.uint8) for x in (a, b)):  # float8 (opset 21)
+    if not all(dtype_of(x) in (np.int8, np.uint8) for x in (a, b)):  # float8 (opset 21)
         return jnp.matmul(_centered(a, a_zero, True), _centered(b, b_zero, False))
     a8, a_offset = _as_int8(a)
     b8, b_offset = _as_int8(b)
     ca = _zero_offset(a_offset, a_zero, per_row=True)
     cb = _zero_offset(b_offset, b_zero, per_row=False)
     product = jnp.matmul(a8, b8, preferred_element_type=jnp.int32)
-    row_sums = jnp.sum(a8, axis=-1, keepdims=True, dtype=jnp.int32)
-    col_sums = jnp.sum(b8, axis=-2, keepdims=True, dtype=jnp.int32)
+    row_sums = _int32_sum(a8, axis=-1)
+    col_sums = _int32_sum(b8, axis=-2)
     k = jnp.int32(jnp.shape(a8)[-1])
     return product + ca * col_sums + cb * row_sums + k * ca * cb
+
+
+def _int32_sum(x, axis: int):
+    xp = np if isinstance(x, np.ndarray) else jnp
+    return xp.sum(x, axis=axis, keepdims=True, dtype=np.int32)
 
 
 @register("MatMulInteger", since=10)
