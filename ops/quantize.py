@@ -9,6 +9,8 @@ half to even and saturates to the target type's range; float8 targets follow Cas
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -18,7 +20,7 @@ import numpy as np
 import onnx
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import OpContext, register
 from jonnx.ops._util import canonical, dtype_of, normalize_axis, onnx_dtype
 from jonnx.ops.cast import _cast_numeric
 from jonnx.ops.nn import convolve  # Conv's geometry (pads, auto_pad, groups) lives there
@@ -264,19 +266,45 @@ def _centered_weights(w, zero_point):
     return w - zero_point
 
 
+def integer_conv(x, w, bias, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
+    """Conv of zero-point-centered 8-bit integers (each in [-255, 255]) exactly, in int32.
+
+    XLA on CPU convolves int32 (or int8 into int32) about 13 times slower than float32 (a
+    64-channel 56x56 3x3 convolution: 35 ms against 2.7 ms). Split ``x = 16 * hi + lo`` with
+    ``lo`` in [0, 15] and ``hi`` in [-16, 15]: every product and partial sum of the two float32
+    convolutions is then an integer below 2**24, which float32 holds exactly, whatever the
+    summation order. Kernels too large for that bound use the int32 convolution.
+    """
+    fan_in = int(np.prod(jnp.shape(w)[1:]))
+    if 16 * 255 * fan_in >= 2**24:
+        return convolve(x, w, bias, attrs, ctx)
+    exact = dataclasses.replace(ctx, precision=lax.Precision.HIGHEST)  # no TF32 on accelerators
+    w = jnp.asarray(w).astype(jnp.float32)
+    lo = jnp.bitwise_and(x, 15)
+    hi = jnp.right_shift(x - lo, 4)
+
+    def part(v):
+        y = convolve(v.astype(jnp.float32), w, None, attrs, exact)
+        return jnp.round(y).astype(jnp.int32)
+
+    y = part(hi) * 16 + part(lo)
+    if bias is not None:
+        y = y + jnp.reshape(jnp.asarray(bias).astype(jnp.int32), (1, -1) + (1,) * (jnp.ndim(y) - 2))
+    return y
+
+
 @register("ConvInteger", since=10)
 def conv_integer(inputs, attrs, ctx):
     """ONNX ``ConvInteger``, opset 10: Conv of zero-point-centered integers, int32 output."""
-    x, w, x_zero, w_zero = (tuple(inputs) + (None,) * 4)[:4]
-    return (convolve(_centered(x, x_zero, False), _centered_weights(w, w_zero), None, attrs, ctx),)
+    x, w, x_zero, w_zero = inputs
+    return (integer_conv(_centered(x, x_zero, False), _centered_weights(w, w_zero), None, attrs, ctx),)
 
 
 @register("QLinearConv", since=10)
 def qlinear_conv(inputs, attrs, ctx):
     """ONNX ``QLinearConv``, opset 10: quantized Conv with an int32 bias, requantized to y's type."""
-    x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (tuple(inputs) + (None,) * 9)[:9]
-    bias = None if bias is None else jnp.asarray(bias).astype(jnp.int32)
-    acc = convolve(_centered(x, x_zero, False), _centered_weights(w, w_zero), bias, attrs, ctx)
+    x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = inputs
+    acc = integer_conv(_centered(x, x_zero, False), _centered_weights(w, w_zero), bias, attrs, ctx)
     w_scale = jnp.asarray(w_scale)
     if jnp.ndim(w_scale) == 1 and jnp.shape(w_scale)[0] > 1:  # per output channel
         w_scale = jnp.reshape(w_scale, (1, -1) + (1,) * (jnp.ndim(acc) - 2))

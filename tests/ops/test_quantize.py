@@ -209,6 +209,19 @@ def test_conv_integer():
     assert_matches_reference("ConvInteger", {"x": x, "w": w}, opset=10, auto_pad="SAME_UPPER")
 
 
+@pytest.mark.parametrize("x_dtype,w_dtype", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
+@pytest.mark.parametrize("channels,group", [(16, 1), (16, 4), (464, 1)])  # 464*3*3: the int32 path
+def test_conv_integer_is_exact_over_full_ranges(x_dtype, w_dtype, channels, group):
+    # jonnx convolves in float32 in two exact halves; check against the reference's integers.
+    info_x, info_w = np.iinfo(x_dtype), np.iinfo(w_dtype)
+    x = RNG.integers(info_x.min, info_x.max, (1, channels, 6, 6), endpoint=True).astype(x_dtype)
+    w = RNG.integers(info_w.min, info_w.max, (8, channels // group, 3, 3), endpoint=True).astype(w_dtype)
+    zx = np.array(info_x.max if x_dtype == np.uint8 else info_x.min, x_dtype)  # the widest centered range
+    zw = np.array(info_w.min, w_dtype)
+    assert_matches_reference("ConvInteger", {"x": x, "w": w, "zx": zx, "zw": zw}, opset=10,
+                             pads=[1, 0, 1, 2], strides=[1, 2], group=group)
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_qlinear_conv(per_channel):
     x = RNG.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
