@@ -1,0 +1,229 @@
+"""Make the small real exports in tests/models/exports/ (run offline; the tests never import it).
+
+The files are what real exporters write, so tests/models/test_exports.py checks jonnx against
+them rather than against graphs built to resemble them. Each recipe in docs/exporting.md is
+one of these calls. Made with (CPU, Python 3.11):
+
+    torch 2.13.0+cpu, onnxscript 0.7.2, onnx 1.23.2, onnxruntime 1.32.0,
+    scikit-learn 1.9.1, skl2onnx 1.20.0
+
+The network is a small ResNet-style CNN (a stem conv-bn-relu, one residual block of two
+conv-bn, global average pooling, dropout, a linear head; 4 channels, 3 classes, input
+``x`` [N, 3, 8, 8] with a dynamic batch axis). Its BatchNormalization layers keep the
+freshly initialized scale and shift (ones and zeros, as in a model built to be fine-tuned)
+and running statistics set to other values than the initial ones, so that inference
+visibly depends on them:
+
+* ``resnet_preserve.onnx``: TorchScript exporter, model in train mode,
+  ``training=TrainingMode.PRESERVE``: BatchNormalization-15 with ``training_mode=1`` and
+  three outputs, Dropout-13 with ``ratio`` and ``training_mode`` inputs.
+* ``resnet_eval_nofold.onnx``: TorchScript exporter, eval mode, ``do_constant_folding=False``:
+  BatchNormalization in inference mode with its running statistics as initializers; equal
+  initializers are deduplicated, so the three layers' (equal) scales and shifts reach them
+  through ``Identity`` nodes from one initializer each.
+* ``resnet_eval.onnx``: TorchScript exporter, eval mode, defaults: constant folding merges
+  each BatchNormalization into the Conv before it, so no running statistics are left.
+* ``resnet_dynamo.onnx``: the ``torch.export``-based exporter (``dynamo=True``), eval mode,
+  ``optimize=True`` (its default): its optimizer also merges BatchNormalization into Conv.
+* ``resnet_dynamo_noopt.onnx``: the same with ``optimize=False``: BatchNormalization (in
+  inference mode) and its running statistics stay.
+* ``sklearn_logreg.onnx``: skl2onnx, ``StandardScaler`` + ``LogisticRegression`` on 4
+  features, 3 classes, ``zipmap=False`` (outputs ``label`` int64 [N] and
+  ``probabilities`` float [N, 3]); ai.onnx.ml ``Scaler`` and ``LinearClassifier``.
+* ``sklearn_mlp.onnx``: skl2onnx, ``MLPClassifier`` (one hidden layer of 8) on the same data,
+  ``zipmap=False``: MatMul/Add/Relu/Softmax with the weights as initializers.
+
+The training data of the scikit-learn models is :func:`iris_like` (synthetic, seeded).
+
+Usage: ``python tests/models/make_exports.py [OUTPUT_DIR]`` (needs the packages above; none of
+them is a dependency of jonnx or its tests).
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+import sys
+
+import numpy as np
+
+OUT = pathlib.Path(__file__).with_name("exports")
+CLASSES = 3
+
+
+def iris_like(n: int = 150, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Three Gaussian classes in 4 features of different scales (what StandardScaler is for)."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, CLASSES, n)
+    centers = np.array(
+        [[5.0, 3.4, 1.5, 0.2], [5.9, 2.8, 4.3, 1.3], [6.6, 3.0, 5.5, 2.0]]
+    )
+    x = centers[y] + rng.normal(0, [0.4, 0.3, 0.5, 0.2], (n, 4))
+    return x.astype(np.float32), y.astype(np.int64)
+
+
+def _torch_exports(out: pathlib.Path) -> None:
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, c: int):
+            super().__init__()
+            self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(c)
+            self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(y)) + x)
+
+    class Net(nn.Module):
+        def __init__(self, c: int = 4):
+            super().__init__()
+            self.conv = nn.Conv2d(3, c, 3, padding=1, bias=False)
+            self.bn = nn.BatchNorm2d(c)
+            self.block = Block(c)
+            self.drop = nn.Dropout(0.25)
+            self.fc = nn.Linear(c, CLASSES)
+
+        def forward(self, x):
+            x = torch.relu(self.bn(self.conv(x)))
+            x = self.block(x)
+            x = torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)
+            return self.fc(self.drop(x))
+
+    torch.manual_seed(0)
+    net = Net()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 8, 8)
+    names = {"input_names": ["x"], "output_names": ["logits"]}
+    axes = {"dynamic_axes": {"x": {0: "N"}, "logits": {0: "N"}}}
+
+    # Tracing runs the forward pass, which in train mode updates the running statistics (the
+    # file holds the updated ones): export a copy, so the eval exports see the original ones.
+    torch.onnx.export(
+        copy.deepcopy(net).train(),
+        (x,),
+        out / "resnet_preserve.onnx",
+        dynamo=False,
+        **names,
+        **axes,
+        training=torch.onnx.TrainingMode.PRESERVE,
+        do_constant_folding=False,
+    )
+    net.eval()
+    torch.onnx.export(
+        net,
+        (x,),
+        out / "resnet_eval_nofold.onnx",
+        dynamo=False,
+        **names,
+        **axes,
+        do_constant_folding=False,
+    )
+    torch.onnx.export(
+        net, (x,), out / "resnet_eval.onnx", dynamo=False, **names, **axes
+    )
+    shapes = {"dynamic_shapes": {"x": {0: torch.export.Dim("N")}}}
+    for optimize, name in (
+        (True, "resnet_dynamo.onnx"),
+        (False, "resnet_dynamo_noopt.onnx"),
+    ):
+        program = torch.onnx.export(
+            net, (x,), dynamo=True, optimize=optimize, **names, **shapes
+        )
+        program.save(str(out / name))
+
+    # What PyTorch itself computes, for the tests: eval-mode logits of the eval exports, and of
+    # the training-mode export with the statistics it holds; one training-mode forward pass of
+    # the latter (its new running statistics, by PyTorch's momentum rule and unbiased variance).
+    test_x = torch.from_numpy(
+        np.random.default_rng(1).standard_normal((5, 3, 8, 8)).astype(np.float32)
+    )
+    preserve = Net()
+    preserve.load_state_dict(
+        {
+            k: torch.from_numpy(v.copy())
+            for k, v in _initializers(out / "resnet_preserve.onnx").items()
+        }
+        | {k: v for k, v in net.state_dict().items() if "num_batches" in k}
+    )
+    with torch.no_grad():
+        refs = {
+            "x": test_x,
+            "eval_logits": net(test_x),
+            "preserve_eval_logits": preserve.eval()(test_x),
+        }
+        preserve.train()(test_x)
+    refs.update(
+        {
+            f"preserve_after_step/{k}": v
+            for k, v in preserve.state_dict().items()
+            if "running" in k
+        }
+    )
+    np.savez(out / "torch_reference.npz", **{k: v.numpy() for k, v in refs.items()})
+
+
+def _initializers(path: pathlib.Path) -> dict[str, np.ndarray]:
+    import onnx
+    import onnx.numpy_helper
+
+    return {
+        t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer
+    }
+
+
+def _sklearn_exports(out: pathlib.Path) -> None:
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = iris_like()
+    options = {"zipmap": False}
+    logreg = make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)).fit(x, y)
+    onx = to_onnx(
+        logreg,
+        x[:1],
+        options={id(logreg.steps[-1][1]): options},
+        target_opset={"": 17, "ai.onnx.ml": 3},
+    )
+    (out / "sklearn_logreg.onnx").write_bytes(onx.SerializeToString())
+    mlp = MLPClassifier(hidden_layer_sizes=(8,), max_iter=300, random_state=0).fit(x, y)
+    onx = to_onnx(
+        mlp, x[:1], options={id(mlp): options}, target_opset={"": 17, "ai.onnx.ml": 3}
+    )
+    (out / "sklearn_mlp.onnx").write_bytes(onx.SerializeToString())
+    test_x, _ = iris_like(20, seed=1)
+    np.savez(
+        out / "sklearn_reference.npz",
+        x=test_x,
+        **{
+            f"{name}/{what}": getattr(est, what)(test_x)
+            for name, est in (("logreg", logreg), ("mlp", mlp))
+            for what in ("predict", "predict_proba")
+        },
+    )
+
+
+def main(out: pathlib.Path = OUT) -> None:
+    import warnings
+
+    out.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        _torch_exports(out)
+        _sklearn_exports(out)
+    for path in sorted(out.glob("*.onnx")):
+        print(f"{path.name}: {path.stat().st_size} bytes")
+
+
+if __name__ == "__main__":
+    main(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else OUT)
