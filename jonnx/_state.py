@@ -8,15 +8,17 @@ back in by name. Exporters do not always wire an initializer straight into the n
 * ``torch.onnx.export(..., do_constant_folding=False)`` deduplicates equal initializers (every
   fresh BatchNorm's running mean is zeros) and routes each node's statistics through its own
   ``Identity`` node (``bn1.running_mean = Identity(shared_zeros)``);
-* a hand-made graph may feed one initializer to two nodes, or compute a statistic.
+* a hand-made graph may feed one initializer to two nodes, or compute a statistic;
+* an exporter that merges equal initializers (tf2onnx's ``merge_duplication``) can make
+  a fresh layer's running variance the same tensor as its scale (both ones).
 
 :func:`plan_state` follows value-preserving chains (``Identity``) back to an initializer. Each
 statistic read by exactly one stateful input becomes a state entry starting from that
 initializer's value, and the ``Identity`` that produced it is dropped from the graph, so the
-node reads the state entry itself. A statistic that is shared between nodes or computed,
-or one updated inside a subgraph (a Loop body runs once per iteration), cannot be tracked: the
-plan records why, and a run that would train that node raises instead
-of training without running statistics.
+node reads the state entry itself. A statistic that is shared between nodes, also read as
+anything else, or computed, or one updated inside a subgraph (a Loop body runs once per
+iteration), cannot be tracked: the plan records why, and a run that would train that node
+raises instead of training without running statistics.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 
 from jonnx._ir import Graph, Node
 
-__all__ = ["StateSlot", "StatePlan", "plan_state"]
+__all__ = ["StatePlan", "StateSlot", "plan_state"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +88,7 @@ def plan_state(graph: Graph) -> StatePlan:
     readers: dict[str, list[str]] = {}
     for node, name in stateful:
         readers.setdefault(name, []).append(node.name)
+    uses = _uses(graph)
 
     slots: list[StateSlot] = []
     reasons: dict[str, list[str]] = {}
@@ -105,6 +108,18 @@ def plan_state(graph: Graph) -> StatePlan:
                 "node its own initializer (export without deduplicating initializers)"
             )
             continue
+        # The state entry replaces the value the node reads: anything else computing with that
+        # value (the node's own scale, a Conv bias) would read the running statistic instead of
+        # a parameter, and follow its updates. Copies of it (Identity nodes, graph outputs, as
+        # in the inference form jonnx.save writes) are meant to read the statistic.
+        others = [use for use in uses.get(name, ()) if use not in {(node.name, i) for i in node.op.state_updates.values()}]
+        if others:
+            reasons.setdefault(node.name, []).append(
+                f"its running statistic {name!r} is also read as {_describe(others)}, which would "
+                "then follow the statistic's updates; give the statistic an initializer of its own "
+                "(an exporter that merges equal initializers shares them)"
+            )
+            continue
         chain, value = _identity_chain(name, producers, graph.initializers)
         if value in graph.initializers and _is_float(graph.initializers[value]):
             slots.append(StateSlot(key=name, node=node.name, source=value, via=tuple(chain)))
@@ -116,6 +131,32 @@ def plan_state(graph: Graph) -> StatePlan:
     rewritten = dataclasses.replace(graph, nodes=nodes) if dropped else graph
     untracked = {node: "; ".join(why) for node, why in reasons.items()}
     return StatePlan(tuple(slots), types.MappingProxyType(untracked), rewritten)
+
+
+def _uses(graph: Graph) -> dict[str, list[tuple[str, int | str]]]:
+    """Value name -> every read of it that computes with it: (node, input index), or (node,
+    "subgraph") for a subgraph's read from the enclosing scope; not copies (Identity, graph
+    outputs)."""
+    uses: dict[str, list[tuple[str, int | str]]] = {}
+    for node in graph.nodes:
+        if node.op_type == "Identity" and node.domain == "":
+            continue
+        for i, name in enumerate(node.inputs):
+            if name:
+                uses.setdefault(name, []).append((node.name, i))
+        for name in {n for sub in _subgraphs(node) for n in sub.outer_names}:
+            uses.setdefault(name, []).append((node.name, "subgraph"))
+    return uses
+
+
+def _describe(uses: list[tuple[str, int | str]]) -> str:
+    parts = []
+    for node, where in uses:
+        if where == "subgraph":
+            parts.append(f"a value in the subgraph of node {node!r}")
+        else:
+            parts.append(f"input {where} of node {node!r}")
+    return ", ".join(parts)
 
 
 def _subgraphs(node: Node):

@@ -315,6 +315,34 @@ def test_statistics_updated_inside_a_subgraph_are_refused():
         model.apply(model.params, x, train=True)
 
 
+def test_statistics_that_are_also_parameters_are_refused_not_tied():
+    """tf2onnx's merge_duplication shares equal initializers: a fresh Keras BatchNormalization
+    reads one tensor of ones as scale and running variance, one of zeros as shift and running
+    mean (and the zeros are here a Gemm bias too). Kept as state, the scale and shift would
+    stop being trained and would follow the running statistics' updates."""
+    rng = np.random.default_rng(6)
+    nodes = [
+        oh.make_node("BatchNormalization", ["x", "ones", "zeros", "zeros", "ones"], ["y"], name="bn", epsilon=1e-3),
+        oh.make_node("Gemm", ["y", "w", "zeros"], ["out"], name="fc"),
+    ]
+    inits = [_init("ones", np.ones(2, np.float32)), _init("zeros", np.zeros(2, np.float32)),
+             _init("w", rng.normal(0, 1, (2, 2)).astype(np.float32))]
+    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", FLOAT, ["N", 2])],
+                          [oh.make_tensor_value_info("out", FLOAT, ["N", 2])], inits)
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 15)])
+    model = jonnx.load(proto)
+    assert model.state == {} and set(model.params) == {"ones", "zeros", "w"}
+    why = model.untracked_state["bn"]
+    assert "'ones' is also read as input 1 of node 'bn'" in why
+    assert "'zeros' is also read as input 2 of node 'bn', input 2 of node 'fc'" in why
+    x = rng.normal(0, 2, (4, 2)).astype(np.float32)
+    with pytest.raises(jonnx.errors.NodeError, match="(?s)without running statistics.*'bn'.*initializer of its own"):
+        model.apply(model.params, x, train=True)
+    (y,) = model.apply(model.params, x, train=False)
+    (theirs,) = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(np.asarray(y), theirs, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("opset", [7, 9])
 def test_legacy_batchnorm_with_five_outputs_saves_for_inference(tmp_path, opset):
     names = ["y", "mean_out", "var_out", "saved_mean", "saved_var"]
