@@ -5,7 +5,8 @@ them rather than against graphs built to resemble them. Each recipe in docs/expo
 one of these calls. Made with (CPU, Python 3.11):
 
     torch 2.13.0+cpu, onnxscript 0.7.2, onnx 1.23.2, onnxruntime 1.32.0,
-    scikit-learn 1.9.1, skl2onnx 1.20.0
+    scikit-learn 1.9.1, skl2onnx 1.20.0;
+    in another venv: tensorflow 2.21.0, keras 3.15.1, tf-keras 2.21.0, tf2onnx 1.17.0
 
 The network is a small ResNet-style CNN (a stem conv-bn-relu, one residual block of two
 conv-bn, global average pooling, dropout, a linear head; 4 channels, 3 classes, input
@@ -33,10 +34,21 @@ visibly depends on them:
 * ``sklearn_mlp.onnx``: skl2onnx, ``MLPClassifier`` (one hidden layer of 8) on the same data,
   ``zipmap=False``: MatMul/Add/Relu/Softmax with the weights as initializers.
 
-The training data of the scikit-learn models is :func:`iris_like` (synthetic, seeded).
+* ``keras_cnn.onnx``: tf2onnx ``from_keras`` (defaults) of a Keras 3 CNN (conv, batch norm,
+  relu, global pooling, dropout, dense; input ``x`` [N, 8, 8, 3] channels-last): Keras 3
+  writes batch normalization as multiplies and adds, which tf2onnx folds into the Conv;
+  Dropout is gone, and so is the Dense layer's all-zero bias.
+* ``keras2_cnn_bn.onnx``: the same network in tf-keras (Keras 2), converted without tf2onnx's
+  ``remove_back_to_back`` optimizer: BatchNormalization (inference mode, no ``momentum``
+  attribute, so ONNX's default 0.9 where Keras used 0.99) stays. Its statistics are set to
+  distinct values: equal initializers would be merged (see docs/exporting.md).
 
-Usage: ``python tests/models/make_exports.py [OUTPUT_DIR]`` (needs the packages above; none of
-them is a dependency of jonnx or its tests).
+The training data of the scikit-learn models is :func:`iris_like` (synthetic, seeded).
+``*_reference.npz`` hold what PyTorch, scikit-learn and Keras computed on test inputs.
+
+Usage: ``python tests/models/make_exports.py [OUTPUT_DIR] [GROUPS]`` with GROUPS a comma-separated
+subset of ``torch,sklearn,keras`` (default all; the Keras group runs in its own venv). None of
+these packages is a dependency of jonnx or its tests.
 """
 
 from __future__ import annotations
@@ -213,17 +225,73 @@ def _sklearn_exports(out: pathlib.Path) -> None:
     )
 
 
-def main(out: pathlib.Path = OUT) -> None:
+def _keras_exports(out: pathlib.Path) -> None:
+    import tensorflow as tf
+    import tf2onnx
+    import tf_keras
+
+    def build(keras):
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((8, 8, 3), name="x")
+        h = keras.layers.Conv2D(4, 3, padding="same", use_bias=False)(inp)
+        h = keras.layers.BatchNormalization()(h)
+        h = keras.layers.ReLU()(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        h = keras.layers.Dropout(0.25)(h)
+        model = keras.Model(inp, keras.layers.Dense(CLASSES)(h))
+        bn = model.layers[
+            2
+        ]  # trained-looking values, all different (see _tf2onnx_keep_bn)
+        rng = np.random.default_rng(0)
+        bn.set_weights(
+            [
+                rng.uniform(0.5, 1.5, 4),
+                rng.normal(0, 0.2, 4),
+                rng.normal(0, 0.5, 4),
+                rng.uniform(0.5, 2, 4),
+            ]
+        )
+        return model
+
+    spec = (tf.TensorSpec((None, 8, 8, 3), tf.float32, name="x"),)
+    test_x = np.random.default_rng(1).standard_normal((5, 8, 8, 3)).astype(np.float32)
+    refs = {"x": test_x}
+    keras3 = build(tf.keras)
+    onx, _ = tf2onnx.convert.from_keras(keras3, input_signature=spec, opset=17)
+    (out / "keras_cnn.onnx").write_bytes(onx.SerializeToString())
+    refs["keras_cnn"] = keras3(test_x, training=False).numpy()
+    keras2 = build(tf_keras)
+    # tf2onnx's remove_back_to_back optimizer folds BatchNormalization into the Conv before it.
+    keep_bn = {
+        k: v
+        for k, v in tf2onnx.optimizer._get_optimizers().items()
+        if k != "remove_back_to_back"
+    }
+    onx, _ = tf2onnx.convert.from_keras(
+        keras2, input_signature=spec, opset=17, optimizers=keep_bn
+    )
+    (out / "keras2_cnn_bn.onnx").write_bytes(onx.SerializeToString())
+    refs["keras2_cnn_bn"] = keras2(test_x, training=False).numpy()
+    np.savez(out / "keras_reference.npz", **refs)
+
+
+GROUPS = {"torch": _torch_exports, "sklearn": _sklearn_exports, "keras": _keras_exports}
+
+
+def main(out: pathlib.Path = OUT, groups: list[str] | None = None) -> None:
     import warnings
 
     out.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        _torch_exports(out)
-        _sklearn_exports(out)
+        for group in groups or list(GROUPS):
+            GROUPS[group](out)
     for path in sorted(out.glob("*.onnx")):
         print(f"{path.name}: {path.stat().st_size} bytes")
 
 
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else OUT)
+    main(
+        pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else OUT,
+        sys.argv[2].split(",") if len(sys.argv) > 2 else None,
+    )

@@ -329,3 +329,50 @@ def test_sklearn_mlp_fine_tunes():
         ts, _ = step(ts, {"X": x, "y": flipped}, jax.random.key(i))
     label, _ = mlp.apply(ts.params, x)
     assert np.mean(np.asarray(label) == flipped) > 0.9
+
+
+KERAS = dict(np.load(EXPORTS / "keras_reference.npz"))
+
+
+@pytest.mark.parametrize("name,n_state", [("keras_cnn", 0), ("keras2_cnn_bn", 2)])
+def test_keras_exports_match_onnxruntime_and_keras(name, n_state):
+    path = EXPORTS / f"{name}.onnx"
+    model = jonnx.load(path)
+    x = KERAS["x"]
+    (got,) = model(x)
+    (want,) = _ort(path, x=x)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), KERAS[name], rtol=1e-5, atol=1e-5)
+    assert len(model.state) == n_state and model.untracked_state == {}
+    assert "Dropout" not in _op_types(
+        f"{name}.onnx"
+    )  # tf2onnx converts the inference graph
+
+
+def test_keras_batch_norm_kept_trains_with_onnx_default_momentum():
+    """tf2onnx writes no momentum: training uses ONNX's default 0.9, not Keras's 0.99."""
+    model = jonnx.load(EXPORTS / "keras2_cnn_bn.onnx")
+    (bn,) = [
+        n
+        for n in onnx.load(EXPORTS / "keras2_cnn_bn.onnx").graph.node
+        if n.op_type == "BatchNormalization"
+    ]
+    assert "momentum" not in {a.name for a in bn.attribute}
+    x = KERAS["x"]
+    _, new_state = model.apply(model.params, x, train=True)
+    mean_key = bn.input[3]
+    batch_mean = np.mean(np.asarray(_conv_output(x)), axis=(0, 2, 3))
+    want = 0.9 * np.asarray(model.state[mean_key]) + 0.1 * batch_mean
+    np.testing.assert_allclose(
+        np.asarray(new_state[mean_key]), want, rtol=1e-5, atol=1e-6
+    )
+
+
+def _conv_output(x: np.ndarray) -> np.ndarray:
+    """The BatchNormalization's input, computed by onnxruntime from the file with it as an output."""
+    proto = onnx.load(EXPORTS / "keras2_cnn_bn.onnx")
+    (bn,) = [n for n in proto.graph.node if n.op_type == "BatchNormalization"]
+    proto.graph.output.append(
+        oh.make_tensor_value_info(bn.input[0], onnx.TensorProto.FLOAT, None)
+    )
+    return _ort(proto.SerializeToString(), x=x)[1]
