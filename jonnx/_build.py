@@ -7,6 +7,7 @@ import heapq
 import math
 import os
 import types
+import warnings
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -81,6 +82,8 @@ class GraphBuilder:
         functions: the model-local functions.
         memory_limit: the largest tensor, in bytes, that loading may create (an external
             initializer, a densified sparse one); None for no limit.
+        allow_unknown_attributes: a node setting an attribute its schema does not declare is
+            reported with a warning, and the attribute ignored, instead of refused.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class GraphBuilder:
         base_dir: str | None,
         functions: Sequence[onnx.FunctionProto] = (),
         memory_limit: int | None = default_memory_limit(),
+        allow_unknown_attributes: bool = False,
     ):
         for domain, version in opsets.items():
             if not isinstance(domain, str):
@@ -109,6 +113,9 @@ class GraphBuilder:
                 )
             self.functions[key] = f
         self.unsupported: list[tuple[str, str, str, int]] = []
+        self.allow_unknown_attributes = allow_unknown_attributes
+        # (node, op_type, domain, since_version, attribute) of each attribute no schema declares.
+        self.unknown_attributes: list[tuple[str, str, str, int, str]] = []
         self._inlined = 0
         self._depth = 0
         self._sizes: dict[FunctionKey, int] = {}
@@ -118,6 +125,29 @@ class GraphBuilder:
         self._scope: tuple[Mapping[str, int], tuple[FunctionKey, ...]] = (self.opsets, ())
 
     def raise_if_unsupported(self) -> None:
+        """Report what the whole model got wrong at once: unsupported ops, then attributes
+        their schemas do not declare (an error, or a warning with ``allow_unknown_attributes``)."""
+        self._report_unsupported()
+        if not self.unknown_attributes:
+            return
+        lines = "\n".join(
+            f"  node {node!r}: {op}-{version} (domain {dom or 'ai.onnx'!r}) has no attribute {attr!r}"
+            for node, op, dom, version, attr in self.unknown_attributes
+        )
+        message = (
+            f"{len(self.unknown_attributes)} attribute(s) that the nodes' operator schemas do not "
+            f"declare:\n{lines}\n"
+        )
+        if self.allow_unknown_attributes:
+            warnings.warn(message + "They are ignored.", stacklevel=4)
+            return
+        raise errors.ModelStructureError(
+            message + "onnxruntime refuses such a model too. If they are harmless leftovers of an "
+            "older opset or an exporter, pass allow_unknown_attributes=True to jonnx.load to "
+            "ignore them (with a warning); otherwise convert the model to the opset it was written for."
+        )
+
+    def _report_unsupported(self) -> None:
         if not self.unsupported:
             return
         lines = "\n".join(
@@ -369,6 +399,13 @@ class GraphBuilder:
                     f"node {name!r} ({proto.op_type}) sets attribute {attr.name!r} twice"
                 )
             spec = schema.attributes.get(attr.name) if schema is not None else None
+            if schema is not None and spec is None:
+                # Reported for the whole model at once (raise_if_unsupported); never read.
+                self.unknown_attributes.append(
+                    (name, proto.op_type, normalize_domain(schema.domain), schema.since_version, attr.name)
+                )
+                given.add(attr.name)
+                continue
             if spec is not None and attr.type != spec.type and attr.type != _A.UNDEFINED:
                 raise errors.ModelStructureError(
                     f"node {name!r} ({proto.op_type}, opset {schema.since_version}): attribute "

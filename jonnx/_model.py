@@ -40,6 +40,7 @@ def load(
     memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
     checked: bool = False,
     allow_newer_opset: bool = False,
+    allow_unknown_attributes: bool = False,
 ) -> "Model":
     """Load an ONNX model as a :class:`Model`.
 
@@ -60,6 +61,11 @@ def load(
             either way.
         allow_newer_opset: run a model whose ai.onnx opset is newer than the installed onnx
             package knows with the newest known semantics (and a warning) instead of refusing.
+        allow_unknown_attributes: load a model whose nodes set attributes their operator's
+            schema (at the model's opset) does not declare, such as ``broadcast=1`` left on an
+            opset-13 ``Add``, ignoring them with a warning. By default they are a
+            :class:`~jonnx.errors.ModelStructureError` listing every such node and attribute,
+            as onnxruntime refuses them too.
 
     Returns:
         The loaded model, with every node bound to its implementation.
@@ -97,7 +103,7 @@ def load(
         raise TypeError(f"jonnx.load takes a path, bytes or onnx.ModelProto, not {type(f).__name__}")
     return Model(
         proto, base_dir=base_dir, memory_limit=memory_limit, checked=checked,
-        allow_newer_opset=allow_newer_opset,
+        allow_newer_opset=allow_newer_opset, allow_unknown_attributes=allow_unknown_attributes,
     )
 
 
@@ -189,6 +195,7 @@ class Model:
         memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
         checked: bool = False,
         allow_newer_opset: bool = False,
+        allow_unknown_attributes: bool = False,
     ):
         self.proto = proto
         self.checked = checked
@@ -197,10 +204,13 @@ class Model:
         # Every keyword option, so that a pickled model loads again the same way.
         self._load_options = dict(
             base_dir=base_dir, memory_limit=memory_limit, checked=checked,
-            allow_newer_opset=allow_newer_opset,
+            allow_newer_opset=allow_newer_opset, allow_unknown_attributes=allow_unknown_attributes,
         )
         self.opsets = _opsets(proto, allow_newer_opset)
-        builder = GraphBuilder(self.opsets, base_dir, functions=proto.functions, memory_limit=memory_limit)
+        builder = GraphBuilder(
+            self.opsets, base_dir, functions=proto.functions, memory_limit=memory_limit,
+            allow_unknown_attributes=allow_unknown_attributes,
+        )
         graph = builder.graph(proto.graph)
         builder.raise_if_unsupported()
 

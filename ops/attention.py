@@ -188,7 +188,7 @@ def rotary_embedding(inputs, attrs, ctx):
     else:
         raise ctx.error(f"input must be 3-D or 4-D, got shape {shape}")
     head = jnp.shape(xs)[3]
-    dim = attrs["rotary_embedding_dim"] or head
+    dim = attrs["rotary_embedding_dim"] or head  # the schema: 0 (its default) rotates the whole head
     if dim > head or dim % 2:
         raise ctx.error(f"rotary_embedding_dim {dim} must be even and at most head_size {head}")
     if position_ids is not None:
@@ -336,7 +336,7 @@ def linear_attention(inputs, attrs, ctx):
             raise ctx.error(f"past_state must have shape {(b, hkv, dk, dv)}, got {jnp.shape(past)}")
         state_dtype = jnp.result_type(past)
         state = jnp.asarray(past).astype(wide)
-    scale = attrs["scale"] or 1.0 / math.sqrt(dk)
+    scale = attrs["scale"] or 1.0 / math.sqrt(dk)  # the schema: 0.0 (its default) means 1/sqrt(d_k)
     prec = ctx.precision
 
     def step(s, x):

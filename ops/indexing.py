@@ -160,7 +160,8 @@ def _gather_nd(inputs, batch_dims, ctx):
     if _is_strings(data):
         _strings_need_concrete(ctx, indices)
         return (data.reshape(flat_shape)[index].reshape(out_shape),)
-    flat = jnp.reshape(data, flat_shape)
+    # jnp.asarray first: jnp.reshape hands a numpy array (constant data) back as numpy.
+    flat = jnp.asarray(data).reshape(flat_shape)
     return (jnp.reshape(flat.at[index].get(mode="clip"), out_shape),)
 
 

@@ -183,7 +183,8 @@ def conv_transpose(inputs, attrs, ctx):
     full = [s * (i - 1) + op + w_ for s, i, op, w_ in zip(strides, in_shape, out_pad, span)]
     mode = _auto_pad(attrs)
     output_shape = attrs["output_shape"]
-    if output_shape is not None and len(output_shape):
+    explicit = output_shape is not None and len(output_shape) > 0
+    if explicit:
         output_shape = tuple(int(v) for v in output_shape)[-n:]
         if len(output_shape) != n:
             raise ctx.error(f"output_shape {tuple(attrs['output_shape'])} must name {n} spatial sizes")
@@ -192,13 +193,20 @@ def conv_transpose(inputs, attrs, ctx):
     else:
         output_shape = None
     if output_shape is not None:
-        # Spec: the extra cell of an odd total goes to the end for SAME_UPPER, else the start.
+        # Which end gets the extra cell of an odd total: for auto_pad SAME_* every version says
+        # the end for SAME_UPPER, else the start. For an explicit output_shape each version's
+        # own formula decides: from opset 11 as for SAME_*, but ConvTranspose-1's text has the
+        # opposite (the larger half at the end unless SAME_UPPER). onnxruntime applies the
+        # opset-11 rule to every version.
+        small_first = mode == "SAME_UPPER"
+        if explicit and ctx.opset < 11:
+            small_first = mode != "SAME_UPPER"
         lo, hi = [], []
         for f, o in zip(full, output_shape):
             total = f - o
             small, big = total // 2, total - total // 2
-            lo.append(small if mode == "SAME_UPPER" else big)
-            hi.append(big if mode == "SAME_UPPER" else small)
+            lo.append(small if small_first else big)
+            hi.append(big if small_first else small)
     elif mode == "VALID":
         lo, hi = [0] * n, [0] * n
     elif mode == "NOTSET":

@@ -344,7 +344,10 @@ def dropout_7(inputs, attrs, ctx):
     return _dropout(x, attrs["ratio"], bool(ctx.training(False)), ctx, mask_dtype)
 
 
-@register("Dropout", since=(12, 13, 22), random=True)
+# ratio and training_mode known at trace time decide whether a mask is drawn at all: a graph
+# input feeding them directly is passed to jit as static, so ratio=0 (or training_mode=0)
+# runs without a PRNG key, as onnxruntime and the node suite's callers expect.
+@register("Dropout", since=(12, 13, 22), random=True, prefer_static=(1, 2))
 def dropout(inputs, attrs, ctx):
     """ONNX ``Dropout``, opsets 12+: optional ``ratio`` and ``training_mode`` inputs.
 

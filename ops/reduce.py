@@ -2,7 +2,9 @@
 ReduceLogSum, ReduceLogSumExp, ReduceSumSquare, and ArgMax / ArgMin.
 
 The axes are an attribute up to opset 12 (ReduceSum) or 17 (the others) and a static input
-after that, where ``noop_with_empty_axes=1`` turns an empty axes list into the identity.
+after that, where ``noop_with_empty_axes=1`` with an empty axes list reduces over no axis: the
+op's elementwise part alone (the identity for ReduceSum, |x| for ReduceL1, x^2 for
+ReduceSumSquare, log x for ReduceLogSum).
 Reductions over an empty set give the reduction's identity, as the spec says: 0 for sums and
 norms, 1 for products, -inf for ReduceMax / ReduceLogSum / ReduceLogSumExp (the dtype's
 minimum for integers, False for bool), +inf for ReduceMin (the maximum, True). ReduceLogSumExp
@@ -119,9 +121,10 @@ _KINDS = {
 def _reduce(fn, x, axes, keepdims, noop, ctx):
     rank = jnp.ndim(x)
     if not axes:
-        if noop:
-            return x
-        axes = tuple(range(rank))
+        # noop_with_empty_axes reduces over no axis at all: the op's elementwise part still
+        # applies (|x| for ReduceL1/L2, x^2 for ReduceSumSquare, log x for ReduceLogSum), as
+        # the opset-18 schemas, onnxruntime and the ReferenceEvaluator have it.
+        axes = () if noop else tuple(range(rank))
     else:
         axes = normalize_axes(axes, rank, ctx)
     if any(np.shape(x)[a] == 0 for a in axes):
@@ -149,7 +152,7 @@ def _reduce_input_axes(fn):
 
     apply.__doc__ = (
         "ONNX reduction with a static ``axes`` input; ``noop_with_empty_axes=1`` and empty "
-        "axes give the input unchanged (as the spec says, also for L1/L2/SumSquare/LogSum...)."
+        "axes reduce over no axis: only the elementwise part applies (|x| for ReduceL1, ...)."
     )
     return apply
 

@@ -32,6 +32,11 @@ def _str(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _given(value, absent):
+    """An attribute's value, or ``absent`` for versions whose schema does not have it."""
+    return absent if value is None else value
+
+
 # --------------------------------------------------------------------------------------------
 # Resize / Upsample: static per-axis taps
 # --------------------------------------------------------------------------------------------
@@ -222,11 +227,13 @@ def _options(attrs, ctx, ctms, *, ctm=None, nearest_mode=None):
         "mode": _str(attrs["mode"]),
         "ctm": ctm or _str(attrs["coordinate_transformation_mode"]),
         "nearest_mode": nearest_mode or _str(attrs["nearest_mode"]),
-        "cubic_coeff_a": float(attrs.get("cubic_coeff_a") or -0.75),
+        # Upsample and Resize-10 lack the later attributes (and cubic mode): None there. An
+        # explicit 0.0 is a value (cubic_coeff_a=0 is a valid kernel), so no `x or default`.
+        "cubic_coeff_a": _given(attrs.get("cubic_coeff_a"), -0.75),
         "exclude_outside": bool(attrs.get("exclude_outside")),
-        "extrapolation_value": float(attrs.get("extrapolation_value") or 0.0),
+        "extrapolation_value": _given(attrs.get("extrapolation_value"), 0.0),
         "antialias": bool(attrs.get("antialias")),
-        "keep_aspect_ratio_policy": _str(attrs.get("keep_aspect_ratio_policy") or "stretch"),
+        "keep_aspect_ratio_policy": _str(_given(attrs.get("keep_aspect_ratio_policy"), "stretch")),
     }
     if opt["ctm"] not in ctms:
         raise ctx.error(f"unsupported coordinate_transformation_mode {opt['ctm']!r} (one of {ctms})")

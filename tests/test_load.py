@@ -216,3 +216,53 @@ def test_opset_newer_than_onnx_is_refused_unless_allowed():
     with pytest.warns(UserWarning, match="newer than"):
         m = jonnx.load(model, allow_newer_opset=True)
     np.testing.assert_array_equal(np.asarray(m(np.array([-1.0, 1.0], np.float32))[0]), [0.0, 1.0])
+
+
+def _two_adds(opset: int, first=None, relu=None, second=None) -> onnx.ModelProto:
+    nodes = [
+        oh.make_node("Add", ["x", "b"], ["t"], name="first", **(first or {})),
+        oh.make_node("Relu", ["t"], ["r"], name="relu", **(relu or {})),
+        oh.make_node("Add", ["r", "b"], ["y"], name="second", **(second or {})),
+    ]
+    graph = oh.make_graph(
+        nodes, "g",
+        [oh.make_tensor_value_info("x", 1, [2, 3]), oh.make_tensor_value_info("b", 1, [3])],
+        [oh.make_tensor_value_info("y", 1, [2, 3])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def test_unknown_attributes_are_a_load_error_naming_node_and_attribute():
+    import onnxruntime as ort
+
+    model = _two_adds(13, first={"broadcast": 1}, relu={"leak": 0.1})
+    # onnxruntime refuses the model too.
+    with pytest.raises(Exception, match="Unrecognized attribute"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(errors.ModelStructureError) as info:
+        jonnx.load(model)
+    message = str(info.value)
+    assert "node 'first': Add-13" in message and "'broadcast'" in message
+    assert "node 'relu': Relu-" in message and "'leak'" in message
+    assert "allow_unknown_attributes=True" in message
+
+    x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
+    b = np.array([0.5, -0.5, 1.0], np.float32)
+    with pytest.warns(UserWarning, match=r"(?s)'broadcast'.*'leak'.*ignored"):
+        m = jonnx.load(model, allow_unknown_attributes=True)
+    # Ignored, the model is the one onnxruntime runs without the leftovers.
+    clean = _two_adds(13)
+    (want,) = ort.InferenceSession(clean.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "b": b}
+    )
+    np.testing.assert_allclose(np.asarray(m(x, b)[0]), want, rtol=1e-6)
+
+
+def test_legacy_attributes_valid_at_their_opset_load():
+    # broadcast/axis belong to Add up to opset 6: not unknown there.
+    model = _two_adds(6, first={"broadcast": 1, "axis": 1}, second={"broadcast": 1})
+    x = np.ones((2, 3), np.float32)
+    b = np.arange(3, dtype=np.float32)
+    np.testing.assert_allclose(np.asarray(jonnx.load(model)(x, b)[0]), np.maximum(x + b, 0) + b)

@@ -6,8 +6,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import onnx
+import onnx.helper as oh
 import pytest
 from jax.test_util import check_grads
+from onnx.reference import ReferenceEvaluator
 
 import jonnx
 from jonnx import errors
@@ -117,6 +120,57 @@ def test_gather_nd_out_of_range_constant_index_raises():
     model = node_model("GatherND", inputs, opset=13, initializers=("indices",))
     with pytest.raises(errors.NodeError, match=r"coordinate 1\) 3 .* out of range"):
         run_jonnx(model, inputs)
+
+
+def _constant_data_model(op_type, data, dynamic, opset, **attrs):
+    """``out = op(Constant data, *dynamic) * w``: data known at trace time (as a GPT-2 dynamo
+    export's position table is), the other inputs traced, and a float param ``w`` to
+    differentiate."""
+    const = oh.make_node("Constant", [], ["data"], value=onnx.numpy_helper.from_array(data))
+    node = oh.make_node(op_type, ["data", *dynamic], ["g"], **attrs)
+    scale = oh.make_node("Mul", ["g", "w"], ["out"])
+    inputs = [
+        oh.make_tensor_value_info(name, oh.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+        for name, value in dynamic.items()
+    ]
+    w = onnx.numpy_helper.from_array(np.array(1.5, data.dtype), "w")
+    graph = oh.make_graph(
+        [const, node, scale], "g", inputs, [oh.make_tensor_value_info("out", oh.np_dtype_to_tensor_dtype(data.dtype), None)],
+        initializer=[w],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+_IDX = np.array([[1, 0], [0, 2]], np.int64)
+
+
+@pytest.mark.parametrize("op_type,dynamic,attrs", [
+    ("Gather", {"i": np.array([2, -1], np.int64)}, {"axis": 1}),
+    ("GatherElements", {"i": np.array([[2, 0, 1], [1, 1, -1]], np.int64)}, {"axis": 1}),
+    ("GatherND", {"i": _IDX}, {}),
+    ("GatherND", {"i": _IDX[:, :1]}, {"batch_dims": 1}),
+    ("ScatterND", {"i": _IDX, "u": np.array([5.0, 6.0], np.float32)}, {}),
+    ("ScatterND", {"i": _IDX, "u": np.array([5.0, 6.0], np.float32)}, {"reduction": "mul"}),
+    ("ScatterElements", {"i": np.array([[2, 0]], np.int64), "u": np.array([[5.0, 6.0]], np.float32)},
+     {"axis": 1}),
+    ("ScatterElements", {"i": np.array([[2, 2]], np.int64), "u": np.array([[5.0, 6.0]], np.float32)},
+     {"axis": 1, "reduction": "add"}),
+])
+def test_constant_data_with_traced_indices_under_jit_and_grad(op_type, dynamic, attrs):
+    # Regression: a numpy `data` reached GatherND's JAX-only `.at` path (jnp.reshape hands
+    # numpy back as numpy); the siblings take the same mix of constant data and traced indices.
+    data = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5
+    model = _constant_data_model(op_type, data, dynamic, 18, **attrs)
+    want = ReferenceEvaluator(model).run(None, dict(dynamic))[0]
+    m = jonnx.load(model)
+    feeds = list(dynamic.values())
+    np.testing.assert_allclose(np.asarray(m(*feeds)[0]), want, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jit(m.apply)(m.params, *feeds)[0]), want, rtol=1e-6)
+    # d sum(op(data) * w) / dw = sum(op(data)) = sum(out) / w.
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(m.apply(p, *feeds)[0])))(m.params)
+    np.testing.assert_allclose(float(grad["w"]), want.sum() / 1.5, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 import jonnx
 from jonnx import errors
-from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
+from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx, run_reference
 
 RNG = np.random.default_rng(0)
 
@@ -120,6 +120,37 @@ def test_conv_transpose(case):
     # onnxruntime implements both per the spec.
     expected = ort_expected("ConvTranspose", inputs, opset=opset, **attrs) if case in (3, 7) else None
     assert_matches_reference("ConvTranspose", inputs, opset=opset, expected=expected, rtol=1e-4, atol=1e-5, **attrs)
+
+
+def _spec_pads(total, small_first):
+    """Begin/end pads splitting each odd ``total`` as a ConvTranspose version's text says."""
+    small = [t // 2 for t in total]
+    big = [t - t // 2 for t in total]
+    return (small + big) if small_first else (big + small)
+
+
+@pytest.mark.parametrize("opset", [1, 10, 11, 22])
+@pytest.mark.parametrize("auto_pad", ["NOTSET", "SAME_UPPER", "SAME_LOWER"])
+def test_conv_transpose_output_shape_splits_odd_padding_per_version(opset, auto_pad):
+    # total_padding = 2 * (3 - 1) + 3 - output_shape = (1, 2, 3) per axis. ConvTranspose-1's
+    # text: "If (auto_pads != SAME_UPPER): pads[start] = total/2; pads[end] = total - total/2,
+    # Else the reverse"; ConvTranspose-11's: the reverse of that. onnxruntime uses the opset-11
+    # rule everywhere, so the expectation is the spec's own pads, made explicit.
+    inputs = {"x": rand(1, 2, 3, 3, 3), "w": rand(2, 3, 3, 3, 3)}
+    output_shape, total = [6, 5, 4], [1, 2, 3]
+    small_first = (auto_pad != "SAME_UPPER") if opset < 11 else (auto_pad == "SAME_UPPER")
+    pads = _spec_pads(total, small_first)
+    explicit = node_model("ConvTranspose", inputs, opset=opset, strides=[2, 2, 2], pads=pads)
+    want = run_reference(explicit, inputs)
+    assert want[0].shape == (1, 3, *output_shape)
+    if opset >= 11:  # onnxruntime follows the opset-11 text: check the expectation against it
+        np.testing.assert_allclose(
+            want[0], ort_expected("ConvTranspose", inputs, opset=opset, strides=[2, 2, 2],
+                                  output_shape=output_shape, auto_pad=auto_pad)[0],
+            rtol=1e-5, atol=1e-5,
+        )
+    assert_matches_reference("ConvTranspose", inputs, opset=opset, expected=want, rtol=1e-5, atol=1e-5,
+                             strides=[2, 2, 2], output_shape=output_shape, auto_pad=auto_pad)
 
 
 def test_conv_transpose_grads():

@@ -346,6 +346,25 @@ def test_dropout_zero_ratio_needs_no_key():
     assert np.asarray(mask).all()
 
 
+@pytest.mark.parametrize("n_outputs", [1, 2])
+def test_dropout_zero_ratio_graph_inputs_need_no_key_through_the_backend(n_outputs):
+    # As the node suite's test_training_dropout_zero_ratio(_mask): ratio=0 and training_mode=1
+    # arrive as graph inputs. A backend caller cannot pass a key, and none is needed since
+    # nothing is drawn.
+    from onnx.reference import ReferenceEvaluator
+
+    import jonnx.backend
+
+    inputs = {"x": _f32(3, 4, 5), "r": np.array(0.0, np.float32), "t": np.array(True)}
+    model = node_model("Dropout", inputs, n_outputs, opset=22)
+    want = ReferenceEvaluator(model).run(None, inputs)
+    with jax.enable_x64(True):
+        got = jonnx.backend.prepare(model).run(inputs)
+    assert len(got) == len(want) == n_outputs
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
+
+
 def test_dropout_traced_training_mode_under_jit():
     x = _f32(20, 20)
     key = jax.random.key(0)

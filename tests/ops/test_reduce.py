@@ -96,13 +96,21 @@ def test_reduce_max_min_bool(op, fn):
     _check(op, x, (1,), 20, expected=[fn(x, axis=1, keepdims=True)])
 
 
-@pytest.mark.parametrize("op,opset", [("ReduceSum", 13), ("ReduceMax", 18), ("ReduceSumSquare", 18)])
-def test_noop_with_empty_axes_is_identity(op, opset):
-    # The spec: with empty axes and noop_with_empty_axes=1 the output equals the input
-    # (the ReferenceEvaluator squares it for ReduceSumSquare).
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_noop_with_empty_axes_applies_the_elementwise_part(op):
+    # With empty axes and noop_with_empty_axes=1 nothing is reduced, but the op's elementwise
+    # part still applies (|x| for ReduceL1/L2, x^2 for ReduceSumSquare, log x for
+    # ReduceLogSum), as the ReferenceEvaluator and onnxruntime compute it.
+    import onnxruntime as ort
+
+    opset = AXES_INPUT_FROM[op]
     x = _data(op, (2, 3))
-    _check(op, x, (), opset, noop_with_empty_axes=1, expected=[x])
-    _check(op, x, None, opset, noop_with_empty_axes=1, expected=[x])
+    for axes in ((), None):
+        inputs = {"x": x, "axes": None if axes is None else np.array(axes, np.int64)}
+        model = node_model(op, inputs, opset=opset, initializers=["axes"], noop_with_empty_axes=1)
+        (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+        _check(op, x, axes, opset, noop_with_empty_axes=1)  # the ReferenceEvaluator
+        _check(op, x, axes, opset, noop_with_empty_axes=1, expected=[want])
 
 
 @pytest.mark.parametrize("op,opset", [("ReduceSum", 13), ("ReduceMean", 18)])

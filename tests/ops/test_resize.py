@@ -77,7 +77,8 @@ def test_resize_antialias_sizes(mode, sizes, ctm):
     )
 
 
-@pytest.mark.parametrize("a,exclude", [(-0.5, 1), (-0.6, 0)])
+# a=0.0 is a valid kernel (it was replaced by the default -0.75: `x or default`).
+@pytest.mark.parametrize("a,exclude", [(-0.5, 1), (-0.6, 0), (0.0, 0), (0.0, 1)])
 def test_resize_cubic_coeff_and_exclude_outside(a, exclude):
     x = _x((1, 1, 6, 6))
     assert_matches_reference(
