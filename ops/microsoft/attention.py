@@ -27,7 +27,6 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jonnx.ops._util import dtype_of
 from jonnx.ops.attention import _split_heads, rotary_embedding
 from jonnx.ops.microsoft._common import DOMAIN, reject_inputs, reject_unsupported
@@ -369,12 +368,13 @@ _GQA_UNSUPPORTED = {
 
 
 def _write_cache(buffer, new, starts):
-    """``buffer[b, :, starts[b] : starts[b] + S] = new[b]`` for every batch row."""
-    return jax.vmap(
-        lambda buf, upd, s: lax.dynamic_update_slice(
-            buf, upd.astype(buf.dtype), (0, s, 0)
-        )
-    )(buffer, new, starts)
+    """``buffer[b, :, starts[b] : starts[b] + S] = new[b]`` for every batch row (writes past the
+    buffer's end are dropped)."""
+    batch, _, length, _ = jnp.shape(new)
+    rows = starts[:, None] + jnp.arange(length, dtype=starts.dtype)[None, :]
+    # Advanced indices around a slice put their (B, S) dims first: the update is (B, S, Nkv, h).
+    update = jnp.transpose(new, (0, 2, 1, 3)).astype(buffer.dtype)
+    return buffer.at[jnp.arange(batch)[:, None], :, rows].set(update, mode="drop")
 
 
 @register(
@@ -470,7 +470,9 @@ def group_query_attention(inputs, attrs, ctx):
     valid = (j <= i) & (j < lengths[:, None, None, None])
     window = attrs["local_window_size"]
     if window is not None and window >= 0:
-        valid = valid & (j > i - window - 1)
+        valid = valid & (
+            j > i - window
+        )  # the last local_window_size keys, this one included
     bias = None
     if (
         attention_bias is not None

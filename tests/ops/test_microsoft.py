@@ -312,3 +312,286 @@ def test_trilu(upper, k):
         initializers=("k",),
         upper=upper,
     )
+
+
+# ------------------------------------------------------------------------------ attention
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize(
+    "mask_kind,unidirectional,past,attention_bias",
+    [
+        (None, 0, False, False),
+        ("raw", 0, False, False),
+        ("lengths", 0, False, True),
+        ("left", 0, False, False),
+        ("raw3d", 0, False, False),
+        (None, 1, True, False),
+        ("raw", 1, True, False),
+    ],
+)
+def test_attention(mask_kind, unidirectional, past, attention_bias, dtype):
+    b, s, hidden, heads, p = 2, 4, 16, 2, 3
+    total = s + (p if past else 0)
+    masks = {
+        None: None,
+        "raw": np.array([[1] * total, [1] * (total - 2) + [0, 0]], np.int32),
+        "lengths": np.array([total, total - 1], np.int32),
+        "left": np.array([total, total, 1, 0], np.int32),
+        "raw3d": (RNG.random((b, s, total)) > 0.3).astype(np.int32),
+    }
+    inputs = {
+        "x": rand(b, s, hidden, dtype=dtype),
+        "w": rand(hidden, 3 * hidden, dtype=dtype, scale=0.3),
+        "bias": rand(3 * hidden, dtype=dtype),
+        "mask": masks[mask_kind],
+        "past": rand(2, b, heads, p, hidden // heads, dtype=dtype) if past else None,
+        "attention_bias": rand(1, heads, s, total, dtype=dtype)
+        if attention_bias
+        else None,
+    }
+    check(
+        "Attention",
+        inputs,
+        2 if past else 1,
+        initializers=("w", "bias"),
+        num_heads=heads,
+        unidirectional=unidirectional,
+        **_tol(dtype),
+    )
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize(
+    "layout",
+    ["separate", "bias", "packed_kv", "packed_qkv", "past", "mask", "cross_bnsh"],
+)
+def test_multi_head_attention(layout, dtype):
+    b, s, L, heads, h = 2, 3, 5, 2, 4
+    d = heads * h
+    inputs = {
+        "q": rand(b, s, d, dtype=dtype),
+        "k": rand(b, L, d, dtype=dtype),
+        "v": rand(b, L, d, dtype=dtype),
+    }
+    attrs = {"num_heads": heads}
+    n_out = 1
+    if layout == "bias":
+        inputs["bias"] = rand(3 * d, dtype=dtype)
+    elif layout == "packed_kv":
+        inputs = {"q": inputs["q"], "k": rand(b, L, heads, 2, h, dtype=dtype)}
+    elif layout == "packed_qkv":
+        inputs = {"q": rand(b, s, heads, 3, h, dtype=dtype)}
+    elif layout == "past":
+        inputs = {
+            "q": inputs["q"],
+            "k": rand(b, s, d, dtype=dtype),
+            "v": rand(b, s, d, dtype=dtype),
+            "bias": None,
+            "kpm": None,
+            "ab": None,
+            "pk": rand(b, heads, L, h, dtype=dtype),
+            "pv": rand(b, heads, L, h, dtype=dtype),
+        }
+        attrs["unidirectional"] = 1
+        n_out = 3
+    elif layout == "mask":
+        inputs.update(
+            bias=None,
+            kpm=np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32),
+            ab=rand(1, heads, s, L, dtype=dtype),
+        )
+        attrs["scale"] = 0.3
+    elif layout == "cross_bnsh":
+        inputs["k"] = rand(b, heads, L, h, dtype=dtype)
+        inputs["v"] = rand(b, heads, L, h, dtype=dtype)
+    expected = None
+    if layout.startswith("packed"):
+        # onnxruntime's CPU kernel refuses packed layouts: expect its result on the unpacked ones.
+        packed = inputs["q"] if layout == "packed_qkv" else inputs["k"]
+        q = (
+            inputs["q"]
+            if layout == "packed_kv"
+            else packed[:, :, :, 0].reshape(b, s, d)
+        )
+        k, v = (
+            packed[:, :, :, i - (layout == "packed_kv")].reshape(b, -1, d)
+            for i in (1, 2)
+        )
+        unpacked = node_model(
+            "MultiHeadAttention", {"q": q, "k": k, "v": v}, opset=1, domain=MS, **attrs
+        )
+        expected = _session(unpacked).run(None, {"q": q, "k": k, "v": v})
+    check(
+        "MultiHeadAttention", inputs, n_out, expected=expected, **attrs, **_tol(dtype)
+    )
+
+
+def _rotary_caches(max_pos, rot_dim, dtype=np.float32):
+    inv = 1.0 / (10000 ** (np.arange(0, rot_dim, 2) / rot_dim))
+    angles = np.arange(max_pos)[:, None] * inv[None, :]
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("form", ["3d", "4d", "offset", "partial"])
+def test_rotary_embedding(form, interleaved, dtype):
+    b, s, heads, h = 2, 3, 2, 8
+    cos, sin = _rotary_caches(16, h // 2 if form == "partial" else h, dtype)
+    x = (
+        rand(b, heads, s, h, dtype=dtype)
+        if form == "4d"
+        else rand(b, s, heads * h, dtype=dtype)
+    )
+    pos = (
+        np.array([5], np.int64)
+        if form == "offset"
+        else RNG.integers(0, 16 - s, (b, s)).astype(np.int64)
+    )
+    attrs = {"interleaved": interleaved}
+    if form == "partial":
+        attrs.update(num_heads=heads, rotary_embedding_dim=h // 2)
+    check(
+        "RotaryEmbedding",
+        {"x": x, "pos": pos, "cos": cos, "sin": sin},
+        initializers=("cos", "sin"),
+        **attrs,
+        **_tol(dtype),
+    )
+
+
+def _gqa_inputs(*, b, s, heads, kv_heads, h, buffer, lengths, packed, dtype, rotary):
+    """GroupQueryAttention inputs: ``lengths`` are the valid totals after this step."""
+    q = rand(b, s, heads * h, dtype=dtype)
+    k = rand(b, s, kv_heads * h, dtype=dtype)
+    v = rand(b, s, kv_heads * h, dtype=dtype)
+    inputs = {
+        "q": np.concatenate([q, k, v], -1) if packed else q,
+        "k": None if packed else k,
+        "v": None if packed else v,
+    }
+    if buffer:
+        inputs["pk"] = rand(b, kv_heads, buffer, h, dtype=dtype)
+        inputs["pv"] = rand(b, kv_heads, buffer, h, dtype=dtype)
+    else:
+        inputs["pk"] = inputs["pv"] = None
+    inputs["seqlens_k"] = np.asarray(lengths, np.int32) - 1
+    inputs["total"] = np.array(max(lengths), np.int32)
+    if rotary:
+        inputs["cos"], inputs["sin"] = _rotary_caches(32, h, dtype)
+    return inputs
+
+
+def _check_gqa(inputs, lengths, s, attrs, dtype, past_len_fn):
+    """Compare output rows of real tokens and the valid part of the present cache."""
+    model = node_model(
+        "GroupQueryAttention",
+        inputs,
+        3,
+        opset=1,
+        domain=MS,
+        initializers=("cos", "sin"),
+        **attrs,
+    )
+    feeds = {
+        k: v for k, v in inputs.items() if v is not None and k not in ("cos", "sin")
+    }
+    want = _session(model).run(None, feeds)
+    got = run_jonnx(model, inputs)
+    tol = _tol(dtype)
+    for bi, length in enumerate(lengths):
+        real = min(s, length)  # a right-padded first prompt has length - s padding rows
+        np.testing.assert_allclose(
+            got[0][bi, :real].astype(np.float64),
+            want[0][bi, :real].astype(np.float64),
+            **tol,
+        )
+        for i in (1, 2):
+            assert got[i].shape == want[i].shape
+            np.testing.assert_allclose(
+                got[i][bi, :, :length].astype(np.float64),
+                want[i][bi, :, :length].astype(np.float64),
+                **tol,
+            )
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize(
+    "case",
+    [
+        "prompt",
+        "prompt_padded",
+        "decode_shared_buffer",
+        "decode_growing",
+        "chunk",
+        "packed",
+        "rotary",
+        "rotary_prompt",
+        "rotary_interleaved",
+        "window",
+        "window_decode",
+        "softcap",
+        "scale",
+        "smooth_softmax",
+        "mqa",
+    ],
+)
+def test_group_query_attention(case, dtype):
+    heads, kv_heads, h = (
+        4,
+        2,
+        16,
+    )  # onnxruntime's CPU kernel wants head sizes in multiples of 16
+    b = 2
+    attrs = {"num_heads": heads, "kv_num_heads": kv_heads}
+    if case == "mqa":
+        kv_heads = attrs["kv_num_heads"] = 1
+    s, buffer, lengths = 5, 0, [5, 5]
+    if case == "prompt_padded":
+        lengths = [5, 3]
+    elif case == "decode_shared_buffer":
+        s, buffer, lengths = 1, 12, [7, 4]
+    elif case == "decode_growing":
+        s, buffer, lengths = 1, 6, [7, 7]
+    elif case == "chunk":
+        b, s, buffer, lengths = (
+            1,
+            3,
+            10,
+            [8],
+        )  # onnxruntime: one batch row for a chunk with past
+    elif case in (
+        "rotary",
+        "rotary_interleaved",
+        "window_decode",
+        "softcap",
+        "smooth_softmax",
+    ):
+        s, buffer, lengths = 1, 10, [9, 5]
+    elif case == "window":
+        s, lengths = 7, [7, 6]
+    rotary = case.startswith("rotary")
+    if rotary:
+        attrs.update(do_rotary=1, rotary_interleaved=int(case == "rotary_interleaved"))
+    if case.startswith("window"):
+        attrs["local_window_size"] = 3
+    if case == "softcap":
+        attrs["softcap"] = 2.0
+    if case == "scale":
+        attrs["scale"] = 0.2
+    if case == "smooth_softmax":
+        attrs["smooth_softmax"] = 1
+    inputs = _gqa_inputs(
+        b=b,
+        s=s,
+        heads=heads,
+        kv_heads=kv_heads,
+        h=h,
+        buffer=buffer,
+        lengths=lengths,
+        packed=case == "packed",
+        dtype=dtype,
+        rotary=rotary,
+    )
+    _check_gqa(inputs, lengths, s, attrs, dtype, None)
