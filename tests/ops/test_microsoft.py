@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
+import jonnx
 from tests.ops._harness import check_op_grads, node_model, run_jonnx
 
 ort = pytest.importorskip("onnxruntime")
@@ -963,3 +964,44 @@ def test_matmul_nbits_gradient_reaches_input_and_scales():
         bits=4,
         block_size=block,
     )
+
+
+# ------------------------------------------------------------------------------ load errors
+
+
+def test_unimplemented_contrib_ops_fail_at_load_in_one_error():
+    import onnx.helper as oh
+
+    from jonnx import errors
+
+    nodes = [
+        oh.make_node("FastGelu", ["x"], ["a"], name="fine", domain=MS),
+        oh.make_node("BeamSearch", ["a"], ["b"], name="search", domain=MS),
+        oh.make_node("QOrderedGelu", ["b"], ["c"], name="ordered", domain=MS),
+        oh.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    info = oh.make_tensor_value_info
+    graph = oh.make_graph(nodes, "g", [info("x", 1, [2])], [info("y", 1, [2])])
+    model = oh.make_model(
+        graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)]
+    )
+    with pytest.raises(errors.UnsupportedOpError) as caught:
+        jonnx.load(model)
+    message = str(caught.value)
+    assert (
+        "node 'search'" in message
+        and "node 'ordered'" in message
+        and "'com.microsoft', opset 1" in message
+    )
+    assert [n[0] for n in caught.value.nodes] == ["search", "ordered"]
+    assert "fine" not in message
+
+
+def test_undeclared_contrib_attribute_is_refused_at_load():
+    from jonnx import errors
+
+    model = node_model(
+        "FastGelu", {"x": rand(2)}, opset=1, domain=MS, approximate="tanh"
+    )
+    with pytest.raises(errors.JonnxError, match="approximate"):
+        jonnx.load(model)
