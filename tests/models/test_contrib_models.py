@@ -1,5 +1,5 @@
 """Files written by onnxruntime's own tools (tests/models/contrib/make_contrib_models.py):
-its transformers optimizer (BERT and GPT-2 at levels 1 and 2), quantize_dynamic plus an
+its transformers optimizer (BERT and GPT-2 at levels 0, 1 and 2), quantize_dynamic plus an
 extended-level session, an extended-level session on a CNN, and the MatMulNBits quantizer.
 jonnx runs each under jit and must match onnxruntime on the same file."""
 
@@ -36,8 +36,15 @@ def _inputs(name):
 
 
 CASES = {
-    "bert_opt1.onnx": {"SkipLayerNormalization", "BiasGelu"},
+    "bert_opt0.onnx": {
+        "EmbedLayerNormalization",
+        "Attention",
+        "SkipLayerNormalization",
+        "BiasGelu",
+    },
+    "bert_opt1.onnx": {"Attention", "SkipLayerNormalization", "BiasGelu"},
     "bert_opt2.onnx": {"SkipLayerNormalization", "BiasGelu"},
+    "gpt2_opt0.onnx": {"SkipLayerNormalization", "FastGelu"},
     "gpt2_opt1.onnx": {"SkipLayerNormalization", "FastGelu"},
     "gpt2_opt2.onnx": {"SkipLayerNormalization", "FastGelu"},
     "mlp_dynamic_int8.onnx": {"DynamicQuantizeMatMul"},
@@ -64,3 +71,11 @@ def test_onnxruntime_tool_output_runs_and_matches(name):
     got = model(*[feeds[n] for n in model.input_names])
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_contrib_nodes_without_an_opset_import_load_as_version_1():
+    # The optimizer's Python fusions write com.microsoft nodes without importing the domain;
+    # onnxruntime runs such files, and so does jonnx (every contrib op is version 1).
+    proto = onnx.load(HERE / "bert_opt0.onnx")
+    assert "com.microsoft" not in {o.domain for o in proto.opset_import}
+    assert jonnx.load(proto).graph.nodes
