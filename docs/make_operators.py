@@ -28,6 +28,63 @@ OUTPUT = pathlib.Path(__file__).with_name("operators.md")
 #: onnx's domains, in the order the page lists them ("" is written "ai.onnx").
 DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training")
 
+#: onnxruntime's contrib domain, listed after onnx's own with what jonnx implements of it.
+MICROSOFT = "com.microsoft"
+
+#: Every com.microsoft operator onnxruntime 1.32 defines (its ``get_all_operator_schema()``).
+MICROSOFT_OPS = (  # noqa: SIM905 -- one block of names, easy to refresh
+    "Attention AttnLSTM BeamSearch BiasAdd BiasDropout BiasGelu BiasSoftmax BiasSplitGelu "
+    "BifurcationDetector BitmaskBiasDropout BitmaskDropout BranchwiseRMSNorm CDist CausalConvWithState "
+    "ComplexMul ComplexMulConj ConvStateReplay ConvTransposeWithDynamicPads CropAndResize DecoderAttention "
+    "DecoderMaskedMultiHeadAttention DecoderMaskedSelfAttention DequantizeBFP DequantizeLinear "
+    "DequantizeWithOrder DynamicQuantizeLSTM DynamicQuantizeMatMul DynamicSparseAttention DynamicTimeWarping "
+    "EPContext EmbedLayerNormalization EngramGate ExpandDims FastGelu FusedConv FusedGemm FusedMatMul "
+    "FusedMatMulActivation GatedAdd GatedDeltaNet GatedDeltaNetStateReplay GatedRMSNorm "
+    "GatedRelativePositionBias GatherBlockQuantized GatherND GatherPacked Gelu GemmFastGelu GemmFloat8 "
+    "GemmaRotaryEmbedding GreedySearch GridSample GroupNorm GroupQueryAttention HyperConnectionLowRankMix "
+    "HyperConnectionPostMix HyperConnectionPreMix Inverse Irfft IsAllFinite LinearAttention "
+    "LinearAttentionGate LongformerAttention MRotaryEmbedding Mamba2Verify MatMulBlockQuantizedFp4Weight "
+    "MatMulBlockQuantizedFp8Weight MatMulBnb4 MatMulFpQ4 MatMulInteger16 MatMulIntegerToFloat MatMulNBits "
+    "MatMulNBitsMlp MatMulNBitsQLoRA MatMulNBitsQkv MatMulPacked MaxpoolWithMask MoE MoEGroupRouter "
+    "MoEPacked MulInteger MultiHeadAttention MurmurHash3 NGramHashMapping NGramRepeatBlock NhwcConv "
+    "NhwcFusedConv NhwcMaxPool PackedAttention PackedMultiHeadAttention PackedSparseAttentionIndexer "
+    "PackedSparseAttentionIndexerMerge Pad PagedAttention QAttention QEmbedLayerNormalization QGemm "
+    "QLinearAdd QLinearAveragePool QLinearConcat QLinearConv QLinearGlobalAveragePool QLinearLeakyRelu "
+    "QLinearMul QLinearReduceMean QLinearSigmoid QLinearSoftmax QLinearWhere QMoE QOrderedAttention "
+    "QOrderedGelu QOrderedLayerNormalization QOrderedLongformerAttention QOrderedMatMul QuantizeBFP "
+    "QuantizeLinear QuantizeWithOrder QuickGelu RMSNormRotary Range ReduceSumInteger RelativePositionBias "
+    "RemovePadding RestorePadding Rfft RotaryEmbedding RouterGateUpProj SampleOp Sampling ScaledSiLU "
+    "SkipGroupNorm SkipLayerNormalization SkipSimplifiedLayerNormalization Snpe SparseAttention "
+    "SparseAttentionIndexer SparsePagedAttention SparseToDenseMatMul SpeculativePrefixCommit SwiGLU "
+    "Tokenizer TorchEmbedding TransposeMatMul Trilu UnfoldTensor Unique VarlenCausalConvWithState "
+    "VarlenNGramHashMapping WhisperBeamSearch WordConvEmbedding"
+).split()
+
+#: Why an unimplemented com.microsoft op is not there (ops not named: not implemented yet).
+_SEARCH = "a whole generation loop with subgraphs: write the loop in JAX with lax.while_loop"
+_GPU = "a GPU serving kernel (paged/packed/decoder-masked layouts); files for CPU use the ops above"
+_ORDERED = "CUDA int8 ordered (COL32) layouts"
+_SESSION = "an internal layout onnxruntime creates inside a session, not found in saved files"
+MICROSOFT_REASONS = {
+    **dict.fromkeys(("BeamSearch", "GreedySearch", "Sampling", "WhisperBeamSearch"), _SEARCH),
+    **dict.fromkeys(
+        ("DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention", "PackedAttention",
+         "PackedMultiHeadAttention", "PagedAttention", "SparsePagedAttention", "LongformerAttention",
+         "GemmFloat8", "MatMulBnb4", "MatMulFpQ4", "DecoderAttention"),
+        _GPU,
+    ),
+    **dict.fromkeys(
+        ("QOrderedAttention", "QOrderedGelu", "QOrderedLayerNormalization", "QOrderedLongformerAttention",
+         "QOrderedMatMul", "QuantizeWithOrder", "DequantizeWithOrder"),
+        _ORDERED,
+    ),
+    **dict.fromkeys(("NhwcConv", "NhwcFusedConv", "NhwcMaxPool", "FusedMatMulActivation"), _SESSION),
+    "EPContext": "an execution provider's precompiled binary",
+    "Snpe": "a Qualcomm SNPE binary",
+    "SampleOp": "onnxruntime's example op",
+    "Tokenizer": "string tokenization on the host (onnxruntime-extensions territory)",
+}
+
 
 def _domain_name(domain: str) -> str:
     return domain or "ai.onnx"
@@ -127,6 +184,7 @@ def render() -> str:
             )
         lines.append("")
 
+    lines += _microsoft_section()
     lines += [
         "## Totals",
         "",
@@ -140,6 +198,37 @@ def render() -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _microsoft_section() -> list[str]:
+    """The com.microsoft table: onnxruntime's contrib ops, implemented or why not."""
+    implemented: dict[str, set[int]] = collections.defaultdict(set)
+    for (domain, op_type, version), opdef in registered().items():
+        if domain == MICROSOFT and _is_jonnx_own(opdef.fn):
+            implemented[op_type].add(version)
+    names = sorted(set(MICROSOFT_OPS) | set(implemented))
+    done = sum(1 for n in names if n in implemented)
+    lines = [
+        f"## {MICROSOFT}",
+        "",
+        "onnxruntime's contrib operators, as its transformers optimizer, quantizers and the genai",
+        "model builder write them (semantics: onnxruntime's `docs/ContribOperators.md`, each",
+        "implemented op checked against onnxruntime in `tests/ops/test_microsoft.py`). onnxruntime",
+        "also registers `LayerNormalization`-1 and `SimplifiedLayerNormalization` in the default",
+        "domain; jonnx implements both there (see the ai.onnx table).",
+        "",
+        f"{done} of {len(names)} operators implemented.",
+        "",
+        "| Operator | jonnx implements | Why not |",
+        "| --- | --- | --- |",
+    ]
+    for name in names:
+        if name in implemented:
+            lines.append(f"| {name} | {_versions(implemented[name])} | |")
+        else:
+            lines.append(f"| {name} | - | {MICROSOFT_REASONS.get(name, 'not implemented yet')} |")
+    lines.append("")
+    return lines
 
 
 def main() -> None:

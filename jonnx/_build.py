@@ -339,6 +339,10 @@ class GraphBuilder:
         self, proto: onnx.NodeProto, name: str, visible: frozenset[str], opsets: Mapping[str, int]
     ) -> Node | None:
         domain = normalize_domain(proto.domain)
+        if domain == "com.microsoft" and domain not in opsets:
+            # onnxruntime's transformers optimizer writes contrib nodes without importing
+            # their domain, and onnxruntime runs such files; every contrib op is version 1.
+            opsets = {**opsets, domain: 1}
         if domain not in opsets:
             raise errors.ModelStructureError(
                 f"node {name!r} ({proto.op_type}) uses domain {domain or 'ai.onnx'!r}, which "

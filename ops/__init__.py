@@ -35,6 +35,7 @@ from jonnx.ops import (  # noqa: F401
     indexing,
     logic,
     loss,
+    microsoft,
     ml,
     nn,
     optimizers,

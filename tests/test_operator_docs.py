@@ -6,6 +6,7 @@ import difflib
 import pathlib
 
 import jonnx
+from jonnx._registry import registered
 from tests._scripts import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -47,7 +48,32 @@ def test_operators_page_is_up_to_date():
 def test_operators_page_lists_onnx_domains_only():
     text = _load_generator().render()
     headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
-    assert headings == ["ai.onnx", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training", "Totals"]
+    assert headings == [
+        "ai.onnx", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training", "com.microsoft", "Totals",
+    ]
     # Custom ops registered by tests and examples never reach the page.
     assert "DocsProbe" not in text and "jonnx.tests.docs" not in text
     assert "| Add | 1, 6, 7, 13, 14 | 1, 6, 7, 13, 14 | yes |" in text
+
+
+def test_microsoft_table_lists_every_registered_contrib_op():
+    generator = _load_generator()
+    text = generator.render()
+    ours = sorted({op for (domain, op, _), d in registered().items()
+                   if domain == "com.microsoft" and generator._is_jonnx_own(d.fn)})
+    assert "GroupQueryAttention" in ours and "MatMulNBits" in ours
+    for op in ours:
+        assert f"| {op} | 1 | |" in text
+    # An op jonnx lacks says why.
+    assert "| BeamSearch | - | a whole generation loop" in text
+
+
+def test_microsoft_op_list_matches_installed_onnxruntime():
+    """The page's list of contrib ops is onnxruntime's (refresh MICROSOFT_OPS when it changes)."""
+    ort = __import__("pytest").importorskip("onnxruntime")
+    state = ort.capi.onnxruntime_pybind11_state
+    if not hasattr(state, "get_all_operator_schema"):
+        __import__("pytest").skip("this onnxruntime build does not expose its schemas")
+    names = {s.name for s in state.get_all_operator_schema() if s.domain == "com.microsoft"}
+    listed = set(_load_generator().MICROSOFT_OPS)
+    assert names <= listed, f"contrib ops missing from docs/make_operators.py: {sorted(names - listed)}"

@@ -1,0 +1,75 @@
+"""Gelu, BiasGelu, FastGelu, QuickGelu, BiasAdd and BiasSplitGelu.
+
+Gelu and BiasGelu are exact (erf); FastGelu is the tanh approximation onnxruntime documents,
+``0.5 x (1 + tanh(0.7978845608 (x + 0.044715 x^3)))``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jonnx.ops._util import dtype_of
+from jonnx.ops.microsoft._common import DOMAIN
+
+from jonnx._registry import register
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + lax.erf(x * (1 / math.sqrt(2))))
+
+
+def _fast_gelu(x):
+    inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)
+    return 0.5 * x * (1 + jnp.tanh(inner))
+
+
+@register("Gelu", since=1, domain=DOMAIN, attributes={}, n_inputs=1)
+def gelu(inputs, attrs, ctx):
+    """com.microsoft ``Gelu``: exact, ``0.5 x (1 + erf(x / sqrt 2))``."""
+    (x,) = inputs
+    return (_gelu(x).astype(dtype_of(x)),)
+
+
+@register("BiasGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
+def bias_gelu(inputs, attrs, ctx):
+    """com.microsoft ``BiasGelu``: exact Gelu of ``A + B`` (B broadcasts over the last axis)."""
+    a, b = inputs
+    return (_gelu(a + b).astype(dtype_of(a)),)
+
+
+@register("FastGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
+def fast_gelu(inputs, attrs, ctx):
+    """com.microsoft ``FastGelu``: the tanh approximation of Gelu of ``X (+ bias)``."""
+    x, bias = inputs
+    if bias is not None:
+        x = x + bias
+    return (_fast_gelu(x).astype(dtype_of(x)),)
+
+
+@register("QuickGelu", since=1, domain=DOMAIN, attributes={"alpha": 1.702}, n_inputs=1)
+def quick_gelu(inputs, attrs, ctx):
+    """com.microsoft ``QuickGelu``: ``x * sigmoid(alpha * x)``."""
+    (x,) = inputs
+    alpha = jnp.asarray(attrs["alpha"], dtype_of(x))
+    return ((x * jax.nn.sigmoid(alpha * x)).astype(dtype_of(x)),)
+
+
+@register("BiasAdd", since=1, domain=DOMAIN, attributes={}, n_inputs=3)
+def bias_add(inputs, attrs, ctx):
+    """com.microsoft ``BiasAdd``: ``X + bias + skip`` (X, skip: (N, S, C); bias: (C,))."""
+    x, bias, skip = inputs
+    return ((x + bias + skip).astype(dtype_of(x)),)
+
+
+@register("BiasSplitGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
+def bias_split_gelu(inputs, attrs, ctx):
+    """com.microsoft ``BiasSplitGelu``: ``left * Gelu(right)`` of the halves of ``X + bias``."""
+    x, bias = inputs
+    s = x + bias
+    half = jnp.shape(s)[-1] // 2
+    if jnp.shape(s)[-1] % 2:
+        raise ctx.error(f"the last dimension of X ({jnp.shape(s)[-1]}) must be even")
+    return ((s[..., :half] * _gelu(s[..., half:])).astype(dtype_of(x)),)

@@ -1,0 +1,142 @@
+"""LayerNormalization (before opset 17), SimplifiedLayerNormalization, SkipLayerNormalization,
+SkipSimplifiedLayerNormalization and EmbedLayerNormalization.
+
+The Skip* ops add the residual (and an optional bias) before normalising over the last axis,
+and return that sum as their fourth output (``input_skip_bias_sum``), which the next block's
+residual reads. Statistics are computed in float32 at least, as onnxruntime does for float16.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jonnx.ops._util import dtype_of, normalize_axis
+from jonnx.ops.microsoft._common import DOMAIN
+from jonnx.ops.normalization import (
+    _moments,
+    _rsqrt_eps,
+    _stash_dtype,
+    layer_normalization,
+)
+
+from jonnx._registry import register
+
+# onnxruntime registers its LayerNormalization contrib op in the default domain from opset 1,
+# with the semantics onnx adopted in opset 17: the same body serves both.
+register(
+    "LayerNormalization",
+    since=1,
+    attributes={"axis": -1, "epsilon": 1e-5, "stash_type": 1},
+    n_inputs=3,
+)(layer_normalization)
+
+
+def _rms_norm(x, axis: int, epsilon: float, stash_dtype):
+    """``x / sqrt(mean(x**2) + eps)`` over the axes from ``axis`` on, and the inverse RMS."""
+    xs = x.astype(stash_dtype)
+    axes = tuple(range(axis, jnp.ndim(x)))
+    inv = _rsqrt_eps(jnp.mean(xs * xs, axis=axes, keepdims=True), epsilon)
+    return xs * inv, inv
+
+
+def _layer_norm(x, epsilon: float, stash_dtype):
+    """Normalise over the last axis; returns the normalised value, mean and inverse std."""
+    xs = x.astype(stash_dtype)
+    mean, var = _moments(xs, (jnp.ndim(x) - 1,))
+    inv = _rsqrt_eps(var, epsilon)
+    return (xs - mean) * inv, mean, inv
+
+
+def _wide(x) -> np.dtype:
+    """float32 at least: statistics of float16/bfloat16 inputs are taken in float32."""
+    return np.dtype(jnp.promote_types(dtype_of(x), jnp.float32))
+
+
+@register(
+    "SimplifiedLayerNormalization",
+    since=1,
+    attributes={"axis": -1, "epsilon": 1e-5, "stash_type": 1},
+    n_inputs=2,
+)
+def simplified_layer_normalization(inputs, attrs, ctx):
+    """onnxruntime ``SimplifiedLayerNormalization`` (RMS norm; default domain, as files carry it)."""
+    x, scale = inputs
+    axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
+    normed, inv = _rms_norm(
+        x, axis, attrs["epsilon"], _stash_dtype(x, attrs["stash_type"])
+    )
+    return (normed.astype(dtype_of(x)) * scale).astype(dtype_of(x)), inv
+
+
+def _skip_sum(x, skip, bias, ctx):
+    if jnp.ndim(x) != 3 or jnp.shape(x)[-1] != jnp.shape(skip)[-1]:
+        raise ctx.error(
+            f"input must be (batch, sequence, hidden) and skip must end in hidden; got {jnp.shape(x)} "
+            f"and {jnp.shape(skip)}"
+        )
+    s = x + skip
+    return s if bias is None else s + bias
+
+
+@register(
+    "SkipLayerNormalization",
+    since=1,
+    domain=DOMAIN,
+    attributes={"epsilon": 1e-12},
+    n_inputs=5,
+)
+def skip_layer_normalization(inputs, attrs, ctx):
+    """com.microsoft ``SkipLayerNormalization``: ``LayerNorm(input + skip + bias) * gamma + beta``."""
+    x, skip, gamma, beta, bias = inputs
+    s = _skip_sum(x, skip, bias, ctx)
+    normed, mean, inv = _layer_norm(s, attrs["epsilon"], _wide(s))
+    y = normed.astype(dtype_of(x)) * gamma
+    if beta is not None:
+        y = y + beta
+    return y.astype(dtype_of(x)), mean, inv, s
+
+
+@register(
+    "SkipSimplifiedLayerNormalization",
+    since=1,
+    domain=DOMAIN,
+    attributes={"epsilon": 1e-12},
+    n_inputs=4,
+)
+def skip_simplified_layer_normalization(inputs, attrs, ctx):
+    """com.microsoft ``SkipSimplifiedLayerNormalization``: ``RMSNorm(input + skip + bias) * gamma``."""
+    x, skip, gamma, bias = inputs
+    s = _skip_sum(x, skip, bias, ctx)
+    normed, inv = _rms_norm(s, jnp.ndim(s) - 1, attrs["epsilon"], _wide(s))
+    y = normed.astype(dtype_of(x)) * gamma
+    return y.astype(dtype_of(x)), jnp.zeros_like(inv), inv, s
+
+
+@register(
+    "EmbedLayerNormalization",
+    since=1,
+    domain=DOMAIN,
+    attributes={"epsilon": 1e-12, "mask_index_type": 1},
+    n_inputs=9,
+)
+def embed_layer_normalization(inputs, attrs, ctx):
+    """com.microsoft ``EmbedLayerNormalization``: BERT's word + position + segment embeddings,
+    layer-normalised; ``mask_index`` is each row's count of ones in ``mask`` (0 without one)."""
+    ids, segment_ids, word, position, segment, gamma, beta, mask, position_ids = inputs
+    if jnp.ndim(ids) != 2:
+        raise ctx.error(
+            f"input_ids must be (batch, sequence), got shape {jnp.shape(ids)}"
+        )
+    batch, seq = jnp.shape(ids)
+    if position_ids is None:
+        position_ids = jnp.arange(seq)[None, :]
+    total = jnp.take(word, ids, axis=0) + jnp.take(position, position_ids, axis=0)
+    if segment is not None and segment_ids is not None:
+        total = total + jnp.take(segment, segment_ids, axis=0)
+    normed, _, _ = _layer_norm(total, attrs["epsilon"], _wide(total))
+    y = (normed.astype(dtype_of(total)) * gamma + beta).astype(dtype_of(total))
+    if mask is None:
+        mask_index = jnp.zeros((batch,), jnp.int32)
+    else:
+        mask_index = jnp.sum(jnp.asarray(mask) != 0, axis=1).astype(jnp.int32)
+    return y, mask_index, total
