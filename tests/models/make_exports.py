@@ -5,7 +5,7 @@ them rather than against graphs built to resemble them. Each recipe in docs/expo
 one of these calls. Made with (CPU, Python 3.11):
 
     torch 2.13.0+cpu, onnxscript 0.7.2, onnx 1.23.2, onnxruntime 1.32.0,
-    scikit-learn 1.9.1, skl2onnx 1.20.0;
+    scikit-learn 1.9.1, skl2onnx 1.20.0, transformers 5.24.0;
     in another venv: tensorflow 2.21.0, keras 3.15.1, tf-keras 2.21.0, tf2onnx 1.17.0
 
 The network is a small ResNet-style CNN (a stem conv-bn-relu, one residual block of two
@@ -34,6 +34,9 @@ visibly depends on them:
 * ``sklearn_mlp.onnx``: skl2onnx, ``MLPClassifier`` (one hidden layer of 8) on the same data,
   ``zipmap=False``: MatMul/Add/Relu/Softmax with the weights as initializers.
 
+* ``bert_tiny.onnx``: transformers' ``BertForSequenceClassification`` (one layer, width 16,
+  vocabulary 50, 3 labels, random weights), TorchScript exporter in eval mode, with dynamic
+  batch and sequence axes: ``input_ids``, ``attention_mask`` int64 [B, T] -> ``logits`` [B, 3].
 * ``keras_cnn.onnx``: tf2onnx ``from_keras`` (defaults) of a Keras 3 CNN (conv, batch norm,
   relu, global pooling, dropout, dense; input ``x`` [N, 8, 8, 3] channels-last): Keras 3
   writes batch normalization as multiplies and adds, which tf2onnx folds into the Conv;
@@ -47,7 +50,7 @@ The training data of the scikit-learn models is :func:`iris_like` (synthetic, se
 ``*_reference.npz`` hold what PyTorch, scikit-learn and Keras computed on test inputs.
 
 Usage: ``python tests/models/make_exports.py [OUTPUT_DIR] [GROUPS]`` with GROUPS a comma-separated
-subset of ``torch,sklearn,keras`` (default all; the Keras group runs in its own venv). None of
+subset of ``torch,sklearn,transformers,keras`` (default all; the Keras group runs in its own venv). None of
 these packages is a dependency of jonnx or its tests.
 """
 
@@ -275,7 +278,60 @@ def _keras_exports(out: pathlib.Path) -> None:
     np.savez(out / "keras_reference.npz", **refs)
 
 
-GROUPS = {"torch": _torch_exports, "sklearn": _sklearn_exports, "keras": _keras_exports}
+def _transformers_exports(out: pathlib.Path) -> None:
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=3,
+    )
+    model = BertForSequenceClassification(
+        config
+    ).eval()  # from_pretrained returns eval mode too
+    ids = torch.ones(1, 8, dtype=torch.long)
+    mask = torch.ones(1, 8, dtype=torch.long)
+    torch.onnx.export(
+        model,
+        (ids, mask),
+        out / "bert_tiny.onnx",
+        dynamo=False,
+        input_names=["input_ids", "attention_mask"],
+        output_names=["logits"],
+        dynamic_axes={
+            "input_ids": {0: "B", 1: "T"},
+            "attention_mask": {0: "B", 1: "T"},
+            "logits": {0: "B"},
+        },
+    )
+    rng = np.random.default_rng(1)
+    test_ids = rng.integers(0, 50, (3, 11))
+    test_mask = np.ones((3, 11), np.int64)
+    test_mask[1, 7:] = 0  # a padded sequence
+    with torch.no_grad():
+        logits = model(
+            torch.from_numpy(test_ids), torch.from_numpy(test_mask)
+        ).logits.numpy()
+    np.savez(
+        out / "bert_reference.npz",
+        input_ids=test_ids,
+        attention_mask=test_mask,
+        logits=logits,
+    )
+
+
+GROUPS = {
+    "torch": _torch_exports,
+    "sklearn": _sklearn_exports,
+    "transformers": _transformers_exports,
+    "keras": _keras_exports,
+}
 
 
 def main(out: pathlib.Path = OUT, groups: list[str] | None = None) -> None:

@@ -376,3 +376,27 @@ def _conv_output(x: np.ndarray) -> np.ndarray:
         oh.make_tensor_value_info(bn.input[0], onnx.TensorProto.FLOAT, None)
     )
     return _ort(proto.SerializeToString(), x=x)[1]
+
+
+def test_transformers_export_matches_onnxruntime_and_pytorch_and_fine_tunes():
+    """A BERT classifier exported by the TorchScript exporter in eval mode: no Dropout, no
+    running statistics; every weight a param; runs at another sequence length than exported."""
+    path = EXPORTS / "bert_tiny.onnx"
+    ref = dict(np.load(EXPORTS / "bert_reference.npz"))
+    model = jonnx.load(path)
+    feeds = {"input_ids": ref["input_ids"], "attention_mask": ref["attention_mask"]}
+    (got,) = model(**feeds)
+    (want,) = _ort(path, **feeds)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), ref["logits"], rtol=1e-5, atol=1e-5)
+    assert model.state == {} and "Dropout" not in _op_types("bert_tiny.onnx")
+    assert any("word_embeddings" in k for k in model.params)
+
+    step = make_train_step(
+        model, classification_loss(model, target="y"), optax.adam(0.05)
+    )
+    ts, losses = step.init(), []
+    for i in range(8):
+        ts, metrics = step(ts, {**feeds, "y": np.array([0, 1, 2])}, jax.random.key(i))
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < 0.5 * losses[0], losses
