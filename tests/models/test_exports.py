@@ -227,7 +227,7 @@ def test_preserve_export_fine_tunes_infers_and_saves_for_inference(tmp_path):
     np.testing.assert_allclose(theirs, np.asarray(before_save), rtol=1e-5, atol=1e-5)
 
 
-def test_eval_export_without_constant_folding_trains_its_running_statistics():
+def test_eval_export_without_constant_folding_trains_its_running_statistics(tmp_path):
     """do_constant_folding=False keeps BatchNormalization; the exporter's deduplication routes
     the three layers' equal scales and shifts through Identity nodes from one initializer each,
     so fine-tuning trains them tied (as the file says), while each layer's statistics are its own."""
@@ -254,6 +254,10 @@ def test_eval_export_without_constant_folding_trains_its_running_statistics():
     (logits,) = model.apply(ts.params, x, state=ts.state, train=False)
     (theirs,) = _ort(_with_initializers(proto, ts.params | ts.state), x=x)
     np.testing.assert_allclose(np.asarray(logits), theirs, rtol=1e-5, atol=1e-5)
+    path = tmp_path / "tuned.onnx"
+    jonnx.save(model, path, params=ts.params, state=ts.state)
+    (saved,) = _ort(path, x=x)
+    np.testing.assert_allclose(saved, theirs, rtol=1e-5, atol=1e-5)
 
 
 def _with_initializers(proto: onnx.ModelProto, values) -> bytes:
