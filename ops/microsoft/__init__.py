@@ -12,7 +12,14 @@ opset 17, ``SimplifiedLayerNormalization``) are registered there too.
 from __future__ import annotations
 
 # Each module registers one family on import.
-from jonnx.ops.microsoft import activation, attention, fused, normalization, quantize  # noqa: F401
+from jonnx.ops.microsoft import (  # noqa: F401
+    activation,
+    attention,
+    fused,
+    misc,
+    normalization,
+    quantize,
+)
 
 #: The domain name, as nodes and opset imports spell it.
 DOMAIN = "com.microsoft"

@@ -1,4 +1,5 @@
-"""Attention, MultiHeadAttention, GroupQueryAttention and RotaryEmbedding (com.microsoft).
+"""Attention, QAttention, MultiHeadAttention, GroupQueryAttention and RotaryEmbedding
+(com.microsoft).
 
 * ``Attention`` (BERT/GPT-2 from the transformers optimizer) projects the input with merged
   Q/K/V weights; ``MultiHeadAttention`` takes projected (or packed) Q, K and V. Both mask with
@@ -30,6 +31,7 @@ import numpy as np
 from jonnx.ops._util import dtype_of
 from jonnx.ops.attention import _split_heads, rotary_embedding
 from jonnx.ops.microsoft._common import DOMAIN, reject_inputs, reject_unsupported
+from jonnx.ops.quantize import integer_matmul
 
 from jonnx._interpreter import is_concrete
 from jonnx._registry import register
@@ -147,25 +149,14 @@ _ATTENTION_ATTRS = {
 }
 
 
-@register("Attention", since=1, domain=DOMAIN, attributes=_ATTENTION_ATTRS, n_inputs=7)
-def attention(inputs, attrs, ctx):
-    """com.microsoft ``Attention``: self-attention with merged Q/K/V projection weights.
-
-    ``do_rotary`` and ``past_present_share_buffer`` are not supported.
-    """
-    x, weights, bias, mask, past, attention_bias = inputs[:6]
-    reject_unsupported(attrs, {"do_rotary": 0, "past_present_share_buffer": 0}, ctx)
-    reject_inputs(inputs, {6: "past_sequence_length"}, ctx)
+def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
+    """Attention and QAttention after the input projection ``proj`` (B, S, D + D + Dv)."""
     heads = attrs["num_heads"]
-    total = jnp.shape(weights)[1]
     sizes = tuple(attrs["qkv_hidden_sizes"] or (total // 3,) * 3)
     if len(sizes) != 3 or sum(sizes) != total or sizes[0] != sizes[1]:
         raise ctx.error(
             f"qkv_hidden_sizes {sizes} does not split the weights' {total} columns as (D, D, Dv)"
         )
-    proj = jnp.matmul(x, weights, precision=ctx.precision)
-    if bias is not None:
-        proj = proj + bias
     q = _split_heads(proj[..., : sizes[0]], heads, "Q", "num_heads", ctx)
     k = _split_heads(proj[..., sizes[0] : 2 * sizes[0]], heads, "K", "num_heads", ctx)
     v = _split_heads(proj[..., 2 * sizes[0] :], heads, "V", "num_heads", ctx)
@@ -174,7 +165,7 @@ def attention(inputs, attrs, ctx):
         v = jnp.concatenate([past[1].astype(dtype_of(v)), v], axis=2)
     batch, _, q_len, head = jnp.shape(q)
     kv_len = jnp.shape(k)[2]
-    wide = _wide(dtype_of(x))
+    wide = _wide(dtype_of(proj))
     filter_value = attrs["mask_filter_value"]
     bias_total = _key_mask_bias(
         mask,
@@ -193,6 +184,57 @@ def attention(inputs, attrs, ctx):
         jnp.stack([k, v]) if past is not None or (ctx.n_outputs or 1) > 1 else None
     )
     return _merge_heads(y), present
+
+
+@register("Attention", since=1, domain=DOMAIN, attributes=_ATTENTION_ATTRS, n_inputs=7)
+def attention(inputs, attrs, ctx):
+    """com.microsoft ``Attention``: self-attention with merged Q/K/V projection weights.
+
+    ``do_rotary`` and ``past_present_share_buffer`` are not supported.
+    """
+    x, weights, bias, mask, past, attention_bias = inputs[:6]
+    reject_unsupported(attrs, {"do_rotary": 0, "past_present_share_buffer": 0}, ctx)
+    reject_inputs(inputs, {6: "past_sequence_length"}, ctx)
+    proj = jnp.matmul(x, weights, precision=ctx.precision)
+    if bias is not None:
+        proj = proj + bias
+    return _projected_attention(
+        proj, jnp.shape(weights)[1], mask, past, attention_bias, attrs, ctx
+    )
+
+
+_QATTENTION_ATTRS = {
+    "num_heads": None,
+    "unidirectional": 0,
+    "scale": None,
+    "mask_filter_value": -10000.0,
+    "do_rotary": 0,
+    "past_present_share_buffer": 0,
+}
+
+
+@register(
+    "QAttention", since=1, domain=DOMAIN, attributes=_QATTENTION_ATTRS, n_inputs=9
+)
+def qattention(inputs, attrs, ctx):
+    """com.microsoft ``QAttention`` (quantize_dynamic on an optimized BERT): Attention whose
+    projection multiplies the 8-bit input and weights in int32, scaled back to float."""
+    x, weights, bias, x_scale, w_scale, mask, x_zero, w_zero, past = inputs
+    reject_unsupported(attrs, {"do_rotary": 0, "past_present_share_buffer": 0}, ctx)
+    acc = integer_matmul(x, weights, x_zero, w_zero)
+    scale = jnp.asarray(x_scale).astype(jnp.float32) * jnp.asarray(w_scale).astype(
+        jnp.float32
+    )
+    proj = acc.astype(jnp.float32) * scale + jnp.asarray(bias).astype(jnp.float32)
+    return _projected_attention(
+        proj.astype(dtype_of(bias)),
+        jnp.shape(weights)[1],
+        mask,
+        past,
+        None,
+        {**attrs, "qkv_hidden_sizes": None},
+        ctx,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""FusedConv, FusedGemm, FusedMatMul (onnxruntime's extended-level fusions) and Trilu.
+"""FusedConv, FusedGemm, FusedMatMul/TransposeMatMul (onnxruntime's extended-level fusions),
+GemmFastGelu, BiasSoftmax and Trilu.
 
 The fused ops are Conv, Gemm and MatMul followed by an activation; their geometry and
 products reuse the default domain's implementations (``ops/nn.py``).
@@ -8,8 +9,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jonnx.ops._util import dtype_of
+from jonnx.ops._util import dtype_of, normalize_axis
 from jonnx.ops.microsoft._common import DOMAIN
+from jonnx.ops.microsoft.activation import fast_gelu
 from jonnx.ops.nn import _gemm, convolve
 from jonnx.ops.shape import trilu
 
@@ -140,3 +142,45 @@ register(
     attributes={"upper": 1},
     n_inputs=2,
 )(trilu)
+
+
+@register(
+    "TransposeMatMul",
+    since=1,
+    domain=DOMAIN,
+    attributes={"alpha": 1.0, "transA": 0, "transB": 0},
+    n_inputs=2,
+)
+def transpose_matmul(inputs, attrs, ctx):
+    """com.microsoft ``TransposeMatMul``: FusedMatMul's older name (no batch transposes)."""
+    return fused_matmul(inputs, {**attrs, "transBatchA": 0, "transBatchB": 0}, ctx)
+
+
+@register("GemmFastGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=3)
+def gemm_fast_gelu(inputs, attrs, ctx):
+    """com.microsoft ``GemmFastGelu``: FastGelu of ``X @ W (+ bias)``."""
+    x, w, bias = inputs
+    return fast_gelu((jnp.matmul(x, w, precision=ctx.precision), bias), {}, ctx)
+
+
+@register(
+    "BiasSoftmax",
+    since=1,
+    domain=DOMAIN,
+    attributes={"axis": 1, "is_inner_broadcast": None},
+    n_inputs=2,
+)
+def bias_softmax(inputs, attrs, ctx):
+    """com.microsoft ``BiasSoftmax``: Softmax of ``data + bias`` along ``axis``; the bias
+    broadcasts over the dims before ``axis`` (inner broadcast) or numpy-style from the right."""
+    data, bias = inputs
+    axis = normalize_axis(attrs["axis"], jnp.ndim(data), ctx)
+    if attrs["is_inner_broadcast"] and jnp.ndim(bias) < jnp.ndim(data):
+        bias = jnp.reshape(
+            bias, jnp.shape(bias) + (1,) * (jnp.ndim(data) - jnp.ndim(bias))
+        )
+    return (
+        jax.nn.softmax(data + bias, axis=tuple(range(axis, jnp.ndim(data)))).astype(
+            dtype_of(data)
+        ),
+    )

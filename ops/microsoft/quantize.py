@@ -1,5 +1,6 @@
 """Quantized contrib ops: MatMulNBits, GatherBlockQuantized, DynamicQuantizeMatMul,
-MatMulIntegerToFloat, QLinearAdd/Mul/Sigmoid/LeakyRelu/GlobalAveragePool/Concat and the
+MatMulIntegerToFloat, QLinearAdd/Mul/Sigmoid/LeakyRelu/GlobalAveragePool/Concat/AveragePool/Softmax/Where/ReduceMean,
+QLinearConv (channels-last too), QGemm, MulInteger, MatMulInteger16, ReduceSumInteger and the
 com.microsoft QuantizeLinear/DequantizeLinear.
 
 Weight-only quantized ops (MatMulNBits, GatherBlockQuantized) unpack their integer weights at
@@ -18,13 +19,16 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jonnx.ops._util import dtype_of, normalize_axis
+from jonnx.ops.activation import _softmax_2d, _softmax_axis
 from jonnx.ops.microsoft._common import DOMAIN
+from jonnx.ops.nn import average_pool as _average_pool
 from jonnx.ops.quantize import (
     _dequantize_linear,
     _quantize_linear,
     dynamic_quantize_linear,
     integer_matmul,
 )
+from jonnx.ops.quantize import qlinear_conv as _qlinear_conv
 
 from jonnx._registry import register
 
@@ -341,3 +345,185 @@ register("QuantizeLinear", since=1, domain=DOMAIN, attributes={"axis": 1}, n_inp
 register(
     "DequantizeLinear", since=1, domain=DOMAIN, attributes={"axis": 1}, n_inputs=3
 )(_dequantize_linear)
+
+
+# ---------------------------------------------------------------------------------------------
+# More quantized ops from quantize_static / quantize_dynamic (QOperator format)
+
+
+@register(
+    "QGemm",
+    since=1,
+    domain=DOMAIN,
+    attributes={"alpha": 1.0, "transA": 0, "transB": 0},
+    n_inputs=9,
+)
+def qgemm(inputs, attrs, ctx):
+    """com.microsoft ``QGemm``: ``alpha * (A - a_zp) (B - b_zp) * a_scale * b_scale + C * a_scale * b_scale``
+    (C is an int32 bias at the product's scale), requantized when ``y_scale`` is given, else float."""
+    a, a_scale, a_zero, b, b_scale, b_zero, c, y_scale, y_zero = inputs
+    if attrs["transA"]:
+        a = a.T
+    if attrs["transB"]:
+        b = b.T
+    acc = integer_matmul(a, b, a_zero, b_zero)
+    if c is not None:
+        acc = acc + jnp.asarray(c).astype(jnp.int32)
+    y = acc.astype(jnp.float32) * (
+        jnp.float32(attrs["alpha"])
+        * jnp.asarray(a_scale).astype(jnp.float32)
+        * jnp.asarray(b_scale).astype(jnp.float32)
+    )
+    if y_scale is None:
+        return (y,)
+    return (_q(y, y_scale, y_zero, a),)
+
+
+def _nhwc(fn, x, channels_last: bool):
+    """Run ``fn`` on NCHW data, for an op whose input may be channels-last."""
+    if not channels_last:
+        return fn(x)
+    rank = jnp.ndim(x)
+    to_first = (0, rank - 1) + tuple(range(1, rank - 1))
+    to_last = (0,) + tuple(range(2, rank)) + (1,)
+    return jnp.transpose(fn(jnp.transpose(x, to_first)), to_last)
+
+
+_QCONV_ATTRS = {
+    "auto_pad": "NOTSET",
+    "channels_last": 0,
+    "dilations": None,
+    "group": 1,
+    "kernel_shape": None,
+    "pads": None,
+    "strides": None,
+}
+
+
+@register("QLinearConv", since=1, domain=DOMAIN, attributes=_QCONV_ATTRS, n_inputs=9)
+def qlinear_conv_ms(inputs, attrs, ctx):
+    """com.microsoft ``QLinearConv``: the default domain's QLinearConv, channels-last optionally."""
+    x, *rest = inputs
+    return (
+        _nhwc(
+            lambda v: _qlinear_conv((v, *rest), attrs, ctx)[0],
+            x,
+            bool(attrs["channels_last"]),
+        ),
+    )
+
+
+_QPOOL_ATTRS = {
+    "auto_pad": "NOTSET",
+    "ceil_mode": 0,
+    "channels_last": 0,
+    "count_include_pad": 0,
+    "kernel_shape": None,
+    "pads": None,
+    "strides": None,
+}
+
+
+@register(
+    "QLinearAveragePool", since=1, domain=DOMAIN, attributes=_QPOOL_ATTRS, n_inputs=5
+)
+def qlinear_average_pool(inputs, attrs, ctx):
+    """com.microsoft ``QLinearAveragePool``: AveragePool on dequantized values, requantized."""
+    x, x_scale, x_zero, y_scale, y_zero = inputs
+    pool_attrs = {**attrs, "dilations": None}
+    mean = _nhwc(
+        lambda v: _average_pool((v,), pool_attrs, ctx)[0],
+        _dq(x, x_scale, x_zero, ctx),
+        bool(attrs["channels_last"]),
+    )
+    return (_q(mean, y_scale, y_zero, x),)
+
+
+@register(
+    "QLinearSoftmax",
+    since=1,
+    domain=DOMAIN,
+    attributes={"axis": -1, "opset": None},
+    n_inputs=5,
+)
+def qlinear_softmax(inputs, attrs, ctx):
+    """com.microsoft ``QLinearSoftmax``: Softmax of the dequantized input (2-D coercion at ``axis``
+    when the node's ``opset`` attribute is below 13, as Softmax itself), requantized."""
+    x, x_scale, x_zero, y_scale, y_zero = inputs
+    f = _dq(x, x_scale, x_zero, ctx)
+    body = (
+        _softmax_axis("Softmax")
+        if (attrs["opset"] or 13) >= 13
+        else _softmax_2d("Softmax")
+    )
+    return (_q(body((f,), {"axis": attrs["axis"]}, ctx)[0], y_scale, y_zero, x),)
+
+
+@register("QLinearWhere", since=1, domain=DOMAIN, attributes={}, n_inputs=9)
+def qlinear_where(inputs, attrs, ctx):
+    """com.microsoft ``QLinearWhere``: Where over dequantized X and Y, requantized to Z's scale."""
+    cond, x, x_scale, x_zero, y, y_scale, y_zero, z_scale, z_zero = inputs
+    chosen = jnp.where(cond, _dq(x, x_scale, x_zero, ctx), _dq(y, y_scale, y_zero, ctx))
+    return (_q(chosen, z_scale, z_zero, x),)
+
+
+@register(
+    "QLinearReduceMean",
+    since=1,
+    domain=DOMAIN,
+    attributes={"axes": None, "keepdims": None},
+    n_inputs=5,
+)
+def qlinear_reduce_mean(inputs, attrs, ctx):
+    """com.microsoft ``QLinearReduceMean``: ReduceMean of the dequantized input, requantized."""
+    x, x_scale, x_zero, y_scale, y_zero = inputs
+    if attrs["axes"] is None or attrs["keepdims"] is None:
+        raise ctx.error("the axes and keepdims attributes are required")
+    axes = tuple(normalize_axis(a, jnp.ndim(x), ctx) for a in attrs["axes"])
+    mean = jnp.mean(
+        _dq(x, x_scale, x_zero, ctx), axis=axes, keepdims=bool(attrs["keepdims"])
+    )
+    return (_q(mean, y_scale, y_zero, x),)
+
+
+@register("MulInteger", since=1, domain=DOMAIN, attributes={}, n_inputs=4)
+def mul_integer(inputs, attrs, ctx):
+    """com.microsoft ``MulInteger``: ``(A - a_zp) * (B - b_zp)`` in int32."""
+    a, a_zero, b, b_zero = inputs
+    centered = [
+        jnp.asarray(v).astype(jnp.int32)
+        - (0 if z is None else jnp.asarray(z).astype(jnp.int32))
+        for v, z in ((a, a_zero), (b, b_zero))
+    ]
+    return (centered[0] * centered[1],)
+
+
+@register("MatMulInteger16", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
+def matmul_integer16(inputs, attrs, ctx):
+    """com.microsoft ``MatMulInteger16``: int16 by int16 into int32."""
+    a, b = inputs
+    return (
+        jnp.matmul(jnp.asarray(a).astype(jnp.int32), jnp.asarray(b).astype(jnp.int32)),
+    )
+
+
+@register(
+    "ReduceSumInteger",
+    since=1,
+    domain=DOMAIN,
+    attributes={"axes": None, "keepdims": None},
+    n_inputs=1,
+)
+def reduce_sum_integer(inputs, attrs, ctx):
+    """com.microsoft ``ReduceSumInteger``: an 8-bit tensor summed over ``axes`` into int32."""
+    (x,) = inputs
+    if attrs["axes"] is None or attrs["keepdims"] is None:
+        raise ctx.error("the axes and keepdims attributes are required")
+    axes = tuple(normalize_axis(a, jnp.ndim(x), ctx) for a in attrs["axes"])
+    return (
+        jnp.sum(
+            jnp.asarray(x).astype(jnp.int32),
+            axis=axes,
+            keepdims=bool(attrs["keepdims"]),
+        ),
+    )

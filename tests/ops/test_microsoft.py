@@ -46,9 +46,13 @@ def check(
     rtol=1e-5,
     atol=1e-5,
     expected=None,
+    node_attrs=None,
     **attrs,
 ):
-    """jonnx under jit matches onnxruntime (or ``expected``) on the listed outputs (default all)."""
+    """jonnx under jit matches onnxruntime (or ``expected``) on the listed outputs (default all).
+
+    ``node_attrs``: attributes named like this function's own arguments (QLinearSoftmax's opset).
+    """
     model = node_model(
         op,
         inputs,
@@ -58,6 +62,8 @@ def check(
         initializers=initializers,
         **attrs,
     )
+    for name, value in (node_attrs or {}).items():
+        model.graph.node[0].attribute.append(onnx.helper.make_attribute(name, value))
     if expected is None:
         feeds = {
             k: np.asarray(v)
@@ -890,6 +896,256 @@ def test_quantize_dequantize_linear(t, per_axis):
         initializers=("s", "z"),
         axis=1,
     )
+
+
+# ------------------------------------------------------------------------------ more quantized ops
+
+
+@pytest.mark.parametrize("t", [np.uint8, np.int8])
+@pytest.mark.parametrize("requantize,trans_b", [(True, 0), (False, 1)])
+def test_qgemm(requantize, trans_b, t):
+    (sa, za), (sb, _), (sy, zy) = _qparams(t), _qparams(np.int8), _qparams(t)
+    b = _qdata(np.int8, *((5, 4) if trans_b else (4, 5)))
+    inputs = {
+        "a": _qdata(t, 3, 4),
+        "sa": sa,
+        "za": za,
+        "b": b,
+        "sb": sb,
+        "zb": np.array(0, np.int8),
+        "c": RNG.integers(-500, 500, 5).astype(np.int32),
+        "sy": np.float32(sy * 50) if requantize else None,
+        "zy": zy if requantize else None,
+    }
+    check(
+        "QGemm",
+        inputs,
+        initializers=("sa", "za", "b", "sb", "zb", "c", "sy", "zy"),
+        transB=trans_b,
+        alpha=0.5,
+        **(QTOL if requantize else {"rtol": 1e-5, "atol": 1e-5}),
+    )
+
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_qlinear_conv_channels_last(channels_last):
+    t = np.uint8
+    (sx, zx), (sy, zy) = _qparams(t), _qparams(t)
+    x = _qdata(t, 1, 6, 6, 4) if channels_last else _qdata(t, 1, 4, 6, 6)
+    inputs = {
+        "x": x,
+        "sx": sx,
+        "zx": zx,
+        "w": _qdata(np.int8, 3, 4, 3, 3),
+        "sw": np.float32(0.01),
+        "zw": np.array(0, np.int8),
+        "sy": np.float32(sy * 20),
+        "zy": zy,
+        "b": RNG.integers(-100, 100, 3).astype(np.int32),
+    }
+    check(
+        "QLinearConv",
+        inputs,
+        initializers=("sx", "zx", "w", "sw", "zw", "sy", "zy", "b"),
+        channels_last=channels_last,
+        pads=[1, 1, 1, 1],
+        **QTOL,
+    )
+
+
+@pytest.mark.parametrize("channels_last,count_include_pad", [(0, 0), (1, 1)])
+def test_qlinear_average_pool(channels_last, count_include_pad):
+    t = np.uint8
+    (sx, zx), (sy, zy) = _qparams(t), _qparams(t)
+    x = _qdata(t, 1, 5, 5, 3) if channels_last else _qdata(t, 1, 3, 5, 5)
+    check(
+        "QLinearAveragePool",
+        {"x": x, "sx": sx, "zx": zx, "sy": sy, "zy": zy},
+        initializers=("sx", "zx", "sy", "zy"),
+        kernel_shape=[3, 3],
+        pads=[1, 1, 1, 1],
+        strides=[2, 2],
+        channels_last=channels_last,
+        count_include_pad=count_include_pad,
+        **QTOL,
+    )
+
+
+@pytest.mark.parametrize("t", [np.uint8, np.int8])
+@pytest.mark.parametrize("opset", [11, 13])
+def test_qlinear_softmax(opset, t):
+    _, zx = _qparams(t)
+    zy = np.array(0 if t == np.uint8 else -128, t)
+    check(
+        "QLinearSoftmax",
+        {
+            "x": _qdata(t, 2, 3, 6),
+            "sx": np.float32(0.1),
+            "zx": zx,
+            "sy": np.float32(1 / 256),
+            "zy": zy,
+        },
+        initializers=("sx", "zx", "sy", "zy"),
+        axis=1,
+        node_attrs={"opset": opset},
+        **QTOL,
+    )
+
+
+def test_qlinear_where_and_reduce_mean():
+    t = np.uint8
+    (sx, zx), (sy, zy), (sz, zz) = _qparams(t), _qparams(t), _qparams(t)
+    inputs = {
+        "cond": RNG.random((2, 3)) > 0.5,
+        "x": _qdata(t, 2, 3),
+        "sx": sx,
+        "zx": zx,
+        "y": _qdata(t, 3),
+        "sy": sy,
+        "zy": zy,
+        "sz": sz,
+        "zz": zz,
+    }
+    check(
+        "QLinearWhere",
+        inputs,
+        initializers=("sx", "zx", "sy", "zy", "sz", "zz"),
+        **QTOL,
+    )
+    # onnxruntime has no CPU kernel for QLinearReduceMean: numpy gives the expected values.
+    x = _qdata(t, 2, 3, 4)
+    mean = ((x.astype(np.float64) - zx) * sx).mean(axis=(1, 2), keepdims=True)
+    want = np.clip(np.round(mean / sy) + zy, 0, 255).astype(t)
+    inputs = {"x": x, "sx": sx, "zx": zx, "sy": sy, "zy": zy}
+    check(
+        "QLinearReduceMean",
+        inputs,
+        initializers=("sx", "zx", "sy", "zy"),
+        axes=[1, 2],
+        keepdims=1,
+        expected=[want],
+        **QTOL,
+    )
+
+
+def test_integer_helpers():
+    # MulInteger has no CPU kernel in onnxruntime: numpy gives the expected values.
+    a, b = _qdata(np.uint8, 3, 4), _qdata(np.uint8, 3, 4)
+    want = (a.astype(np.int32) - 3) * (b.astype(np.int32) - 7)
+    check(
+        "MulInteger",
+        {"a": a, "za": np.array(3, np.uint8), "b": b, "zb": np.array(7, np.uint8)},
+        expected=[want],
+    )
+    a16 = RNG.integers(-3000, 3000, (3, 4)).astype(np.int16)
+    b16 = RNG.integers(-3000, 3000, (4, 2)).astype(np.int16)
+    check("MatMulInteger16", {"a": a16, "b": b16})
+    # onnxruntime's type inference rejects this node (it infers uint32): numpy gives the values.
+    x = _qdata(np.int8, 2, 3, 4)
+    check(
+        "ReduceSumInteger",
+        {"x": x},
+        axes=[1],
+        keepdims=0,
+        expected=[x.astype(np.int32).sum(axis=1)],
+    )
+
+
+@pytest.mark.parametrize("unidirectional", [0, 1])
+def test_qattention(unidirectional):
+    b, s, hidden, heads = 2, 4, 16, 2
+    inputs = {
+        "x": _qdata(np.uint8, b, s, hidden),
+        "w": _qdata(np.int8, hidden, 3 * hidden),
+        "bias": rand(3 * hidden),
+        "sx": np.float32(0.02),
+        "sw": np.float32(0.01),
+        "mask": np.array([s, s - 1], np.int32),
+        "zx": np.array(128, np.uint8),
+        "zw": np.array(0, np.int8),
+    }
+    check(
+        "QAttention",
+        inputs,
+        initializers=("w", "bias", "sx", "sw", "zx", "zw"),
+        num_heads=heads,
+        unidirectional=unidirectional,
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
+# ------------------------------------------------------------------------------ more fused ops
+
+
+def test_transpose_matmul_and_gemm_fast_gelu():
+    check(
+        "TransposeMatMul",
+        {"a": rand(2, 5, 3), "b": rand(4, 5)},
+        transA=1,
+        transB=1,
+        alpha=0.5,
+        rtol=1e-4,
+    )
+    # GemmFastGelu runs on GPUs only in onnxruntime: expect its FastGelu of the float product.
+    x, w, bias = rand(3, 8), rand(8, 5), rand(5)
+    fast = node_model("FastGelu", {"y": x @ w, "bias": bias}, opset=1, domain=MS)
+    check(
+        "GemmFastGelu",
+        {"x": x, "w": w, "bias": bias},
+        expected=_session(fast).run(None, {"y": x @ w, "bias": bias}),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
+def test_bias_softmax_follows_the_documented_formula():
+    # onnxruntime implements BiasSoftmax for CUDA only: numpy gives the expected values.
+    data, bias = rand(2, 3, 4, 5), rand(4, 5)
+    z = (data + bias).astype(np.float64)
+    e = np.exp(z - z.max(axis=(2, 3), keepdims=True))
+    check(
+        "BiasSoftmax",
+        {"d": data, "b": bias},
+        axis=2,
+        is_inner_broadcast=0,
+        expected=[(e / e.sum(axis=(2, 3), keepdims=True)).astype(np.float32)],
+    )
+
+
+def test_shape_ops():
+    check(
+        "Range",
+        {
+            "start": np.array(2, np.int32),
+            "limit": np.array(11, np.int32),
+            "delta": np.array(3, np.int32),
+        },
+        initializers=("start", "limit", "delta"),
+    )
+    check(
+        "ExpandDims",
+        {"x": rand(2, 3), "axis": np.array(-1, np.int32)},
+        initializers=("axis",),
+    )
+    check("GatherND", {"x": rand(3, 4, 2), "i": np.array([[0, 1], [2, 3]], np.int64)})
+    check(
+        "Pad",
+        {
+            "x": rand(2, 3),
+            "pads": np.array([0, 1, 1, 2], np.int64),
+            "v": np.float32(0.5),
+        },
+        initializers=("pads", "v"),
+    )
+    check(
+        "Pad",
+        {"x": rand(2, 3), "pads": np.array([1, 1, 1, 1], np.int64)},
+        initializers=("pads",),
+        mode="reflect",
+    )
+    m = rand(2, 3, 3) + 3 * np.eye(3, dtype=np.float32)
+    check("Inverse", {"m": m}, rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------ gradients
