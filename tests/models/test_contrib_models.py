@@ -1,5 +1,6 @@
 """Files written by onnxruntime's own tools (tests/models/contrib/make_contrib_models.py):
-its transformers optimizer (BERT and GPT-2 at levels 0, 1 and 2), quantize_dynamic plus an
+its transformers optimizer (BERT and GPT-2 at levels 0, 1 and 2, a Llama-style decoder at 1
+and 2), quantize_dynamic (on an MLP and on the optimized BERT) plus an
 extended-level session, an extended-level session on a CNN, and the MatMulNBits quantizer.
 jonnx runs each under jit and must match onnxruntime on the same file."""
 
@@ -28,7 +29,7 @@ def _inputs(name):
             "attention_mask": mask,
             "token_type_ids": RNG.integers(0, 2, (2, 8)),
         }
-    if name.startswith("gpt2"):
+    if name.startswith(("gpt2", "llama")):
         return {"input_ids": RNG.integers(0, 50, (2, 8))}
     if name.startswith("cnn"):
         return {"x": RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)}
@@ -47,6 +48,13 @@ CASES = {
     "gpt2_opt0.onnx": {"SkipLayerNormalization", "FastGelu"},
     "gpt2_opt1.onnx": {"SkipLayerNormalization", "FastGelu"},
     "gpt2_opt2.onnx": {"SkipLayerNormalization", "FastGelu"},
+    "llama_opt1.onnx": {"SkipSimplifiedLayerNormalization"},
+    "llama_opt2.onnx": {"SkipSimplifiedLayerNormalization", "QuickGelu"},
+    "bert_opt1_dynamic_int8.onnx": {
+        "QAttention",
+        "DynamicQuantizeMatMul",
+        "SkipLayerNormalization",
+    },
     "mlp_dynamic_int8.onnx": {"DynamicQuantizeMatMul"},
     "cnn_extended.onnx": {"FusedConv", "FusedGemm"},
     "mlp_nbits4.onnx": {"MatMulNBits"},

@@ -9,8 +9,12 @@ Tiny random-weight graphs in the shapes PyTorch exporters write (decomposed Laye
 Gelu, tanh Gelu, HF-style attention with an additive mask) are rewritten by:
 
 * onnxruntime's transformers optimizer (``optimizer.optimize_model``, model types bert and
-  gpt2, opt_level 0, 1 and 2): LayerNormalization, SkipLayerNormalization, BiasGelu, FastGelu,
-  Attention, EmbedLayerNormalization where the patterns match;
+  gpt2, opt_level 0, 1 and 2; a Llama-style RMSNorm/SiLU decoder as gpt2 at 1 and 2):
+  LayerNormalization, SkipLayerNormalization, BiasGelu, FastGelu, Attention,
+  EmbedLayerNormalization, SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
+  QuickGelu where the patterns match;
+* ``quantize_dynamic`` on the level-1 BERT, then an extended-level session: QAttention,
+  DynamicQuantizeMatMul;
 * ``quantize_dynamic`` followed by an onnxruntime session saved at the extended level:
   DynamicQuantizeMatMul / MatMulIntegerToFloat;
 * an extended-level session on a small CNN and MLP: FusedConv, FusedGemm, FusedMatMul;
@@ -198,6 +202,51 @@ def gpt2(seed=1):
     )
 
 
+def llama(seed=4):
+    """RMSNorm (Pow, ReduceMean, Add, Sqrt, Div, Mul) residual blocks with a SiLU MLP."""
+    b = _Builder(seed)
+
+    def rms_norm(x):
+        var = b.op("ReduceMean", [b.op("Pow", [x, b.const(np.float32(2))])], axes=[-1])
+        inv = b.op(
+            "Div",
+            [
+                b.const(np.float32(1.0)),
+                b.op("Sqrt", [b.op("Add", [var, b.const(np.float32(1e-6))])]),
+            ],
+        )
+        gamma = b.const(
+            (1 + 0.1 * b.rng.standard_normal(HIDDEN)).astype(np.float32), "gamma"
+        )
+        return b.op("Mul", [gamma, b.op("Mul", [x, inv])])
+
+    x = b.op("Gather", [b.weight(VOCAB, HIDDEN, scale=0.5), "input_ids"])
+    for _ in range(2):
+        x = b.op("Add", [x, b.attention(rms_norm(x), None, causal=True)])
+        h = rms_norm(x)
+        gate = b.op("MatMul", [h, b.weight(HIDDEN, FFN)])
+        silu = b.op("Mul", [gate, b.op("Sigmoid", [gate])])
+        x = b.op(
+            "Add",
+            [
+                x,
+                b.op(
+                    "MatMul",
+                    [
+                        b.op("Mul", [silu, b.op("MatMul", [h, b.weight(HIDDEN, FFN)])]),
+                        b.weight(FFN, HIDDEN),
+                    ],
+                ),
+            ],
+        )
+    out = b.op("MatMul", [rms_norm(x), b.weight(HIDDEN, VOCAB)])
+    info = oh.make_tensor_value_info
+    return b.model(
+        [info("input_ids", TensorProto.INT64, ["batch", SEQ])],
+        [info(out, TensorProto.FLOAT, ["batch", SEQ, VOCAB])],
+    )
+
+
 def mlp(seed=2):
     b = _Builder(seed)
     h = b.op("Relu", [b.linear("x", HIDDEN, FFN)])
@@ -279,9 +328,15 @@ def main():
     written = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        for name, model, kind in (("bert", bert(), "bert"), ("gpt2", gpt2(), "gpt2")):
+        for name, model, kind in (
+            ("bert", bert(), "bert"),
+            ("gpt2", gpt2(), "gpt2"),
+            ("llama", llama(), "gpt2"),
+        ):
             onnx.save(model, tmp / f"{name}.onnx")
-            for level in (0, 1, 2):
+            for level in (
+                (0, 1, 2) if name != "llama" else (1, 2)
+            ):  # level 0 fuses nothing in it
                 opt = optimizer.optimize_model(
                     str(tmp / f"{name}.onnx"),
                     model_type=kind,
@@ -291,6 +346,18 @@ def main():
                     use_gpu=False,
                 )
                 written[f"{name}_opt{level}.onnx"] = opt.model
+        # quantize_dynamic on the optimized BERT: QAttention and DynamicQuantizeMatMul.
+        onnx.save(written["bert_opt1.onnx"], tmp / "bert_opt1.onnx")
+        quantize_dynamic(
+            tmp / "bert_opt1.onnx",
+            tmp / "bert_q.onnx",
+            weight_type=QuantType.QInt8,
+            extra_options={"DefaultTensorType": TensorProto.FLOAT},
+        )
+        written["bert_opt1_dynamic_int8.onnx"] = _session_saved(
+            onnx.load(tmp / "bert_q.onnx"),
+            ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        )
         onnx.save(mlp(), tmp / "mlp.onnx")
         quantize_dynamic(
             tmp / "mlp.onnx", tmp / "mlp_q.onnx", weight_type=QuantType.QInt8
