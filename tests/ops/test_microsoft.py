@@ -493,7 +493,7 @@ def _gqa_inputs(*, b, s, heads, kv_heads, h, buffer, lengths, packed, dtype, rot
     return inputs
 
 
-def _check_gqa(inputs, lengths, s, attrs, dtype, past_len_fn):
+def _check_gqa(inputs, lengths, s, attrs, dtype):
     """Compare output rows of real tokens and the valid part of the present cache."""
     model = node_model(
         "GroupQueryAttention",
@@ -545,14 +545,13 @@ def _check_gqa(inputs, lengths, s, attrs, dtype, past_len_fn):
         "scale",
         "smooth_softmax",
         "mqa",
+        "head_sink",
+        "attention_bias",
     ],
 )
 def test_group_query_attention(case, dtype):
-    heads, kv_heads, h = (
-        4,
-        2,
-        16,
-    )  # onnxruntime's CPU kernel wants head sizes in multiples of 16
+    # onnxruntime's CPU kernel wants head sizes in multiples of 16.
+    heads, kv_heads, h = 4, 2, 16
     b = 2
     attrs = {"num_heads": heads, "kv_num_heads": kv_heads}
     if case == "mqa":
@@ -565,18 +564,16 @@ def test_group_query_attention(case, dtype):
     elif case == "decode_growing":
         s, buffer, lengths = 1, 6, [7, 7]
     elif case == "chunk":
-        b, s, buffer, lengths = (
-            1,
-            3,
-            10,
-            [8],
-        )  # onnxruntime: one batch row for a chunk with past
+        # onnxruntime takes one batch row only for a chunk with past.
+        b, s, buffer, lengths = 1, 3, 10, [8]
     elif case in (
         "rotary",
         "rotary_interleaved",
         "window_decode",
         "softcap",
         "smooth_softmax",
+        "head_sink",
+        "attention_bias",
     ):
         s, buffer, lengths = 1, 10, [9, 5]
     elif case == "window":
@@ -604,7 +601,15 @@ def test_group_query_attention(case, dtype):
         dtype=dtype,
         rotary=rotary,
     )
-    _check_gqa(inputs, lengths, s, attrs, dtype, None)
+    if case in ("head_sink", "attention_bias"):
+        inputs.update(cos=None, sin=None, position_ids=None)
+        inputs["attention_bias"] = (
+            rand(b, 1, s, max(lengths), dtype=dtype)
+            if case == "attention_bias"
+            else None
+        )
+        inputs["head_sink"] = rand(heads, dtype=dtype) if case == "head_sink" else None
+    _check_gqa(inputs, lengths, s, attrs, dtype)
 
 
 # ------------------------------------------------------------------------------ quantized
