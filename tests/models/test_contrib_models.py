@@ -1,6 +1,6 @@
 """Files written by onnxruntime's own tools (tests/models/contrib/make_contrib_models.py):
-its transformers optimizer (BERT and GPT-2 at levels 0, 1 and 2, a Llama-style decoder at 1
-and 2), quantize_dynamic (on an MLP and on the optimized BERT) plus an
+its transformers optimizer (BERT and GPT-2 at levels 0, 1 and 2, a Llama-style decoder and
+a ViT at 1 and 2), quantize_dynamic (on an MLP and on the optimized BERT) plus an
 extended-level session, an extended-level session on a CNN, and the MatMulNBits quantizer.
 jonnx runs each under jit and must match onnxruntime on the same file."""
 
@@ -31,6 +31,8 @@ def _inputs(name):
         }
     if name.startswith(("gpt2", "llama")):
         return {"input_ids": RNG.integers(0, 50, (2, 8))}
+    if name.startswith("vit"):
+        return {"pixel_values": RNG.standard_normal((2, 3, 8, 16)).astype(np.float32)}
     if name.startswith("cnn"):
         return {"x": RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)}
     return {"x": RNG.standard_normal((3, 32)).astype(np.float32)}
@@ -48,6 +50,8 @@ CASES = {
     "gpt2_opt0.onnx": {"SkipLayerNormalization", "FastGelu"},
     "gpt2_opt1.onnx": {"SkipLayerNormalization", "FastGelu"},
     "gpt2_opt2.onnx": {"SkipLayerNormalization", "FastGelu"},
+    "vit_opt1.onnx": {"Attention", "SkipLayerNormalization", "BiasGelu"},
+    "vit_opt2.onnx": {"Attention", "SkipLayerNormalization", "BiasGelu"},
     "llama_opt1.onnx": {"SkipSimplifiedLayerNormalization"},
     "llama_opt2.onnx": {"SkipSimplifiedLayerNormalization", "QuickGelu"},
     "bert_opt1_dynamic_int8.onnx": {

@@ -9,7 +9,8 @@ Tiny random-weight graphs in the shapes PyTorch exporters write (decomposed Laye
 Gelu, tanh Gelu, HF-style attention with an additive mask) are rewritten by:
 
 * onnxruntime's transformers optimizer (``optimizer.optimize_model``, model types bert and
-  gpt2, opt_level 0, 1 and 2; a Llama-style RMSNorm/SiLU decoder as gpt2 at 1 and 2):
+  gpt2, opt_level 0, 1 and 2; a Llama-style RMSNorm/SiLU decoder as gpt2 and a ViT as vit,
+  at 1 and 2):
   LayerNormalization, SkipLayerNormalization, BiasGelu, FastGelu, Attention,
   EmbedLayerNormalization, SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization,
   QuickGelu where the patterns match;
@@ -247,6 +248,50 @@ def llama(seed=4):
     )
 
 
+def vit(seed=5):
+    """Patch embedding (Conv) plus pre-LayerNorm encoder blocks with erf Gelu, as ViT exports."""
+    b = _Builder(seed)
+    patches = b.op(
+        "Conv",
+        [
+            "pixel_values",
+            b.weight(HIDDEN, 3, 4, 4, scale=0.2),
+            b.weight(HIDDEN, scale=0.1),
+        ],
+        strides=[4, 4],
+    )
+    tokens = b.op(
+        "Transpose",
+        [
+            b.op(
+                "Reshape",
+                [patches, b.const(np.array([0, HIDDEN, -1], np.int64), "shape")],
+            )
+        ],
+        perm=[0, 2, 1],
+    )
+    x = b.op(
+        "Add", [tokens, b.weight(1, SEQ, HIDDEN, scale=0.1)]
+    )  # 8x16 pixels in 4x4 patches: 8 tokens
+    for _ in range(2):
+        x = b.op("Add", [x, b.attention(b.layer_norm(x), None)])
+        x = b.op(
+            "Add",
+            [
+                x,
+                b.linear(
+                    b.gelu_erf(b.linear(b.layer_norm(x), HIDDEN, FFN)), FFN, HIDDEN
+                ),
+            ],
+        )
+    out = b.op("Identity", [b.layer_norm(x)])
+    info = oh.make_tensor_value_info
+    return b.model(
+        [info("pixel_values", TensorProto.FLOAT, ["batch", 3, 8, 16])],
+        [info(out, TensorProto.FLOAT, ["batch", SEQ, HIDDEN])],
+    )
+
+
 def mlp(seed=2):
     b = _Builder(seed)
     h = b.op("Relu", [b.linear("x", HIDDEN, FFN)])
@@ -332,11 +377,11 @@ def main():
             ("bert", bert(), "bert"),
             ("gpt2", gpt2(), "gpt2"),
             ("llama", llama(), "gpt2"),
+            ("vit", vit(), "vit"),
         ):
             onnx.save(model, tmp / f"{name}.onnx")
-            for level in (
-                (0, 1, 2) if name != "llama" else (1, 2)
-            ):  # level 0 fuses nothing in it
+            # Level 0 fuses little in the decoder and ViT: levels 1 and 2 only.
+            for level in (1, 2) if name in ("llama", "vit") else (0, 1, 2):
                 opt = optimizer.optimize_model(
                     str(tmp / f"{name}.onnx"),
                     model_type=kind,
