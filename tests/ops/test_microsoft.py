@@ -547,6 +547,7 @@ def _check_gqa(inputs, lengths, s, attrs, dtype):
         "mqa",
         "head_sink",
         "attention_bias",
+        "rotary_position_ids",
     ],
 )
 def test_group_query_attention(case, dtype):
@@ -574,6 +575,7 @@ def test_group_query_attention(case, dtype):
         "smooth_softmax",
         "head_sink",
         "attention_bias",
+        "rotary_position_ids",
     ):
         s, buffer, lengths = 1, 10, [9, 5]
     elif case == "window":
@@ -609,6 +611,10 @@ def test_group_query_attention(case, dtype):
             else None
         )
         inputs["head_sink"] = rand(heads, dtype=dtype) if case == "head_sink" else None
+    if (
+        case == "rotary_position_ids"
+    ):  # explicit positions replace the cache-derived ones
+        inputs["position_ids"] = np.array([[3], [11]], np.int64)
     _check_gqa(inputs, lengths, s, attrs, dtype)
 
 
