@@ -20,6 +20,4 @@ from jonnx.ops.microsoft import (  # noqa: F401
     normalization,
     quantize,
 )
-
-#: The domain name, as nodes and opset imports spell it.
-DOMAIN = "com.microsoft"
+from jonnx.ops.microsoft._common import DOMAIN as DOMAIN
