@@ -589,7 +589,7 @@ def _roi_align(x, rois, batch_indices, attrs, half_pixel, ctx):
     ph, pw = int(attrs["output_height"]), int(attrs["output_width"])
     ratio = int(attrs["sampling_ratio"])
     scale = float(attrs["spatial_scale"])
-    _, c, h, w = jnp.shape(x)
+    _, _, h, w = jnp.shape(x)
     dtype = jnp.result_type(x)
     concrete = isinstance(rois, np.ndarray)
     rois_c = jnp.asarray(rois).astype(dtype)
