@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 from jonnx import errors
 from jonnx._functions import FunctionKey, check_recursion, function_key, function_opsets, inline_call
 from jonnx._ir import Graph, Node, ValueInfo
-from jonnx._registry import arity, lookup, normalize_domain, schema_for
+from jonnx._registry import arity, float_groups, lookup, normalize_domain, schema_for
 from jonnx._tensors import np_dtype, tensor_to_numpy
 
 __all__ = ["GraphBuilder", "schema_defaults", "value_info"]
@@ -381,6 +381,7 @@ class GraphBuilder:
             static_inputs=op.static_positions(attrs),
             prefer_static=op.preferred_static_positions(attrs),
             arity=arity(schema, op),
+            float_groups=float_groups(schema, len(proto.input)),
         )
 
     def _attributes(

@@ -22,7 +22,7 @@ import numpy as np
 
 from jonnx import errors
 from jonnx._ir import Graph, Node
-from jonnx._registry import OpContext
+from jonnx._registry import OpContext, promote_floats
 
 __all__ = ["RunOptions", "run_graph", "is_concrete"]
 
@@ -130,6 +130,9 @@ def _run_node(
     for i in node.static_inputs:
         if i < len(args) and not is_concrete(args[i]):
             raise errors.StaticValueError(_static_message(graph, node, i, env))
+    # The one place the dtype rule applies: another float width where the schema wants one
+    # type (a float16 or float64 input meeting float32 weights) computes in the common type.
+    args = promote_floats(args, node.float_groups)
 
     def run_subgraph(sub: Graph, inputs: Mapping[str, Any], *, outer_env=None, iteration=None) -> tuple:
         sub_key = key

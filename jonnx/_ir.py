@@ -50,6 +50,9 @@ class Node:
         prefer_static: input positions better known at trace time (see ``OpDef``).
         arity: how many inputs the op body receives at least: the schema's formal inputs
             (before a variadic one), so omitted optional inputs arrive as None.
+        float_groups: input positions the schema binds to one float-admitting type
+            variable; the interpreter casts each group's floats to their common dtype
+            (``jonnx._registry.float_groups``).
     """
 
     name: str
@@ -63,6 +66,7 @@ class Node:
     static_inputs: frozenset[int] = frozenset()
     prefer_static: frozenset[int] = frozenset()
     arity: int = 0
+    float_groups: tuple[tuple[int, ...], ...] = ()
 
     def trains(self, train: bool | None) -> bool:
         """Whether this node runs in training mode in a run whose flag is ``train``.

@@ -21,6 +21,7 @@ registered version not above the model's opset.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -34,7 +35,10 @@ import onnx.defs
 
 from jonnx import errors
 
-__all__ = ["OpDef", "OpContext", "arity", "register", "lookup", "registered", "schema_for", "ONNX_DOMAINS"]
+__all__ = [
+    "OpDef", "OpContext", "arity", "float_groups", "promote_floats", "register", "lookup", "registered",
+    "schema_for", "ONNX_DOMAINS",
+]
 
 #: Domains whose schemas the installed onnx package defines.
 ONNX_DOMAINS = frozenset(s.domain for s in onnx.defs.get_all_schemas_with_history())
@@ -294,6 +298,63 @@ def arity(schema: onnx.defs.OpSchema | None, op: OpDef) -> int:
     formal = schema.inputs
     variadic = bool(formal) and formal[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
     return len(formal) - variadic
+
+
+_FLOAT_TYPES = frozenset({"tensor(float16)", "tensor(bfloat16)", "tensor(float)", "tensor(double)"})
+
+
+def float_groups(schema: onnx.defs.OpSchema | None, n_inputs: int) -> tuple[tuple[int, ...], ...]:
+    """Input positions (of a node with ``n_inputs`` inputs) that ``schema`` binds to one type
+    variable admitting float types: ``(X, W, B)`` of Conv, ``(A, B)`` of Add, all of Concat.
+
+    ONNX requires such inputs to have one dtype; jonnx accepts another float width for any of
+    them (a float16 or float64 input into a float32 model) and computes in their common type,
+    promoted as ``jnp.result_type`` does (:func:`promote_floats`).
+    """
+    if schema is None:
+        return ()
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    formal = schema.inputs
+    groups: dict[str, list[int]] = {}
+    for i in range(n_inputs):
+        if not formal:
+            break
+        param = formal[min(i, len(formal) - 1)]
+        if i >= len(formal) and not (
+            param.option == onnx.defs.OpSchema.FormalParameterOption.Variadic and param.is_homogeneous
+        ):
+            break
+        if allowed.get(param.type_str, set()) & _FLOAT_TYPES:
+            groups.setdefault(param.type_str, []).append(i)
+    return tuple(tuple(p) for p in groups.values() if len(p) > 1)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype == jnp.bfloat16 or "float8" in dtype.name
+
+
+def promote_floats(args: tuple, groups: tuple[tuple[int, ...], ...]) -> tuple:
+    """``args`` with the floating inputs of each group cast to their common dtype.
+
+    Values known at trace time stay numpy; a group holding a non-float or non-array value
+    (an integer tensor where the type variable also admits ints, a sequence) is left alone.
+    """
+    if not groups:
+        return args
+    out = list(args)
+    for group in groups:
+        values = [(i, args[i]) for i in group if i < len(args) and args[i] is not None]
+        if not all(isinstance(getattr(v, "dtype", None), np.dtype) and _is_float(v.dtype) for _, v in values):
+            continue
+        dtypes = {np.dtype(v.dtype) for _, v in values}
+        if len(dtypes) < 2:
+            continue
+        target = functools.reduce(jnp.promote_types, dtypes)  # the lattice, without x64 warnings
+        target = np.dtype(jax.dtypes.canonicalize_dtype(target))  # float64 -> float32 with x64 off
+        for i, v in values:
+            if v.dtype != target:
+                out[i] = v.astype(target) if isinstance(v, (np.ndarray, np.generic)) else jnp.asarray(v, target)
+    return tuple(out)
 
 
 def lookup(domain: str, op_type: str, opset: int) -> OpDef | None:

@@ -21,7 +21,9 @@ import onnx.defs
 
 from jonnx import errors
 from jonnx._build import schema_defaults
-from jonnx._registry import OpContext, arity, lookup, normalize_domain, register, registered, schema_for
+from jonnx._registry import (
+    OpContext, arity, float_groups, lookup, normalize_domain, promote_floats, register, registered, schema_for,
+)
 
 # Each module registers one op family on import.
 from jonnx.ops import (  # noqa: F401
@@ -118,6 +120,7 @@ def call(
             )
     inputs = inputs + (None,) * (arity(schema, op) - len(inputs))
     args = tuple(np.asarray(x) if i in static and x is not None else x for i, x in enumerate(inputs))
+    args = promote_floats(args, float_groups(schema, len(args)))
     outputs = op.fn(args, merged, ctx)
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

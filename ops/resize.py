@@ -20,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jonnx._registry import register
 from jonnx.ops._util import normalize_axes, normalize_axis, static_ints
@@ -467,20 +468,23 @@ def affine_grid(inputs, attrs, ctx):
 # --------------------------------------------------------------------------------------------
 
 
-def _roi_axis_samples(start, size, pooled, grid_count, max_count, extent):
+def _roi_axis_samples(start, size, pooled, grid_count, max_count, extent, base=None):
     """Per roi: sample weights on one axis, ``(R, pooled, max_count, extent)`` and validity.
 
-    Returns ``(low, high, w_low, w_high, used)``, each ``(R, pooled, max_count)``, following
-    the reference's bilinear rules (samples beyond [-1, extent] contribute zero).
+    Returns ``(low, high, w_low, w_high, used, valid)``, each ``(R, pooled, max_count)``,
+    following the reference's bilinear rules (samples beyond [-1, extent] contribute zero).
+    ``base`` (R, pooled): the index of each bin's first sample taken (default 0).
     """
     bin_size = size / pooled  # (R,)
     p = jnp.arange(pooled, dtype=start.dtype)
-    k = jnp.arange(max_count, dtype=start.dtype)
+    k = jnp.arange(max_count, dtype=start.dtype)[None, None, :]
+    if base is not None:
+        k = k + base[:, :, None].astype(start.dtype)
     count = grid_count.astype(start.dtype)
     pos = (start[:, None, None] + p[None, :, None] * bin_size[:, None, None]
-           + (k[None, None, :] + 0.5) * bin_size[:, None, None] / jnp.maximum(count, 1)[:, None, None])
+           + (k + 0.5) * bin_size[:, None, None] / jnp.maximum(count, 1)[:, None, None])
     valid = (pos >= -1.0) & (pos <= extent)
-    used = (k[None, None, :] < count[:, None, None]) & jnp.ones_like(pos, bool)
+    used = (k < count[:, None, None]) & jnp.ones_like(pos, bool)
     pos = jnp.maximum(pos, 0)
     low = jnp.floor(pos)
     at_edge = low >= extent - 1
@@ -490,47 +494,27 @@ def _roi_axis_samples(start, size, pooled, grid_count, max_count, extent):
     frac = pos - low
     w_high = jnp.where(valid, frac, 0)
     w_low = jnp.where(valid, 1 - frac, 0)
-    return low.astype(jnp.int32), high.astype(jnp.int32), w_low, w_high, used
+    return low.astype(jnp.int32), high.astype(jnp.int32), w_low, w_high, used, valid
 
 
-def _roi_align(x, rois, batch_indices, attrs, half_pixel, ctx):
-    mode = _str(attrs["mode"])
-    if mode not in ("avg", "max"):
-        raise ctx.error(f"unsupported mode {mode!r} (avg or max)")
-    if jnp.ndim(x) != 4 or jnp.ndim(rois) != 2 or jnp.shape(rois)[1] != 4:
-        raise ctx.error(f"expects X (N, C, H, W) and rois (R, 4); got {jnp.shape(x)} and {jnp.shape(rois)}")
-    ph, pw = int(attrs["output_height"]), int(attrs["output_width"])
-    ratio = int(attrs["sampling_ratio"])
-    scale = float(attrs["spatial_scale"])
-    _, c, h, w = jnp.shape(x)
-    dtype = jnp.result_type(x)
-    concrete = isinstance(rois, np.ndarray)
-    rois_c = jnp.asarray(rois).astype(dtype)
-    offset = 0.5 if half_pixel else 0.0
-    start_w = rois_c[:, 0] * scale - offset
-    start_h = rois_c[:, 1] * scale - offset
-    roi_w = rois_c[:, 2] * scale - offset - start_w
-    roi_h = rois_c[:, 3] * scale - offset - start_h
-    if not half_pixel:
-        roi_w, roi_h = jnp.maximum(roi_w, 1.0), jnp.maximum(roi_h, 1.0)
-    if ratio > 0:
-        gh = jnp.full(roi_h.shape, ratio)
-        gw = jnp.full(roi_w.shape, ratio)
-        mh = mw = ratio
-    else:
-        gh = jnp.ceil(roi_h / ph)
-        gw = jnp.ceil(roi_w / pw)
-        if concrete:
-            mh = max(int(np.max(np.asarray(gh), initial=1)), 1)
-            mw = max(int(np.max(np.asarray(gw), initial=1)), 1)
-        else:
-            # Traced rois: the adaptive count is capped at that of a roi spanning the whole
-            # feature map (rois reaching past it get fewer samples than the reference).
-            mh, mw = max(math.ceil(h / ph), 1), max(math.ceil(w / pw), 1)
-            gh, gw = jnp.minimum(gh, mh), jnp.minimum(gw, mw)
-    ylo, yhi, wylo, wyhi, uy = _roi_axis_samples(start_h, roi_h, ph, gh, mh, h)
-    xlo, xhi, wxlo, wxhi, ux = _roi_axis_samples(start_w, roi_w, pw, gw, mw, w)
-    images = jnp.take(jnp.asarray(x), jnp.asarray(batch_indices).astype(jnp.int32), axis=0, mode="clip")
+def _first_inside(start, size, pooled, grid_count, extent):
+    """Per roi and bin, ``(R, pooled)``: the index of the first sample at or past -1 (one less,
+    against rounding), clipped to the bin's samples: where a window of samples must start to
+    take every sample that lands on the feature map."""
+    bin_size = size / pooled
+    count = jnp.maximum(grid_count.astype(start.dtype), 1)
+    spacing = (bin_size / count)[:, None]
+    first = start[:, None] + jnp.arange(pooled, dtype=start.dtype)[None, :] * bin_size[:, None]
+    k = jnp.ceil((-1.0 - first) / jnp.where(spacing > 0, spacing, 1) - 0.5) - 1
+    k = jnp.where(spacing > 0, k, 0)
+    return lax.stop_gradient(jnp.clip(k, 0, count[:, None] - 1)).astype(jnp.int32)
+
+
+def _roi_block(images, ys, xs, mode):
+    """Sum (avg) or max of the weighted samples of one block of sample indices per bin:
+    ``(R, C, ph, pw)``; ``ys``/``xs`` come from :func:`_roi_axis_samples`."""
+    ylo, yhi, wylo, wyhi, uy, _ = ys
+    xlo, xhi, wxlo, wxhi, ux, _ = xs
 
     def corner(yi, xi):
         # images (R, C, H, W); yi (R, ph, mh), xi (R, pw, mw) -> (R, C, ph, mh, pw, mw)
@@ -544,14 +528,103 @@ def _roi_align(x, rois, batch_indices, attrs, half_pixel, ctx):
              corner(yhi, xlo) * wgt(wyhi, wxlo), corner(yhi, xhi) * wgt(wyhi, wxhi)]
     used = uy[:, None, :, :, None, None] & ux[:, None, None, None, :, :]
     if mode == "avg":
-        total = jnp.sum(jnp.where(used, sum(terms), 0), axis=(3, 5))
+        return jnp.sum(jnp.where(used, sum(terms), 0), axis=(3, 5)), None
+    # As the reference and onnxruntime: the max over samples of the largest weighted corner
+    # value (not of the interpolated value).
+    best = jnp.maximum(jnp.maximum(terms[0], terms[1]), jnp.maximum(terms[2], terms[3]))
+    return None, jnp.max(jnp.where(used, best, -jnp.inf), axis=(3, 5))
+
+
+def _roi_traced_adaptive(images, start_h, roi_h, start_w, roi_w, gh, gw, ph, pw, mode):
+    """sampling_ratio=0 with rois traced (float initializers are params): the per-bin sample
+    counts ceil(bin size) are runtime values without a bound, but only samples on the map
+    ([-1, extent]) contribute, and a bin holds at most extent + 3 of them (the spacing
+    bin/ceil(bin) is at least extent/(extent+1) once a bin spans the map). So each bin
+    takes a window of extent + 4 samples from its first one on the map, in blocks of a
+    roi-inside-the-map's count, scanned and skipped at run time where no bin needs them.
+
+    Returns ``(total, best, outside)``: the avg sum or the max (R, C, ph, pw), and whether
+    a bin has a sample off the map (which counts as 0 in the max).
+    """
+    _, c, h, w = jnp.shape(images)
+    mh, mw = max(math.ceil(h / ph), 1), max(math.ceil(w / pw), 1)
+    nby, nbx = math.ceil((h + 4) / mh), math.ceil((w + 4) / mw)
+    base_y = _first_inside(start_h, roi_h, ph, gh, h)
+    base_x = _first_inside(start_w, roi_w, pw, gw, w)
+    ys = _roi_axis_samples(start_h, roi_h, ph, gh, nby * mh, h, base_y)
+    xs = _roi_axis_samples(start_w, roi_w, pw, gw, nbx * mw, w, base_x)
+    taken_y = jnp.sum(ys[4] & ys[5], axis=-1)  # (R, ph): samples on the map in the window
+    taken_x = jnp.sum(xs[4] & xs[5], axis=-1)
+    outside = (gh[:, None, None] * gw[:, None, None] > taken_y[:, :, None] * taken_x[:, None, :])
+    need_y = jnp.any(ys[4] & ys[5], axis=(0, 1)).reshape(nby, mh).any(axis=1)
+    need_x = jnp.any(xs[4] & xs[5], axis=(0, 1)).reshape(nbx, mw).any(axis=1)
+    dtype = images.dtype
+    r = jnp.shape(start_h)[0]
+
+    def block(samples, j, m):
+        return tuple(lax.dynamic_slice_in_dim(t, j * m, m, axis=2) for t in samples)
+
+    def step(acc, index):
+        by, bx = index // nbx, index % nbx
+
+        def run(acc):
+            total, best = _roi_block(images, block(ys, by, mh), block(xs, bx, mw), mode)
+            if mode == "avg":
+                return acc + total
+            return jnp.maximum(acc, best)
+
+        return lax.cond(need_y[by] & need_x[bx], run, lambda acc: acc, acc), None
+
+    init = jnp.zeros((r, c, ph, pw), dtype) if mode == "avg" else jnp.full((r, c, ph, pw), -jnp.inf, dtype)
+    acc, _ = lax.scan(step, init, jnp.arange(nby * nbx))
+    return (acc, None, outside) if mode == "avg" else (None, acc, outside)
+
+
+def _roi_align(x, rois, batch_indices, attrs, half_pixel, ctx):
+    mode = _str(attrs["mode"])
+    if mode not in ("avg", "max"):
+        raise ctx.error(f"unsupported mode {mode!r} (avg or max)")
+    if jnp.ndim(x) != 4 or jnp.ndim(rois) != 2 or jnp.shape(rois)[1] != 4:
+        raise ctx.error(f"expects X (N, C, H, W) and rois (R, 4); got {jnp.shape(x)} and {jnp.shape(rois)}")
+    ph, pw = int(attrs["output_height"]), int(attrs["output_width"])
+    ratio = int(attrs["sampling_ratio"])
+    scale = float(attrs["spatial_scale"])
+    _, _, h, w = jnp.shape(x)
+    dtype = jnp.result_type(x)
+    concrete = isinstance(rois, np.ndarray)
+    rois_c = jnp.asarray(rois).astype(dtype)
+    offset = 0.5 if half_pixel else 0.0
+    start_w = rois_c[:, 0] * scale - offset
+    start_h = rois_c[:, 1] * scale - offset
+    roi_w = rois_c[:, 2] * scale - offset - start_w
+    roi_h = rois_c[:, 3] * scale - offset - start_h
+    if not half_pixel:
+        roi_w, roi_h = jnp.maximum(roi_w, 1.0), jnp.maximum(roi_h, 1.0)
+    if ratio > 0:
+        gh = jnp.full(roi_h.shape, ratio)
+        gw = jnp.full(roi_w.shape, ratio)
+    else:
+        gh = jnp.ceil(roi_h / ph)
+        gw = jnp.ceil(roi_w / pw)
+    images = jnp.take(jnp.asarray(x), jnp.asarray(batch_indices).astype(jnp.int32), axis=0, mode="clip")
+    if ratio > 0 or concrete:
+        # The sample counts are known: one pass over all of them.
+        mh = ratio if ratio > 0 else max(int(np.max(np.asarray(gh), initial=1)), 1)
+        mw = ratio if ratio > 0 else max(int(np.max(np.asarray(gw), initial=1)), 1)
+        ys = _roi_axis_samples(start_h, roi_h, ph, gh, mh, h)
+        xs = _roi_axis_samples(start_w, roi_w, pw, gw, mw, w)
+        total, best = _roi_block(images, ys, xs, mode)
+        outside = None
+    else:
+        total, best, outside = _roi_traced_adaptive(images, start_h, roi_h, start_w, roi_w, gh, gw, ph, pw, mode)
+    if mode == "avg":
         count = jnp.maximum(gh * gw, 1).astype(dtype)
         y = total / count[:, None, None, None]
     else:
-        # As the reference and onnxruntime: the max over samples of the largest weighted
-        # corner value (not of the interpolated value).
-        best = jnp.maximum(jnp.maximum(terms[0], terms[1]), jnp.maximum(terms[2], terms[3]))
-        y = jnp.max(jnp.where(used, best, -jnp.inf), axis=(3, 5))
+        if outside is not None:  # a sample off the map counts as 0 in the max
+            y = jnp.where(outside[:, None], jnp.maximum(best, 0), best)
+        else:
+            y = best
         y = jnp.where(jnp.isneginf(y), 0, y)
     return (y.astype(dtype),)
 

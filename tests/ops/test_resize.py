@@ -3,10 +3,14 @@ ReferenceEvaluator, onnxruntime (where the reference lacks or misreads an opset)
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx.reference import ReferenceEvaluator
 
+import jonnx
 from jonnx import errors
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx, run_reference
 
@@ -290,6 +294,46 @@ def test_roi_align(mode, ctm, ratio, static_rois):
     assert_matches_reference("RoiAlign", inputs, opset=16, initializers=init, mode=mode,
                              coordinate_transformation_mode=ctm, sampling_ratio=ratio,
                              output_height=2, output_width=3, spatial_scale=0.9, rtol=1e-4, atol=1e-5)
+
+
+# Rois reaching past the feature map, and one spanning many times its size: their bins need
+# more samples than a roi inside the map (the old cap for traced rois).
+WIDE_ROIS = np.array([[-6, -4, 14, 16], [-30, -25, 40, 38], [2, 3, 25, 9], [0, 0, 9, 9]], np.float32)
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("ctm", ["half_pixel", "output_half_pixel"])
+def test_roi_align_adaptive_sampling_with_traced_rois(mode, ctm):
+    # sampling_ratio=0 with rois traced: graph inputs here, params when float initializers.
+    x = _x((2, 2, 10, 10))
+    inputs = {"x": x, "rois": WIDE_ROIS, "batch_indices": np.array([0, 1, 0, 1], np.int64)}
+    attrs = dict(mode=mode, coordinate_transformation_mode=ctm, sampling_ratio=0, output_height=3,
+                 output_width=2, spatial_scale=0.9)
+    want = run_reference(node_model("RoiAlign", inputs, opset=16, **attrs), inputs)
+    assert_matches_reference("RoiAlign", inputs, opset=16, expected=want, rtol=1e-4, atol=1e-5, **attrs)
+    # The same with rois as initializers of a model: params, traced under jit.
+    model = node_model("RoiAlign", inputs, opset=16, initializers=("rois",), **attrs)
+    m = jonnx.load(model)
+    assert "rois" in m.params
+    np.testing.assert_allclose(np.asarray(m(x, inputs["batch_indices"])[0]), want[0], rtol=1e-4, atol=1e-5)
+
+
+def test_roi_align_adaptive_sampling_with_traced_rois_grads():
+    # avg RoiAlign is linear in x: d sum(c * out) / dx[i] is sum(c * RoiAlign(e_i)), from the
+    # ReferenceEvaluator on each basis image (cheaper than finite differences, and exact).
+    x, rois, idx = _x((1, 1, 4, 4)), WIDE_ROIS[:2] * 0.5, np.zeros(2, np.int64)
+    attrs = dict(sampling_ratio=0, output_height=2, output_width=1)
+    model = node_model("RoiAlign", {"x": x, "rois": rois, "batch_indices": idx}, opset=16,
+                       initializers=("rois",), **attrs)
+    c = np.arange(1, 5, dtype=np.float32).reshape(2, 1, 2, 1)
+    reference = ReferenceEvaluator(model)
+    want = np.array([
+        (c * reference.run(None, {"x": e.reshape(x.shape), "batch_indices": idx})[0]).sum()
+        for e in np.eye(x.size, dtype=np.float32)
+    ]).reshape(x.shape)
+    m = jonnx.load(model)
+    got = jax.jit(jax.grad(lambda x: jnp.sum(c * m.apply(m.params, x, idx)[0])))(x)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
 
 
 def test_roi_align_10_has_no_half_pixel_shift():
