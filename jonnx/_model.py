@@ -16,6 +16,7 @@ import onnx
 import onnx.defs
 from google.protobuf.message import DecodeError
 from jax.experimental import checkify
+from jax.sharding import Mesh, NamedSharding
 
 from jonnx import errors
 from jonnx._build import GraphBuilder, default_memory_limit
@@ -27,6 +28,7 @@ from jonnx._registry import normalize_domain
 from jonnx._state import StatePlan, plan_state
 from jonnx._static import preferred_static_inputs, static_values
 from jonnx._wire import InlineData, WireError, read_model
+from jonnx.sharding import Rules, param_specs
 
 __all__ = ["Model", "load"]
 
@@ -44,6 +46,8 @@ def load(
     checked: bool = False,
     allow_newer_opset: bool = False,
     allow_unknown_attributes: bool = False,
+    mesh: Mesh | None = None,
+    rules: Rules = None,
 ) -> "Model":
     """Load an ONNX model as a :class:`Model`.
 
@@ -69,6 +73,11 @@ def load(
             opset-13 ``Add``, ignoring them with a warning. By default they are a
             :class:`~jonnx.errors.ModelStructureError` listing every such node and attribute,
             as onnxruntime refuses them too.
+        mesh: a ``jax.sharding.Mesh`` to place the parameters and running statistics on
+            (default: none, the default device). See :mod:`jonnx.sharding` and docs/scaling.md.
+        rules: how each weight is split over ``mesh``: a rule set from :mod:`jonnx.sharding`
+            (``replicated()``, ``fsdp(axis)``, ``tensor_parallel(axis)``), the name of one, or
+            ``(name pattern, PartitionSpec)`` pairs; default: replicated.
 
     Returns:
         The loaded model, with every node bound to its implementation.
@@ -91,6 +100,7 @@ def load(
     options = dict(
         memory_limit=memory_limit, checked=checked, allow_newer_opset=allow_newer_opset,
         allow_unknown_attributes=allow_unknown_attributes,
+        mesh=mesh, rules=rules,
     )
     if isinstance(f, onnx.ModelProto):
         return Model(f, base_dir=base_dir, **options)
@@ -190,7 +200,14 @@ class Model:
     ``jax.grad``, ``jax.vmap``); calling the model runs it jit-compiled.
 
     Attributes:
+        proto: the model's ``onnx.ModelProto`` *without its main graph's initializer data*
+            (names, types and dims stay): the values live in the graph IR, :attr:`params` and
+            :attr:`state`, so the model never holds its weights twice. ``jonnx.save`` writes
+            them back.
         graph: the model's graph IR.
+        mesh: the ``jax.sharding.Mesh`` the weights were placed on, or None.
+        shardings: for a model placed on a mesh, the ``NamedSharding`` of each parameter and
+            running statistic by name (empty otherwise).
         opsets: the model's opset per domain.
         base_dir: the folder the model's external data was read from (None for bytes/protos).
         memory_limit: the largest tensor, in bytes, a node may create (None: no limit).
@@ -216,6 +233,8 @@ class Model:
         checked: bool = False,
         allow_newer_opset: bool = False,
         allow_unknown_attributes: bool = False,
+        mesh: Mesh | None = None,
+        rules: Rules = None,
         _owned: bool = False,
         _inline: InlineData | None = None,
     ):
@@ -249,14 +268,24 @@ class Model:
         # jax.device_put, not jnp.asarray (which copies twice): on CPU it adopts a 64-byte
         # aligned numpy buffer (what loading reads weights into) without any copy. Weights
         # keep their stored dtype (bfloat16 and float16 stay half size).
-        self._state = {s.key: jax.device_put(inits[s.source]) for s in self.state_plan.slots}
+        self._state = {s.key: inits[s.source] for s in self.state_plan.slots}
         # An initializer that only fed a dropped Identity is read by nothing now: not a param.
         unread = {s.source for s in self.state_plan.slots if s.via} - _read_names(self.graph)
-        self._params = {}
-        for n in [n for n in inits if n not in self._constants and n not in self._state and n not in unread]:
-            # One at a time, and the IR then holds the device array: where device_put had to
-            # copy, the numpy value is released before the next one is converted.
-            self._params[n] = inits[n] = jax.device_put(inits[n])
+        self._params = {
+            n: v for n, v in inits.items() if n not in self._constants and n not in self._state and n not in unread
+        }
+        # Placement rules see the weights' shapes (and the graph) before anything is placed.
+        self.mesh = mesh
+        specs = param_specs(self, mesh, rules) if mesh is not None else {}
+        self.shardings: dict[str, NamedSharding] = {n: NamedSharding(mesh, s) for n, s in specs.items()}
+        for table in (self._state, self._params):
+            for n in table:
+                # One at a time, and the IR then holds the device array: where device_put has
+                # to copy (a split, an unaligned buffer), the numpy value is released before the
+                # next one is placed.
+                table[n] = jax.device_put(table[n], self.shardings.get(n))
+                if table is self._params:
+                    inits[n] = table[n]
         self.graph = dataclasses.replace(self.graph, initializers=types.MappingProxyType(inits))
         self.state_plan = dataclasses.replace(self.state_plan, graph=self.graph)
         del graph, inits
