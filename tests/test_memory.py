@@ -21,6 +21,8 @@ import onnx.helper as oh
 import onnx.numpy_helper as onh
 import pytest
 
+import jonnx
+
 pytestmark = pytest.mark.skipif(
     not pathlib.Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to measure peak RSS"
 )
@@ -103,3 +105,57 @@ def test_load_first_call_and_save_stay_near_the_weights_size(tmp_path):
     np.testing.assert_array_equal(
         onh.to_array(saved.graph.initializer[0]), onh.to_array(onnx.load(path).graph.initializer[0])
     )
+
+
+def _identity_model(tensors: list[onnx.TensorProto]) -> onnx.ModelProto:
+    """A graph whose outputs are its initializers (through Identity)."""
+    nodes = [oh.make_node("Identity", [t.name], [f"out_{t.name}"]) for t in tensors]
+    outputs = [oh.make_tensor_value_info(f"out_{t.name}", t.data_type, list(t.dims)) for t in tensors]
+    return oh.make_model(oh.make_graph(nodes, "g", [], outputs, tensors), opset_imports=[oh.make_opsetid("", 21)])
+
+
+def test_initializers_read_from_the_file_match_onnx(tmp_path):
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    values = {
+        "raw_f32": rng.standard_normal((3, 5)).astype(np.float32),
+        "raw_bf16": rng.standard_normal(7).astype(ml_dtypes.bfloat16),
+        "raw_i8": np.arange(-4, 4, dtype=np.int8).reshape(2, 4),
+        "raw_bool": np.array([True, False, True]),
+        "raw_int4": np.array([-8, 7, 0], dtype=ml_dtypes.int4),  # packed two per byte
+        "empty": np.zeros((0, 3), np.float32),
+    }
+    tensors = [onh.from_array(v, n) for n, v in values.items()]
+    tensors.append(oh.make_tensor("typed_f32", onnx.TensorProto.FLOAT, [2], [1.5, -2.0]))  # float_data
+    path = tmp_path / "m.onnx"
+    onnx.save_model(_identity_model(tensors), path)
+    model = jonnx.load(path)
+    for t in onnx.load(path).graph.initializer:
+        expected = onh.to_array(t)
+        got = model.graph.initializers[t.name]
+        assert np.asarray(got).dtype == expected.dtype, t.name
+        np.testing.assert_array_equal(np.asarray(got), expected, err_msg=t.name)
+    for t in model.proto.graph.initializer:  # the model keeps no second copy of them
+        assert not t.HasField("raw_data") and not len(t.float_data), t.name
+
+
+def test_a_raw_data_size_mismatch_in_the_file_names_the_tensor(tmp_path):
+    tensor = onh.from_array(np.zeros(4, np.float32), "w")
+    tensor.raw_data = bytes(12)  # 3 floats for dims [4]
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_identity_model([tensor]).SerializeToString())
+    with pytest.raises(jonnx.errors.LoadError, match=r"tensor 'w' has 12 bytes of raw_data but its dims \[4\]"):
+        jonnx.load(path)
+
+
+def test_a_given_proto_is_left_as_it_was_and_pickling_restores_the_weights():
+    import pickle
+
+    proto = _identity_model([onh.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "w")])
+    before = proto.SerializeToString()
+    model = jonnx.load(proto)
+    assert proto.SerializeToString() == before
+    assert not model.proto.graph.initializer[0].HasField("raw_data")
+    again = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(np.asarray(again(*[])[0]), np.arange(6, dtype=np.float32).reshape(2, 3))
