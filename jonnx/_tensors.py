@@ -15,7 +15,7 @@ import onnx.helper
 import onnx.numpy_helper
 
 from jonnx import errors
-from jonnx._wire import InlineData, aligned_empty
+from jonnx._wire import InlineData, aligned_empty, pread_into
 
 __all__ = ["inline_tensor_to_numpy", "np_dtype", "tensor_to_numpy"]
 
@@ -185,7 +185,7 @@ def _read_external(
         # which becomes the tensor's memory (and, on CPU, its device array's) without a copy.
         buffer = aligned_empty(expected)
         try:
-            InlineData(fd, ()).read_into(buffer, (offset, expected))
+            pread_into(fd, buffer, offset)
         except OSError:
             raise errors.ExternalDataError(
                 f"{what}: external data file {info['location']!r} ended early (changed while read?)"

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-__all__ = ["InlineData", "WireError", "aligned_empty", "read_model"]
+__all__ = ["InlineData", "WireError", "aligned_empty", "pread_into", "read_model"]
 
 # Field numbers (onnx.proto3): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
 _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
@@ -136,6 +136,21 @@ def _length_field(field: int, payload: bytes) -> bytes:
     return _varint_bytes(field << 3 | _LENGTH) + _varint_bytes(len(payload)) + payload
 
 
+def pread_into(fd: int, buffer: np.ndarray, offset: int) -> None:
+    """Fill the contiguous uint8 ``buffer`` from ``fd`` at ``offset`` (pread: no shared position).
+
+    Raises:
+        OSError: the file ended before the buffer was full (changed while read?).
+    """
+    view = memoryview(buffer).cast("B")
+    done, length = 0, len(view)
+    while done < length:
+        n = os.preadv(fd, [view[done : min(length, done + (1 << 30))]], offset + done)
+        if n <= 0:
+            raise OSError("the file ended early (changed while read?)")
+        done += n
+
+
 class InlineData:
     """Where each main-graph initializer's ``raw_data`` lies in the model file.
 
@@ -150,14 +165,7 @@ class InlineData:
 
     def read_into(self, buffer: np.ndarray, span: tuple[int, int]) -> None:
         """Fill the uint8 ``buffer`` (exactly ``span``'s length) from the file."""
-        offset, length = span
-        view = memoryview(buffer).cast("B")
-        done = 0
-        while done < length:
-            n = os.preadv(self._fd, [view[done : min(length, done + (1 << 30))]], offset + done)
-            if n <= 0:
-                raise OSError("the model file ended early (changed while read?)")
-            done += n
+        pread_into(self._fd, buffer, span[0])
 
     def read_bytes(self, span: tuple[int, int]) -> bytes:
         buffer = np.empty(span[1], np.uint8)
@@ -183,14 +191,13 @@ def read_model(path: str) -> tuple[onnx.ModelProto, InlineData]:
     try:
         f = _File(fd, os.fstat(fd).st_size)
         spans: list[tuple[int, int] | None] = []
+        found: list[tuple[int, int] | None] = [None]  # the current tensor's raw_data span
 
         def tensor(field, wire_type, payload, field_end):
             if field == _TENSOR_RAW_DATA and wire_type == _LENGTH:
                 found[0] = (payload, field_end - payload)  # the last one wins, as in protobuf
                 return b""
             return None
-
-        found: list[tuple[int, int] | None] = [None]
 
         def graph(field, wire_type, payload, field_end):
             if field == _GRAPH_INITIALIZER and wire_type == _LENGTH:

@@ -57,9 +57,8 @@ __all__ = [
 RuleSet = Callable[[Any, Mesh], Mapping[str, PartitionSpec]]
 
 #: What ``jonnx.load(..., rules=)`` accepts: a rule set, the name of a built-in one
-#: (``"replicated"``, ``"fsdp"``, ``"tensor_parallel"``, each over the mesh's first axis, or for
-#: ``"tensor_parallel"`` on a 2-D mesh, its second), or ``(pattern, PartitionSpec)`` pairs
-#: (:func:`from_patterns`).
+#: (``"replicated"``; ``"fsdp"`` over the mesh's first axis; ``"tensor_parallel"`` over its last
+#: axis), ``(pattern, PartitionSpec)`` pairs (:func:`from_patterns`), or None (replicated).
 Rules = Union[RuleSet, str, Sequence[tuple[Any, PartitionSpec]], None]
 
 
@@ -315,7 +314,6 @@ def _weight_position(node: Any, params: Mapping[str, Any]) -> int | None:
 
 def _megatron(model: Any, size: int, axis: str) -> dict[str, PartitionSpec]:
     graph, params = model.graph, model.params
-    producers = graph.producers()
     weight_ops = {n.name: n for n in graph.nodes if _weight_position(n, params) is not None}
     # reach[value]: the weight ops whose output features reach ``value`` through per-feature
     # ops only; None where an op mixing them lies between. Computed in one pass over the
