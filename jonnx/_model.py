@@ -97,11 +97,10 @@ def load(
         >>> model(np.array([-1.0, 2.0], np.float32))[0].tolist()
         [0.0, 2.0]
     """
-    options = dict(
-        memory_limit=memory_limit, checked=checked, allow_newer_opset=allow_newer_opset,
-        allow_unknown_attributes=allow_unknown_attributes,
-        mesh=mesh, rules=rules,
-    )
+    options = {
+        "memory_limit": memory_limit, "checked": checked, "allow_newer_opset": allow_newer_opset,
+        "allow_unknown_attributes": allow_unknown_attributes, "mesh": mesh, "rules": rules,
+    }
     if isinstance(f, onnx.ModelProto):
         return Model(f, base_dir=base_dir, **options)
     if isinstance(f, (bytes, bytearray, memoryview)):
