@@ -7,6 +7,7 @@
 """
 
 from jonnx import errors as errors
+from jonnx import sharding as sharding
 from jonnx._export import save as save
 from jonnx._jit import compiler_options as compiler_options, jit as jit
 from jonnx._ir import Graph as Graph, Node as Node, ValueInfo as ValueInfo
@@ -20,4 +21,4 @@ from jonnx import backend as backend  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["Graph", "Model", "Node", "OpContext", "ValueInfo", "backend", "compiler_options", "errors", "jit", "load", "ops", "register", "save"]
+__all__ = ["Graph", "Model", "Node", "OpContext", "ValueInfo", "backend", "compiler_options", "errors", "jit", "load", "ops", "register", "save", "sharding"]

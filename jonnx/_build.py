@@ -21,7 +21,8 @@ from jonnx import errors
 from jonnx._functions import FunctionKey, check_recursion, function_key, function_opsets, inline_call
 from jonnx._ir import Graph, Node, ValueInfo
 from jonnx._registry import arity, float_groups, lookup, normalize_domain, schema_for
-from jonnx._tensors import np_dtype, tensor_to_numpy
+from jonnx._tensors import inline_tensor_to_numpy, np_dtype, tensor_to_numpy
+from jonnx._wire import InlineData
 
 __all__ = ["GraphBuilder", "schema_defaults", "value_info"]
 
@@ -84,6 +85,8 @@ class GraphBuilder:
             initializer, a densified sparse one); None for no limit.
         allow_unknown_attributes: a node setting an attribute its schema does not declare is
             reported with a warning, and the attribute ignored, instead of refused.
+        inline: where the main graph's initializers left their ``raw_data`` in the model file
+            (``jonnx._wire.read_model``), or None when the proto holds it.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class GraphBuilder:
         functions: Sequence[onnx.FunctionProto] = (),
         memory_limit: int | None = default_memory_limit(),
         allow_unknown_attributes: bool = False,
+        inline: InlineData | None = None,
     ):
         for domain, version in opsets.items():
             if not isinstance(domain, str):
@@ -101,6 +105,7 @@ class GraphBuilder:
         self.opsets = dict(opsets)
         self.base_dir = base_dir
         self.memory_limit = memory_limit
+        self.inline = inline
         self.functions: dict[FunctionKey, onnx.FunctionProto] = {}
         for i, f in enumerate(functions):
             check_text(f, f"functions[{i}]")
@@ -178,11 +183,16 @@ class GraphBuilder:
 
     def _graph(self, proto: onnx.GraphProto, outer: frozenset[str]) -> Graph:
         initializers: dict[str, np.ndarray] = {}
-        for tensor in proto.initializer:
+        spans = self.inline.spans if self.inline is not None and self._depth == 1 else ()
+        for index, tensor in enumerate(proto.initializer):
             _unique(tensor.name, initializers, proto.name, "initializer")
-            initializers[tensor.name] = tensor_to_numpy(
-                tensor, self.base_dir, memory_limit=self.memory_limit
-            )
+            span = spans[index] if index < len(spans) else None
+            if span is not None:
+                initializers[tensor.name] = inline_tensor_to_numpy(tensor, self.inline, span)
+            else:
+                initializers[tensor.name] = tensor_to_numpy(
+                    tensor, self.base_dir, memory_limit=self.memory_limit
+                )
         for sparse in proto.sparse_initializer:
             _unique(sparse.values.name, initializers, proto.name, "initializer")
             initializers[sparse.values.name] = self._sparse(sparse)

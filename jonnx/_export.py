@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -14,12 +14,13 @@ import onnx.helper
 import onnx.numpy_helper
 
 from jonnx import errors
+from jonnx._build import _is_repeated
 from jonnx._inference_graph import to_inference
 from jonnx._ir import Graph
 from jonnx._state import StateSlot
 from jonnx._tensors import np_dtype
 
-__all__ = ["inline_external", "save"]
+__all__ = ["copy_except", "detach_initializers", "inline_external", "save", "serialize_with"]
 
 # Protobuf cannot serialize a message of 2 GiB or more.
 PROTOBUF_LIMIT = 2**31 - 1
@@ -137,11 +138,15 @@ def save(
 
     proto: onnx.ModelProto = model.proto
     new = _new_values(model, proto.graph, params, state)
+    # model.proto holds no initializer data (see jonnx.Model.proto): copying it is cheap, and
+    # each initializer's bytes are produced only when written (one tensor at a time).
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     _materialize_state(out, model.state_plan.slots, new)
+    sources: set[str] = set()
+    pending = detach_initializers(out.graph, model.graph, new, sources)
     _replace_initializers(out.graph, new)
-    sources = inline_external(out, model.graph)
+    sources |= inline_external(out, model.graph)
     if train is False:
         to_inference(out)
 
@@ -149,14 +154,19 @@ def save(
     blobs = [t.raw_data for t in tensors]
     for t in tensors:
         t.ClearField("raw_data")
-    inline_size = out.ByteSize() + sum(len(b) + _PER_TENSOR_OVERHEAD for b in blobs)
+    inline_size = (
+        out.ByteSize()
+        + sum(len(b) + _PER_TENSOR_OVERHEAD for b in blobs)
+        + sum(v.nbytes + _PER_TENSOR_OVERHEAD for _, v in pending)
+    )
     if external_data is False and inline_size > size_threshold:
         raise ValueError(
             f"the model would be about {inline_size} bytes, over size_threshold={size_threshold} "
             f"(protobuf cannot hold 2 GB); save it with external_data=True or None"
         )
     needed = external_data is True or (external_data is None and inline_size > size_threshold)
-    external = bool(blobs) and needed
+    large = [(t, v) for t, v in pending if v.nbytes >= _MIN_EXTERNAL_BYTES]
+    external = bool(blobs or large) and needed
 
     if not external:
         if inline_size > PROTOBUF_LIMIT:
@@ -166,34 +176,152 @@ def save(
             )
         for t, blob in zip(tensors, blobs):
             t.raw_data = blob
-        _write_atomic(folder, name, [out.SerializeToString()])
+        _write_atomic(folder, name, serialize_with(out, pending))
         return
 
     _check_data_location(data_name)
     _refuse_source_data(data_path, model.base_dir, sources)
-    chunks: list[bytes] = []
-    offset = 0
-    for t, blob in zip(tensors, blobs):
-        align = _PAGE if len(blob) >= _LARGE else _ALIGN
-        pad = -offset % align
-        if pad:
-            chunks.append(bytes(pad))
-            offset += pad
-        t.data_location = onnx.TensorProto.EXTERNAL
-        del t.external_data[:]
-        for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(blob)))):
-            entry = t.external_data.add()
-            entry.key, entry.value = key, value
-        chunks.append(blob)
-        offset += len(blob)
+    small = [(t, v) for t, v in pending if v.nbytes < _MIN_EXTERNAL_BYTES]
+    for t, v in small:
+        t.raw_data = _raw_bytes(v).tobytes()
+    items = [(t, memoryview(b)) for t, b in zip(tensors, blobs)] + large
+
+    def data_chunks() -> Iterator[Any]:
+        offset = 0
+        for t, value in items:
+            raw = _raw_bytes(value) if isinstance(value, np.ndarray) else value
+            align = _PAGE if raw.nbytes >= _LARGE else _ALIGN
+            pad = -offset % align
+            if pad:
+                yield bytes(pad)
+                offset += pad
+            _point_to(t, data_name, offset, raw.nbytes)
+            yield raw
+            offset += raw.nbytes
+
+    # The data file first: writing it fills in each tensor's offset, which the model file holds.
+    _write_atomic(folder, data_name, data_chunks())
     skeleton = out.SerializeToString()
     if len(skeleton) > PROTOBUF_LIMIT:
         raise ValueError(
             f"the model is {len(skeleton)} bytes even with its initializers in external data: "
             "its graph or attribute tensors pass protobuf's 2 GB limit"
         )
-    _write_atomic(folder, data_name, chunks)
     _write_atomic(folder, name, [skeleton])
+
+
+def _point_to(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+
+
+# -- initializer data written one tensor at a time --------------------------------------------
+
+
+def _has_data(tensor: onnx.TensorProto) -> bool:
+    return tensor.HasField("raw_data") or any(len(getattr(tensor, f)) for f in _DATA_FIELDS[:6])
+
+
+def detach_initializers(
+    graph: onnx.GraphProto, ir: Graph, new: Mapping[str, np.ndarray], sources: set[str]
+) -> list[tuple[onnx.TensorProto, np.ndarray]]:
+    """The main graph's initializers whose bytes come from loaded values, with those values.
+
+    These are the ones ``jonnx.Model.proto`` keeps without data (and those in external
+    files, whose locations are added to ``sources``), plus those given new values. Each
+    tensor is left with no data; the value is its new one, else the loaded one, as numpy of
+    the tensor's own element type (no copy where the dtype already is).
+    """
+    pending = []
+    for tensor in graph.initializer:
+        if tensor.name in new:
+            value = new[tensor.name]
+        elif (_is_external(tensor) or not _has_data(tensor)) and tensor.name in ir.initializers:
+            value = _to_numpy(
+                tensor.name, ir.initializers[tensor.name], np_dtype(tensor.data_type),
+                tuple(tensor.dims), "initializer",
+            )
+        else:
+            continue
+        if _is_external(tensor):
+            sources.update(e.value for e in tensor.external_data if e.key == "location")
+        for field in _DATA_FIELDS:
+            tensor.ClearField(field)
+        pending.append((tensor, value))
+    return pending
+
+
+def _raw_bytes(value: np.ndarray) -> np.ndarray:
+    """``value``'s ONNX raw_data as a flat uint8 array (a view where no packing is needed)."""
+    if value.dtype.itemsize and value.dtype.kind != "O" and value.dtype.name not in _PACKED:
+        flat = np.ascontiguousarray(value).reshape(-1)
+        return flat.view(np.uint8)
+    return np.frombuffer(onnx.numpy_helper.from_array(value).raw_data, np.uint8)
+
+
+# Element types stored packed (several per byte) in raw_data.
+_PACKED = frozenset({"int4", "uint4", "float4_e2m1fn", "int2", "uint2", "float6_e2m3fn", "float6_e3m2fn"})
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def serialize_with(
+    model: onnx.ModelProto, pending: list[tuple[onnx.TensorProto, np.ndarray]]
+) -> Iterator[Any]:
+    """The serialized ``model`` with each pending tensor's data put back, as chunks.
+
+    Protobuf accepts a message's fields in any order, so the graph is written last, its
+    pending initializers after its other fields, each tensor's raw bytes straight from its
+    array: no serialized copy of the whole model is ever held. The pending tensors are those
+    of ``model.graph.initializer`` listed in ``pending`` (see :func:`detach_initializers`).
+    """
+    names = {id(t) for t, _ in pending}
+    headers = []
+    for tensor, value in pending:
+        raw = _raw_bytes(value)
+        header = tensor.SerializeToString() + _varint(9 << 3 | 2) + _varint(raw.nbytes)
+        headers.append((header, raw))
+    graph = onnx.GraphProto()
+    copy_except(model.graph, graph, "initializer")
+    graph.initializer.extend(t for t in model.graph.initializer if id(t) not in names)
+    head = graph.SerializeToString()
+    body = sum(len(_varint(len(h) + r.nbytes)) + 1 + len(h) + r.nbytes for h, r in headers)
+    rest = onnx.ModelProto()
+    copy_except(model, rest, "graph")
+    yield rest.SerializeToString()
+    yield _varint(7 << 3 | 2) + _varint(len(head) + body)
+    yield head
+    for header, raw in headers:
+        yield _varint(5 << 3 | 2) + _varint(len(header) + raw.nbytes) + header
+        yield raw
+
+
+def copy_except(src: Any, dst: Any, *skip: str) -> None:
+    """Copy every field of message ``src`` but those named in ``skip`` into the empty ``dst``."""
+    for field, value in src.ListFields():
+        if field.name in skip:
+            continue
+        if _is_repeated(field) and field.type == field.TYPE_MESSAGE:
+            # add().CopyFrom, not extend: extend round-trips through the parser, which refuses
+            # deeply nested (but legal) subgraphs.
+            for item in value:
+                getattr(dst, field.name).add().CopyFrom(item)
+        elif _is_repeated(field):
+            getattr(dst, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
 
 
 # -- new values -------------------------------------------------------------------------------
@@ -276,10 +404,8 @@ def _set_raw(tensor: onnx.TensorProto, raw: bytes) -> None:
 
 
 def _replace_initializers(graph: onnx.GraphProto, new: Mapping[str, np.ndarray]) -> None:
-    for tensor in graph.initializer:
-        if tensor.name in new:
-            _set_raw(tensor, _encode(new[tensor.name], tensor.name, tensor.data_type).raw_data)
-    # A trained sparse initializer is dense now: it becomes an ordinary initializer.
+    # Dense initializers get their new values from detach_initializers. A trained sparse
+    # initializer is dense now: it becomes an ordinary initializer.
     sparse = [s for s in graph.sparse_initializer if s.values.name in new]
     for s in sparse:
         graph.initializer.append(_encode(new[s.values.name], s.values.name, s.values.data_type))
@@ -473,7 +599,7 @@ def _refuse_source_data(data_path: str, base_dir: str | None, sources: set[str])
             )
 
 
-def _write_atomic(folder: str, name: str, chunks: list[bytes]) -> None:
+def _write_atomic(folder: str, name: str, chunks: Iterable[Any]) -> None:
     """Write ``folder/name`` under a temporary name, then rename it into place."""
     tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)

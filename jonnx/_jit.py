@@ -10,12 +10,19 @@ tiny_transformer at batch 32 about 10-20% slower than with XLA's defaults (turni
 fusions off altogether costs 30-40% there). Other fusion sets that were tried (adding elementwise
 or dot fusions) still miscompile. The reproducer, in plain JAX, is in docs/known_issues.md.
 
+Compiling a large model makes XLA (LLVM) allocate and free hundreds of megabytes, which glibc
+keeps mapped; the first run then maps its temporaries on top. :func:`jit` therefore returns the
+freed memory to the system (``malloc_trim``) right after each backend compile of half a second
+or more (a few milliseconds, against seconds of compiling): ResNet-50's first call peaked at 3.3x
+its weights' bytes without it and 2.6x with it (benchmarks/bench_memory.py).
+
 Every function jonnx compiles itself goes through :func:`jit`; a user's own ``jax.jit`` over
 ``Model.apply`` can use :func:`jonnx.jit` (or ``compiler_options=jonnx.compiler_options()``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Any, Callable
 
@@ -46,10 +53,37 @@ def _probed_options() -> tuple[tuple[str, str], ...]:
     return tuple(options.items())
 
 
+_BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_TRIM_AFTER_SECONDS = 0.5
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(None)
+        return libc.malloc_trim  # glibc only
+    except (OSError, AttributeError):
+        return None
+
+
+def _trim_after_compile(event: str, duration: float, **_: Any) -> None:
+    if event == _BACKEND_COMPILE_EVENT and duration >= _TRIM_AFTER_SECONDS:
+        trim = _malloc_trim()
+        if trim is not None:
+            trim(0)
+
+
+@functools.cache
+def _listen_for_compiles() -> None:
+    if _malloc_trim() is not None:
+        jax.monitoring.register_event_duration_secs_listener(_trim_after_compile)
+
+
 def jit(fn: Callable[..., Any], **jit_kwargs: Any) -> Callable[..., Any]:
     """``jax.jit(fn, **jit_kwargs)`` with :func:`compiler_options` added.
 
     >>> fast_apply = jonnx.jit(model.apply)          # doctest: +SKIP
     """
+    _listen_for_compiles()
     options = {**compiler_options(), **(jit_kwargs.pop("compiler_options", None) or {})}
     return jax.jit(fn, compiler_options=options, **jit_kwargs)

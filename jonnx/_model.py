@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import types
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -14,16 +16,19 @@ import onnx
 import onnx.defs
 from google.protobuf.message import DecodeError
 from jax.experimental import checkify
+from jax.sharding import Mesh, NamedSharding
 
 from jonnx import errors
 from jonnx._build import GraphBuilder, default_memory_limit
-from jonnx._export import inline_external
+from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
 from jonnx._interpreter import RunOptions, run_graph
 from jonnx._ir import Graph, ValueInfo
 from jonnx._jit import jit
 from jonnx._registry import normalize_domain
 from jonnx._state import StatePlan, plan_state
 from jonnx._static import preferred_static_inputs, static_values
+from jonnx._wire import InlineData, WireError, read_model
+from jonnx.sharding import Rules, param_specs
 
 __all__ = ["Model", "load"]
 
@@ -41,6 +46,8 @@ def load(
     checked: bool = False,
     allow_newer_opset: bool = False,
     allow_unknown_attributes: bool = False,
+    mesh: Mesh | None = None,
+    rules: Rules = None,
 ) -> "Model":
     """Load an ONNX model as a :class:`Model`.
 
@@ -66,6 +73,11 @@ def load(
             opset-13 ``Add``, ignoring them with a warning. By default they are a
             :class:`~jonnx.errors.ModelStructureError` listing every such node and attribute,
             as onnxruntime refuses them too.
+        mesh: a ``jax.sharding.Mesh`` to place the parameters and running statistics on
+            (default: none, the default device). See :mod:`jonnx.sharding` and docs/scaling.md.
+        rules: how each weight is split over ``mesh``: a rule set from :mod:`jonnx.sharding`
+            (``replicated()``, ``fsdp(axis)``, ``tensor_parallel(axis)``), the name of one, or
+            ``(name pattern, PartitionSpec)`` pairs; default: replicated.
 
     Returns:
         The loaded model, with every node bound to its implementation.
@@ -85,26 +97,43 @@ def load(
         >>> model(np.array([-1.0, 2.0], np.float32))[0].tolist()
         [0.0, 2.0]
     """
+    options = {
+        "memory_limit": memory_limit, "checked": checked, "allow_newer_opset": allow_newer_opset,
+        "allow_unknown_attributes": allow_unknown_attributes, "mesh": mesh, "rules": rules,
+    }
     if isinstance(f, onnx.ModelProto):
-        proto = f
-    elif isinstance(f, (bytes, bytearray, memoryview)):
-        proto = _parse(bytes(f), "<bytes>")
-    elif isinstance(f, (str, os.PathLike)):
-        path = os.fspath(f)
+        return Model(f, base_dir=base_dir, **options)
+    if isinstance(f, (bytes, bytearray, memoryview)):
+        return Model(_parse(bytes(f), "<bytes>"), base_dir=base_dir, _owned=True, **options)
+    if not isinstance(f, (str, os.PathLike)):
+        raise TypeError(f"jonnx.load takes a path, bytes or onnx.ModelProto, not {type(f).__name__}")
+    path = os.fspath(f)
+    if base_dir is None:
+        base_dir = os.path.dirname(os.path.abspath(path))
+    try:
+        # The initializers' bytes go from the file into their arrays one at a time, never
+        # through a parsed protobuf (jonnx._wire).
+        proto, inline = read_model(path)
+    except WireError:
+        inline = None
+    except OSError as e:
+        raise errors.LoadError(f"cannot read model file {path!r}: {e.strerror}") from e
+    if inline is not None and not proto.HasField("graph"):
+        inline.close()  # not a model: the ordinary parse says why
+        inline = None
+    if inline is None:
         try:
             with open(path, "rb") as fh:
                 data = fh.read()
         except OSError as e:
             raise errors.LoadError(f"cannot read model file {path!r}: {e.strerror}") from e
         proto = _parse(data, repr(path))
-        if base_dir is None:
-            base_dir = os.path.dirname(os.path.abspath(path))
-    else:
-        raise TypeError(f"jonnx.load takes a path, bytes or onnx.ModelProto, not {type(f).__name__}")
-    return Model(
-        proto, base_dir=base_dir, memory_limit=memory_limit, checked=checked,
-        allow_newer_opset=allow_newer_opset, allow_unknown_attributes=allow_unknown_attributes,
-    )
+        del data
+    try:
+        return Model(proto, base_dir=base_dir, _owned=True, _inline=inline, **options)
+    finally:
+        if inline is not None:
+            inline.close()
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
@@ -170,7 +199,14 @@ class Model:
     ``jax.grad``, ``jax.vmap``); calling the model runs it jit-compiled.
 
     Attributes:
+        proto: the model's ``onnx.ModelProto`` *without its main graph's initializer data*
+            (names, types and dims stay): the values live in the graph IR, :attr:`params` and
+            :attr:`state`, so the model never holds its weights twice. ``jonnx.save`` writes
+            them back.
         graph: the model's graph IR.
+        mesh: the ``jax.sharding.Mesh`` the weights were placed on, or None.
+        shardings: for a model placed on a mesh, the ``NamedSharding`` of each parameter and
+            running statistic by name (empty otherwise).
         opsets: the model's opset per domain.
         base_dir: the folder the model's external data was read from (None for bytes/protos).
         memory_limit: the largest tensor, in bytes, a node may create (None: no limit).
@@ -196,8 +232,11 @@ class Model:
         checked: bool = False,
         allow_newer_opset: bool = False,
         allow_unknown_attributes: bool = False,
+        mesh: Mesh | None = None,
+        rules: Rules = None,
+        _owned: bool = False,
+        _inline: InlineData | None = None,
     ):
-        self.proto = proto
         self.checked = checked
         self.base_dir = base_dir
         self.memory_limit = memory_limit
@@ -209,26 +248,46 @@ class Model:
         self.opsets = _opsets(proto, allow_newer_opset)
         builder = GraphBuilder(
             self.opsets, base_dir, functions=proto.functions, memory_limit=memory_limit,
-            allow_unknown_attributes=allow_unknown_attributes,
+            allow_unknown_attributes=allow_unknown_attributes, inline=_inline,
         )
         graph = builder.graph(proto.graph)
         builder.raise_if_unsupported()
+        # The weights live in the graph IR (and params) now: keep the proto without them, so
+        # that the model never holds two copies (jonnx.save and pickling put them back).
+        self.proto = _strip_initializers(proto, in_place=_owned)
+        del proto
 
         # Running statistics become state entries named after the value each node reads; the
         # Identity nodes an exporter routes them through are dropped (see jonnx._state).
         self.state_plan: StatePlan = plan_state(graph)
         self.graph: Graph = self.state_plan.graph
         static = static_values(self.graph)
-        inits = self.graph.initializers
+        inits = dict(self.graph.initializers)
         self._constants = {n: v for n, v in inits.items() if n in static or not _is_trainable(v)}
-        self._state = {s.key: jnp.asarray(inits[s.source]) for s in self.state_plan.slots}
+        # jax.device_put, not jnp.asarray (which copies twice): on CPU it adopts a 64-byte
+        # aligned numpy buffer (what loading reads weights into) without any copy. Weights
+        # keep their stored dtype (bfloat16 and float16 stay half size).
+        self._state = {s.key: inits[s.source] for s in self.state_plan.slots}
         # An initializer that only fed a dropped Identity is read by nothing now: not a param.
         unread = {s.source for s in self.state_plan.slots if s.via} - _read_names(self.graph)
         self._params = {
-            n: jnp.asarray(v)
-            for n, v in inits.items()
-            if n not in self._constants and n not in self._state and n not in unread
+            n: v for n, v in inits.items() if n not in self._constants and n not in self._state and n not in unread
         }
+        # Placement rules see the weights' shapes (and the graph) before anything is placed.
+        self.mesh = mesh
+        specs = param_specs(self, mesh, rules) if mesh is not None else {}
+        self.shardings: dict[str, NamedSharding] = {n: NamedSharding(mesh, s) for n, s in specs.items()}
+        for table in (self._state, self._params):
+            for n in table:
+                # One at a time, and the IR then holds the device array: where device_put has
+                # to copy (a split, an unaligned buffer), the numpy value is released before the
+                # next one is placed.
+                table[n] = jax.device_put(table[n], self.shardings.get(n))
+                if table is self._params:
+                    inits[n] = table[n]
+        self.graph = dataclasses.replace(self.graph, initializers=types.MappingProxyType(inits))
+        self.state_plan = dataclasses.replace(self.state_plan, graph=self.graph)
+        del graph, inits
         self.input_names = self.graph.input_names
         self.output_names = self.graph.output_names
         preferred = preferred_static_inputs(self.graph)
@@ -563,15 +622,41 @@ def _read_names(graph: Graph) -> set[str]:
 def _pickle_parts(model: Model) -> tuple:
     """The model as bytes of a self-contained proto (external data inlined) and load options."""
     proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
+    proto.CopyFrom(model.proto)  # cheap: model.proto holds no initializer data
+    pending = detach_initializers(proto.graph, model.graph, {}, set())
     inline_external(proto, model.graph)
-    return proto.SerializeToString(), model._load_options
+    return b"".join(serialize_with(proto, pending)), model._load_options
 
 
 def _unpickle(proto_bytes: bytes, options: Mapping[str, Any]) -> Model:
     proto = onnx.ModelProto()
     proto.ParseFromString(proto_bytes)
-    return Model(proto, **options)
+    del proto_bytes
+    return Model(proto, _owned=True, **options)
+
+
+_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+
+
+def _strip_initializers(proto: onnx.ModelProto, *, in_place: bool) -> onnx.ModelProto:
+    """``proto`` with the data of its main graph's inline initializers removed.
+
+    Their names, types, dims and metadata stay; tensors in external files keep their
+    references. A proto the caller gave (``in_place=False``) is copied, never changed; the
+    copy never holds more than one tensor's data beyond the original's.
+    """
+    if not in_place:
+        stripped = onnx.ModelProto()
+        copy_except(proto, stripped, "graph")
+        copy_except(proto.graph, stripped.graph, "initializer")
+        for tensor in proto.graph.initializer:
+            copy_except(tensor, stripped.graph.initializer.add(), *_DATA_FIELDS)
+        return stripped
+    for tensor in proto.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            for field in _DATA_FIELDS:
+                tensor.ClearField(field)
+    return proto
 
 
 def _is_host_value(value: Any) -> bool:

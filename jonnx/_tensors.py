@@ -7,6 +7,7 @@ import math
 import os
 import re
 import stat
+import sys
 
 import numpy as np
 import onnx
@@ -14,8 +15,9 @@ import onnx.helper
 import onnx.numpy_helper
 
 from jonnx import errors
+from jonnx._wire import InlineData, aligned_empty, pread_into
 
-__all__ = ["np_dtype", "tensor_to_numpy"]
+__all__ = ["inline_tensor_to_numpy", "np_dtype", "tensor_to_numpy"]
 
 _FOUR_BIT = {
     onnx.TensorProto.INT4,
@@ -143,7 +145,7 @@ def _parse_count(value: str | None, key: str, what: str) -> int | None:
 
 def _read_external(
     tensor: onnx.TensorProto, base_dir: str | None, what: str, memory_limit: int | None
-) -> bytes:
+) -> np.ndarray:
     info: dict[str, str] = {}
     for entry in tensor.external_data:
         if entry.key not in _EXTERNAL_KEYS:
@@ -179,17 +181,16 @@ def _read_external(
                 f"{info['location']!r} has only {size}"
             )
         # pread, not mmap: a file truncated while it is read gives a short read here, where a
-        # mapping would kill the process with SIGBUS.
-        chunks, done = [], 0
-        while done < expected:
-            chunk = os.pread(fd, min(expected - done, 1 << 30), offset + done)
-            if not chunk:
-                raise errors.ExternalDataError(
-                    f"{what}: external data file {info['location']!r} ended early (changed while read?)"
-                )
-            chunks.append(chunk)
-            done += len(chunk)
-        return b"".join(chunks)
+        # mapping would kill the process with SIGBUS. Read straight into an aligned buffer,
+        # which becomes the tensor's memory (and, on CPU, its device array's) without a copy.
+        buffer = aligned_empty(expected)
+        try:
+            pread_into(fd, buffer, offset)
+        except OSError:
+            raise errors.ExternalDataError(
+                f"{what}: external data file {info['location']!r} ended early (changed while read?)"
+            ) from None
+        return buffer
     finally:
         os.close(fd)
 
@@ -235,11 +236,13 @@ def tensor_to_numpy(
         if typed or tensor.HasField("raw_data"):
             raise errors.LoadError(f"{what} has both external data and inline data ({(typed or ['raw_data'])[0]})")
         raw = _read_external(tensor, base_dir, what, memory_limit)
+        if _plain_raw(tensor):
+            return _view(raw, tensor)
         inline = onnx.TensorProto()
         inline.CopyFrom(tensor)
         del inline.external_data[:]
         inline.data_location = onnx.TensorProto.DEFAULT
-        inline.raw_data = raw
+        inline.raw_data = raw.tobytes()
         tensor = inline
     elif tensor.external_data:
         raise errors.ExternalDataError(
@@ -266,3 +269,61 @@ def tensor_to_numpy(
     if value.size != count:
         raise errors.LoadError(f"{what} holds {value.size} values but its dims {list(tensor.dims)} need {count}")
     return value
+
+
+def _plain_raw(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor``'s raw bytes are its numpy value as they are (one element per item)."""
+    return (
+        sys.byteorder == "little"
+        and tensor.data_type not in _FOUR_BIT | _TWO_BIT | _UNCHECKED_RAW
+        and not tensor.HasField("segment")
+    )
+
+
+def _view(raw: np.ndarray, tensor: onnx.TensorProto) -> np.ndarray:
+    value = raw.view(np_dtype(tensor.data_type)).reshape(tuple(tensor.dims))
+    # The buffer may become a device array's memory (jax.device_put adopts aligned buffers on
+    # CPU): nothing may write to it.
+    value.flags.writeable = False
+    return value
+
+
+def inline_tensor_to_numpy(
+    tensor: onnx.TensorProto, source: InlineData, span: tuple[int, int]
+) -> np.ndarray:
+    """Decode ``tensor``, whose ``raw_data`` was left in the model file at ``span``.
+
+    The bytes go straight from the file into a 64-byte aligned buffer, which is the returned
+    array's memory: no protobuf or ``bytes`` copy of them is made.
+
+    Raises:
+        jonnx.errors.LoadError: as :func:`tensor_to_numpy`.
+    """
+    what = _describe(tensor)
+    try:
+        np_dtype(tensor.data_type)
+    except errors.LoadError:
+        raise errors.LoadError(f"{what} has unknown element type {tensor.data_type}") from None
+    count = _element_count(tensor, what)
+    if not _plain_raw(tensor) or tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.external_data:
+        # Rare forms (packed, strings, big-endian, raw_data next to external data): decode
+        # them with their bytes put back, through the checks of the ordinary path.
+        full = onnx.TensorProto()
+        full.CopyFrom(tensor)
+        full.raw_data = source.read_bytes(span)
+        return tensor_to_numpy(full)
+    typed = [field for field in _TYPED_FIELDS if len(getattr(tensor, field))]
+    if typed:
+        raise errors.LoadError(f"{what} has both raw_data and {typed[0]}; ONNX allows one")
+    expected = _expected_nbytes(tensor, count)
+    if span[1] != expected:
+        raise errors.LoadError(
+            f"{what} has {span[1]} bytes of raw_data but its dims {list(tensor.dims)} and dtype "
+            f"need {expected}"
+        )
+    buffer = aligned_empty(expected)
+    try:
+        source.read_into(buffer, span)
+    except OSError as e:
+        raise errors.LoadError(f"{what}: cannot read its data from the model file: {e}") from e
+    return _view(buffer, tensor)

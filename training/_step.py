@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 import jonnx
 from jonnx import errors
@@ -121,7 +122,11 @@ class TrainStep:
         self.input_fn = input_fn
         self.precision = precision
         self.fn = self._step
+        self.donate = donate
         self._jitted = jonnx.jit(self._step, donate_argnums=(0,) if donate else ())
+        # On a mesh: the step compiled for the shardings of the train state it was given, so
+        # that every output array keeps its input's sharding (see __call__).
+        self._sharded: tuple[Any, Any] | None = None
 
     def __repr__(self) -> str:
         n_frozen = sum(not m for m in self.mask.values())
@@ -152,13 +157,34 @@ class TrainStep:
         full_state = _merge(self.model.state, state, "state values")
         # Master weights and statistics stay in their stored dtype (float32 for exported
         # models) even under mixed precision: only the compute is cast.
-        full_params = jax.tree.map(jnp.array, full_params)
-        full_state = jax.tree.map(jnp.array, full_state)
+        mesh = self.model.mesh
+        if mesh is None:
+            full_params = jax.tree.map(jnp.array, full_params)
+            full_state = jax.tree.map(jnp.array, full_state)
+            return TrainState(
+                step=jnp.zeros((), jnp.int32),
+                params=full_params,
+                state=full_state,
+                opt_state=self.optimizer.init(full_params),
+            )
+        # On a mesh every array is placed as the model placed its weights: each parameter's
+        # optimizer state (Adam's moments...) like the parameter, the rest replicated.
+        shardings, whole = self.model.shardings, NamedSharding(mesh, PartitionSpec())
+        full_params = {n: jax.device_put(v, shardings.get(n, whole), may_alias=False) for n, v in full_params.items()}
+        full_state = {n: jax.device_put(v, shardings.get(n, whole), may_alias=False) for n, v in full_state.items()}
+
+        def place(path: tuple, leaf: Any) -> Any:
+            names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+            name = names[-1] if names else None
+            like = name in full_params and jnp.shape(leaf) == full_params[name].shape
+            return jax.device_put(leaf, shardings.get(name, whole) if like else whole)
+
+        opt_state = jax.tree_util.tree_map_with_path(place, self.optimizer.init(full_params))
         return TrainState(
-            step=jnp.zeros((), jnp.int32),
+            step=jax.device_put(jnp.zeros((), jnp.int32), whole),
             params=full_params,
             state=full_state,
-            opt_state=self.optimizer.init(full_params),
+            opt_state=opt_state,
         )
 
     def __call__(self, train_state: TrainState, batch: Any, key: jax.Array | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -177,7 +203,16 @@ class TrainStep:
             (the global norm of the trainable gradients) and the loss function's aux metrics,
             as scalar arrays.
         """
-        return self._jitted(train_state, batch, key)
+        if self.model.mesh is None:
+            return self._jitted(train_state, batch, key)
+        shardings = jax.tree.map(lambda x: getattr(x, "sharding", None), train_state)
+        if self._sharded is None or self._sharded[0] != shardings:
+            whole = NamedSharding(self.model.mesh, PartitionSpec())
+            step = jonnx.jit(
+                self._step, donate_argnums=(0,) if self.donate else (), out_shardings=(shardings, whole)
+            )
+            self._sharded = (shardings, step)
+        return self._sharded[1](train_state, batch, key)
 
     def _step(self, ts: TrainState, batch: Any, key: jax.Array | None) -> tuple[TrainState, dict[str, jax.Array]]:
         model, mask = self.model, self.mask
