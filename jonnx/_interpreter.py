@@ -22,6 +22,7 @@ import numpy as np
 
 from jonnx import errors
 from jonnx._ir import Graph, Node
+from jonnx._progress import Progress
 from jonnx._registry import OpContext
 
 __all__ = ["RunOptions", "run_graph", "is_concrete"]
@@ -89,23 +90,43 @@ def run_graph(
     # them (Model passes the main graph's params and constants explicitly).
     env: dict[str, Any] = {**(outer or {}), **graph.initializers, **values}
     updates: dict[str, Any] = {}
-    for index, node in enumerate(graph.nodes):
-        args = node.padded(tuple(env[name] if name else None for name in node.inputs))
-        key = None
-        if options.key is not None and (node.op.random or _has_subgraph(node)):
-            key = jax.random.fold_in(options.key, index)
-        outputs = _run_node(graph, node, args, env, options, key)
-        if len(outputs) < sum(1 for o in node.outputs if o):
-            raise errors.NodeError(
-                f"node {node.name!r} ({node.op_type}) returned {len(outputs)} outputs but the "
-                f"model reads {len(node.outputs)}"
-            )
-        for name, value in zip(node.outputs, outputs):
-            if name:
-                env[name] = value
-        if node.op.state_updates and node.trains(options.train):
-            updates.update(_state_updates(node, outputs, options.state))
+    # Tracing a large model walks thousands of nodes in Python: show it (the main graph only;
+    # eager runs of small graphs end within Progress's quiet time and show nothing).
+    tracing = outer is None and any(isinstance(v, jax.core.Tracer) for v in values.values())
+    progress = Progress(f"tracing graph {graph.name!r}" if tracing else f"running graph {graph.name!r}",
+                        len(graph.nodes), unit="nodes") if outer is None else None
+    try:
+        for index, node in enumerate(graph.nodes):
+            _step(graph, index, node, env, options, updates)
+            if progress is not None:
+                progress.update()
+    except BaseException:
+        if progress is not None:
+            progress.close(failed=True)
+        raise
+    if progress is not None:
+        progress.close()
     return tuple(env[o.name] for o in graph.outputs), updates
+
+
+def _step(graph: Graph, index: int, node: Node, env: dict[str, Any], options: RunOptions,
+          updates: dict[str, Any]) -> None:
+    """Run ``node`` (position ``index``) and store its outputs and state updates."""
+    args = node.padded(tuple(env[name] if name else None for name in node.inputs))
+    key = None
+    if options.key is not None and (node.op.random or _has_subgraph(node)):
+        key = jax.random.fold_in(options.key, index)
+    outputs = _run_node(graph, node, args, env, options, key)
+    if len(outputs) < sum(1 for o in node.outputs if o):
+        raise errors.NodeError(
+            f"node {node.name!r} ({node.op_type}) returned {len(outputs)} outputs but the "
+            f"model reads {len(node.outputs)}"
+        )
+    for name, value in zip(node.outputs, outputs):
+        if name:
+            env[name] = value
+    if node.op.state_updates and node.trains(options.train):
+        updates.update(_state_updates(node, outputs, options.state))
 
 
 def _state_updates(node: Node, outputs: Sequence[Any], state: frozenset[str]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from jonnx._export import inline_external
 from jonnx._interpreter import RunOptions, run_graph
 from jonnx._ir import Graph, ValueInfo
 from jonnx._jit import jit
+from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
 from jonnx._state import StatePlan, plan_state
 from jonnx._static import preferred_static_inputs, static_values
@@ -207,6 +208,7 @@ class Model:
             allow_newer_opset=allow_newer_opset, allow_unknown_attributes=allow_unknown_attributes,
         )
         self.opsets = _opsets(proto, allow_newer_opset)
+        progress = Progress("loading model")
         builder = GraphBuilder(
             self.opsets, base_dir, functions=proto.functions, memory_limit=memory_limit,
             allow_unknown_attributes=allow_unknown_attributes,
@@ -244,6 +246,8 @@ class Model:
         self._host_outputs: dict[Any, dict[int, Any]] = {}
         call = checkify.checkify(self._call_impl, errors=checkify.user_checks) if checked else self._call_impl
         self._jitted = jit(call, static_argnums=(2,))
+        n_values = sum(int(np.prod(p.shape)) for p in self._params.values())
+        progress.close(summary=f"{len(self.graph.nodes)} nodes, {n_values:,} parameter values")
 
     def __reduce__(self) -> tuple:
         # Pickled as the graph without its weights plus the weights as numpy arrays (the
