@@ -78,6 +78,15 @@ class ProgressLine:
                 stream.write(text + "\n")
             stream.flush()
 
+    def forget(self, task: Any) -> None:
+        """End ``task`` without a final line (its summary is written by the caller)."""
+        with self._lock:
+            self._last_plain.pop(task, None)
+            if self._open and self.terminal:
+                self.stream.write("\n")
+                self.stream.flush()
+                self._open = False
+
     def line(self, text: str) -> None:
         """Write ``text`` as a line of its own (ending a terminal progress line first)."""
         with self._lock:
