@@ -211,6 +211,21 @@ def enable_progress(level: int = logging.INFO, stream: TextIO | None = None) -> 
     Args:
         level: the lowest level shown (``logging.DEBUG`` shows every step).
         stream: where to write (default ``sys.stderr``, looked up at each write).
+
+    Example:
+        >>> import io, jonnx, numpy as np, onnx.helper as oh
+        >>> log = io.StringIO()  # not a terminal: plain lines
+        >>> jonnx.enable_progress(logging.DEBUG, stream=log)
+        >>> graph = oh.make_graph([oh.make_node("Relu", ["x"], ["y"])], "relu",
+        ...                       [oh.make_tensor_value_info("x", 1, [2])],
+        ...                       [oh.make_tensor_value_info("y", 1, [2])])
+        >>> _ = jonnx.load(oh.make_model(graph))(np.ones(2, np.float32))
+        >>> print(log.getvalue(), end="")  # doctest: +ELLIPSIS
+        reading initializers: 0/0 tensors in ...
+        loading model: 1 nodes, 0 parameter values in ...
+        tracing graph 'relu': 1/1 nodes in ...
+        XLA compiled in ...
+        >>> _restore_quiet()
     """
     global _handler, _compile_listener_added
     if _handler is not None:
@@ -226,6 +241,16 @@ def enable_progress(level: int = logging.INFO, stream: TextIO | None = None) -> 
 
         jax.monitoring.register_event_duration_secs_listener(_on_duration)
         _compile_listener_added = True
+
+
+def _restore_quiet() -> None:
+    """Undo :func:`enable_progress` (for tests and doctests)."""
+    global _handler
+    if _handler is not None:
+        logger.removeHandler(_handler)
+        _handler = None
+    logger.setLevel(logging.NOTSET)
+    logger.propagate = True
 
 
 def _on_duration(event: str, duration: float, **kwargs: Any) -> None:

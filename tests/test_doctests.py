@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["jonnx._export", "jonnx._model", "jonnx._registry", "jonnx.ops"]
+MODULES = ["jonnx._export", "jonnx._model", "jonnx._progress", "jonnx._registry", "jonnx.ops"]
 
 
 @pytest.mark.parametrize("name", MODULES)
