@@ -18,7 +18,7 @@ from jax.experimental import checkify
 from jonnx import errors
 from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import inline_external
-from jonnx._interpreter import RunOptions, run_graph
+from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph
 from jonnx._ir import Graph, ValueInfo
 from jonnx._jit import jit
 from jonnx._progress import Progress
@@ -223,11 +223,11 @@ class Model:
         static = static_values(self.graph)
         inits = self.graph.initializers
         self._constants = {n: v for n, v in inits.items() if n in static or not _is_trainable(v)}
-        self._state = {s.key: jnp.asarray(inits[s.source]) for s in self.state_plan.slots}
+        self._state = {s.key: _to_jax(s.source, inits[s.source], graph, checked) for s in self.state_plan.slots}
         # An initializer that only fed a dropped Identity is read by nothing now: not a param.
         unread = {s.source for s in self.state_plan.slots if s.via} - _read_names(self.graph)
         self._params = {
-            n: jnp.asarray(v)
+            n: _to_jax(n, v, graph, checked)
             for n, v in inits.items()
             if n not in self._constants and n not in self._state and n not in unread
         }
@@ -499,6 +499,24 @@ class Model:
         if isinstance(value, np.ndarray) and value.dtype == object:
             return value
         return jnp.asarray(value)
+
+
+def _to_jax(name: str, value: np.ndarray, graph: Graph, checked: bool) -> jax.Array:
+    """A float initializer as a JAX array; with x64 off, one beyond float32's range is named
+    (a warning, or an error in checked mode) rather than turned into infinities silently."""
+    found = None if jax.config.jax_enable_x64 else narrowing(value)
+    if found is None:
+        return jnp.asarray(value)
+    readers = ", ".join(f"node {n.name!r} ({n.op_type})" for n in graph.nodes if name in n.inputs) or "no node"
+    what = (
+        f"initializer {name!r} ({value.dtype}, shape {list(value.shape)}, read by {readers}) holds "
+        f"{found[0]}, which {found[1]} cannot hold"
+    )
+    if checked:
+        raise errors.NumericCheckError(narrowing_advice(what))
+    warnings.warn(narrowing_advice(what), errors.NarrowingWarning, stacklevel=4)
+    with np.errstate(over="ignore"):
+        return jnp.asarray(value.astype(np.float32))
 
 
 def _check_inputs(declared: tuple[ValueInfo, ...], values: list[Any]) -> None:
