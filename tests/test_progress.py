@@ -149,7 +149,8 @@ def _cli_stderr(use_terminal: bool) -> str:
             if not chunk:
                 break
             chunks.append(chunk)
-        assert process.wait(timeout=300) == 0
+        code = process.wait(timeout=300)
+        assert code == 0, b"".join(chunks).decode(errors="replace")
     finally:
         os.close(leader)
     return b"".join(chunks).decode(errors="replace")
