@@ -12,6 +12,7 @@ from jonnx._export import save as save
 from jonnx._jit import compiler_options as compiler_options, jit as jit
 from jonnx._ir import Graph as Graph, Node as Node, ValueInfo as ValueInfo
 from jonnx._model import Model as Model, load as load
+from jonnx._progress import enable_progress as enable_progress
 from jonnx._registry import OpContext as OpContext, register as register
 
 # The operator library registers itself on import; `jonnx.ops` is also the public way to call
@@ -21,4 +22,4 @@ from jonnx import backend as backend  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["Graph", "Model", "Node", "OpContext", "ValueInfo", "backend", "compiler_options", "errors", "jit", "load", "ops", "register", "save", "sharding"]
+__all__ = ["Graph", "Model", "Node", "OpContext", "ValueInfo", "backend", "compiler_options", "enable_progress", "errors", "jit", "load", "ops", "register", "save", "sharding"]

@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 from jonnx import errors
 from jonnx._functions import FunctionKey, check_recursion, function_key, function_opsets, inline_call
 from jonnx._ir import Graph, Node, ValueInfo
+from jonnx._progress import Progress
 from jonnx._registry import arity, float_groups, lookup, normalize_domain, schema_for
 from jonnx._tensors import inline_tensor_to_numpy, np_dtype, tensor_to_numpy
 from jonnx._wire import InlineData
@@ -184,15 +185,25 @@ class GraphBuilder:
     def _graph(self, proto: onnx.GraphProto, outer: frozenset[str]) -> Graph:
         initializers: dict[str, np.ndarray] = {}
         spans = self.inline.spans if self.inline is not None and self._depth == 1 else ()
-        for index, tensor in enumerate(proto.initializer):
-            _unique(tensor.name, initializers, proto.name, "initializer")
-            span = spans[index] if index < len(spans) else None
-            if span is not None:
-                initializers[tensor.name] = inline_tensor_to_numpy(tensor, self.inline, span)
-            else:
-                initializers[tensor.name] = tensor_to_numpy(
-                    tensor, self.base_dir, memory_limit=self.memory_limit
-                )
+        # Decoding (and reading external data) is what takes long in a large model's load.
+        desc = "reading initializers" if self._depth == 1 else f"reading initializers of {proto.name!r}"
+        progress = Progress(desc, len(proto.initializer), unit="tensors")
+        nbytes = 0
+        try:
+            for index, tensor in enumerate(proto.initializer):
+                _unique(tensor.name, initializers, proto.name, "initializer")
+                span = spans[index] if index < len(spans) else None
+                if span is not None:
+                    value = inline_tensor_to_numpy(tensor, self.inline, span)
+                else:
+                    value = tensor_to_numpy(tensor, self.base_dir, memory_limit=self.memory_limit)
+                initializers[tensor.name] = value
+                nbytes += value.nbytes
+                progress.update(1, extra=f"{nbytes / 2**20:.1f} MiB")
+        except BaseException:
+            progress.close(failed=True)
+            raise
+        progress.close()
         for sparse in proto.sparse_initializer:
             _unique(sparse.values.name, initializers, proto.name, "initializer")
             initializers[sparse.values.name] = self._sparse(sparse)

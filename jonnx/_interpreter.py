@@ -12,7 +12,9 @@ After tracing nothing of this module is left: the compiled computation is XLA's 
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,9 +24,14 @@ import numpy as np
 
 from jonnx import errors
 from jonnx._ir import Graph, Node
+from jonnx._progress import Progress
 from jonnx._registry import OpContext, promote_floats
 
 __all__ = ["RunOptions", "run_graph", "is_concrete"]
+
+#: The nodes of the current top-level run that read a 64-bit constant too large for the 32-bit
+#: type JAX holds it in (x64 off); warned about once, together, when the run ends.
+_NARROWED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("jonnx_narrowed", default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,23 +96,56 @@ def run_graph(
     # them (Model passes the main graph's params and constants explicitly).
     env: dict[str, Any] = {**(outer or {}), **graph.initializers, **values}
     updates: dict[str, Any] = {}
-    for index, node in enumerate(graph.nodes):
-        args = node.padded(tuple(env[name] if name else None for name in node.inputs))
-        key = None
-        if options.key is not None and (node.op.random or _has_subgraph(node)):
-            key = jax.random.fold_in(options.key, index)
-        outputs = _run_node(graph, node, args, env, options, key)
-        if len(outputs) < sum(1 for o in node.outputs if o):
-            raise errors.NodeError(
-                f"node {node.name!r} ({node.op_type}) returned {len(outputs)} outputs but the "
-                f"model reads {len(node.outputs)}"
-            )
-        for name, value in zip(node.outputs, outputs):
-            if name:
-                env[name] = value
-        if node.op.state_updates and node.trains(options.train):
-            updates.update(_state_updates(node, outputs, options.state))
-    return tuple(env[o.name] for o in graph.outputs), updates
+    # Tracing a large model walks thousands of nodes in Python: show it (the main graph only;
+    # eager runs of small graphs end within Progress's quiet time and show nothing).
+    tracing = outer is None and any(isinstance(v, jax.core.Tracer) for v in values.values())
+    progress = Progress(f"tracing graph {graph.name!r}" if tracing else f"running graph {graph.name!r}",
+                        len(graph.nodes), unit="nodes") if outer is None else None
+    token = _NARROWED.set([]) if outer is None else None
+    try:
+        for index, node in enumerate(graph.nodes):
+            _step(graph, index, node, env, options, updates)
+            if progress is not None:
+                progress.update()
+        outputs = tuple(env[o.name] for o in graph.outputs)
+        if outer is None and not jax.config.jax_enable_x64:
+            producers = graph.producers()
+            for o in graph.outputs:
+                # A folded output leaves as a jax array too (Model's _as_output).
+                _check_narrowing(producers.get(o.name), o.name, env[o.name], options)
+            narrowed = _NARROWED.get()
+            if narrowed:
+                warnings.warn(_narrowing_summary(narrowed), errors.NarrowingWarning, stacklevel=2)
+    except BaseException:
+        if progress is not None:
+            progress.close(failed=True)
+        raise
+    finally:
+        if token is not None:
+            _NARROWED.reset(token)
+    if progress is not None:
+        progress.close()
+    return outputs, updates
+
+
+def _step(graph: Graph, index: int, node: Node, env: dict[str, Any], options: RunOptions,
+          updates: dict[str, Any]) -> None:
+    """Run ``node`` (position ``index``) and store its outputs and state updates."""
+    args = node.padded(tuple(env[name] if name else None for name in node.inputs))
+    key = None
+    if options.key is not None and (node.op.random or _has_subgraph(node)):
+        key = jax.random.fold_in(options.key, index)
+    outputs = _run_node(graph, node, args, env, options, key)
+    if len(outputs) < sum(1 for o in node.outputs if o):
+        raise errors.NodeError(
+            f"node {node.name!r} ({node.op_type}) returned {len(outputs)} outputs but the "
+            f"model reads {len(node.outputs)}"
+        )
+    for name, value in zip(node.outputs, outputs):
+        if name:
+            env[name] = value
+    if node.op.state_updates and node.trains(options.train):
+        updates.update(_state_updates(node, outputs, options.state))
 
 
 def _state_updates(node: Node, outputs: Sequence[Any], state: frozenset[str]) -> dict[str, Any]:
@@ -174,6 +214,12 @@ def _run_node(
                     _check_memory(node, _predict(node, args, ctx), options.memory_limit)
                 with jax.ensure_compile_time_eval():
                     return _to_numpy(op.fn(args, node.attrs, ctx))
+        if not jax.config.jax_enable_x64:
+            # Static inputs stay on the host (Slice's INT64_MAX ends are fine); the others
+            # become JAX arrays of the 32-bit type.
+            for i, arg in enumerate(args):
+                if i < len(node.inputs) and node.inputs[i] and i not in node.static_inputs:
+                    _check_narrowing(node, node.inputs[i], arg, options)
         outputs = op.fn(args, node.attrs, ctx)
         if options.memory_limit is not None:
             # Under jit these are tracers: nothing is allocated until the whole graph runs.
@@ -206,6 +252,69 @@ def _predict(node: Node, args: tuple, ctx: OpContext) -> Any:
         return jax.eval_shape(run, *[args[i] for i in abstract])
     except Exception:  # noqa: BLE001 -- no prediction; the op itself reports its own errors
         return None
+
+
+_INT32, _UINT32, _FLOAT32 = np.iinfo(np.int32), np.iinfo(np.uint32), np.finfo(np.float32)
+
+
+def narrowing(value: Any) -> tuple[Any, str] | None:
+    """``(offending value, 32-bit type)`` when JAX would narrow the 64-bit numpy ``value``
+    wrongly with x64 off (an integer outside the 32-bit range wraps, a float64 beyond float32's
+    range becomes infinite), else None. Values that fit lose nothing that matters: float64
+    rounds to float32 as everywhere in JAX without x64."""
+    if not isinstance(value, (np.ndarray, np.generic)) or value.size == 0:
+        return None
+    if value.dtype == np.int64:
+        lo, hi = value.min(), value.max()
+        bad = hi if hi > _INT32.max else lo if lo < _INT32.min else None
+        return None if bad is None else (bad, "int32")
+    if value.dtype == np.uint64:
+        hi = value.max()
+        return None if hi <= _UINT32.max else (hi, "uint32")
+    if value.dtype == np.float64:
+        finite = np.abs(value[np.isfinite(value)])
+        big = finite.max() if finite.size else 0.0
+        return None if big <= _FLOAT32.max else (big, "float32")
+    return None
+
+
+def narrowing_advice(what: str) -> str:
+    return (
+        f"{what}: with jax_enable_x64 off JAX would narrow it silently. Enable x64 "
+        "(jax.config.update('jax_enable_x64', True), or `with jax.enable_x64(True):`)."
+    )
+
+
+def _check_narrowing(node: Node | None, name: str, value: Any, options: RunOptions) -> None:
+    """Record (or, in checked mode, raise on) a trace-time value JAX would narrow wrongly."""
+    if isinstance(value, list):
+        for v in value:
+            _check_narrowing(node, name, v, options)
+        return
+    found = narrowing(value)
+    if found is None:
+        return
+    where = f"node {node.name!r} ({node.op_type})" if node is not None else "the graph"
+    what = (
+        f"{where} value {name!r} ({value.dtype}, shape {list(value.shape)}) holds {found[0]}, which "
+        f"{found[1]} cannot hold"
+    )
+    if options.checked:
+        raise errors.NumericCheckError(narrowing_advice(what))
+    narrowed = _NARROWED.get()
+    if narrowed is not None and what not in narrowed:
+        narrowed.append(what)
+
+
+def _narrowing_summary(narrowed: list[str]) -> str:
+    shown = "\n".join(f"  {w}" for w in narrowed[:10])
+    more = f"\n  ... and {len(narrowed) - 10} more" if len(narrowed) > 10 else ""
+    return (
+        f"with jax_enable_x64 off, {len(narrowed)} 64-bit value(s) known at trace time do not fit "
+        f"the 32-bit types JAX holds them in; integers wrap and floats become infinite:\n{shown}{more}\n"
+        "Enable x64 (jax.config.update('jax_enable_x64', True), or `with jax.enable_x64(True):`), "
+        "or load with checked=True to make this an error."
+    )
 
 
 def _check_memory(node: Node, outputs: Any, limit: int) -> None:

@@ -21,9 +21,10 @@ from jax.sharding import Mesh, NamedSharding
 from jonnx import errors
 from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
-from jonnx._interpreter import RunOptions, run_graph
+from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph
 from jonnx._ir import Graph, ValueInfo
 from jonnx._jit import jit
+from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
 from jonnx._state import StatePlan, plan_state
 from jonnx._static import preferred_static_inputs, static_values
@@ -246,6 +247,7 @@ class Model:
             allow_newer_opset=allow_newer_opset, allow_unknown_attributes=allow_unknown_attributes,
         )
         self.opsets = _opsets(proto, allow_newer_opset)
+        progress = Progress("loading model")
         builder = GraphBuilder(
             self.opsets, base_dir, functions=proto.functions, memory_limit=memory_limit,
             allow_unknown_attributes=allow_unknown_attributes, inline=_inline,
@@ -267,11 +269,13 @@ class Model:
         # jax.device_put, not jnp.asarray (which copies twice): on CPU it adopts a 64-byte
         # aligned numpy buffer (what loading reads weights into) without any copy. Weights
         # keep their stored dtype (bfloat16 and float16 stay half size).
-        self._state = {s.key: inits[s.source] for s in self.state_plan.slots}
+        self._state = {s.key: _narrowed(s.source, inits[s.source], graph, checked) for s in self.state_plan.slots}
         # An initializer that only fed a dropped Identity is read by nothing now: not a param.
         unread = {s.source for s in self.state_plan.slots if s.via} - _read_names(self.graph)
         self._params = {
-            n: v for n, v in inits.items() if n not in self._constants and n not in self._state and n not in unread
+            n: _narrowed(n, v, graph, checked)
+            for n, v in inits.items()
+            if n not in self._constants and n not in self._state and n not in unread
         }
         # Placement rules see the weights' shapes (and the graph) before anything is placed.
         self.mesh = mesh
@@ -303,6 +307,8 @@ class Model:
         self._host_outputs: dict[Any, dict[int, Any]] = {}
         call = checkify.checkify(self._call_impl, errors=checkify.user_checks) if checked else self._call_impl
         self._jitted = jit(call, static_argnums=(2,))
+        n_values = sum(int(np.prod(p.shape)) for p in self._params.values())
+        progress.close(summary=f"{len(self.graph.nodes)} nodes, {n_values:,} parameter values")
 
     def __reduce__(self) -> tuple:
         # Pickled as the graph without its weights plus the weights as numpy arrays (the
@@ -554,6 +560,27 @@ class Model:
         if isinstance(value, np.ndarray) and value.dtype == object:
             return value
         return jnp.asarray(value)
+
+
+def _narrowed(name: str, value: np.ndarray, graph: Graph, checked: bool) -> np.ndarray:
+    """A float initializer as JAX will hold it; with x64 off, one beyond float32's range is named
+    (a warning, or an error in checked mode) rather than turned into infinities silently.
+
+    Returns numpy (placement is ``jax.device_put``'s job, which adopts aligned buffers uncopied).
+    """
+    found = None if jax.config.jax_enable_x64 else narrowing(value)
+    if found is None:
+        return value
+    readers = ", ".join(f"node {n.name!r} ({n.op_type})" for n in graph.nodes if name in n.inputs) or "no node"
+    what = (
+        f"initializer {name!r} ({value.dtype}, shape {list(value.shape)}, read by {readers}) holds "
+        f"{found[0]}, which {found[1]} cannot hold"
+    )
+    if checked:
+        raise errors.NumericCheckError(narrowing_advice(what))
+    warnings.warn(narrowing_advice(what), errors.NarrowingWarning, stacklevel=4)
+    with np.errstate(over="ignore"):
+        return value.astype(np.float32)
 
 
 def _check_inputs(declared: tuple[ValueInfo, ...], values: list[Any]) -> None:

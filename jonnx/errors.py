@@ -18,6 +18,7 @@ __all__ = [
     "NodeError",
     "NumericCheckError",
     "MemoryLimitError",
+    "NarrowingWarning",
 ]
 
 
@@ -70,3 +71,13 @@ class NumericCheckError(JonnxError):
 class MemoryLimitError(NodeError):
     """A node would create a tensor larger than the model's memory limit (checked before
     anything is allocated)."""
+
+
+class NarrowingWarning(UserWarning):
+    """A 64-bit value known at trace time does not fit the 32-bit type JAX holds it in.
+
+    With ``jax_enable_x64`` off (JAX's default) int64 becomes int32 and float64 becomes
+    float32: an int64 constant above 2**31 - 1 would wrap and a float64 above float32's range
+    would become infinite. jonnx warns once per trace naming the nodes (checked mode raises
+    :class:`NumericCheckError` instead); enable x64 for such models.
+    """

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["jonnx._export", "jonnx._model", "jonnx._registry", "jonnx.ops", "jonnx.sharding"]
+MODULES = ["jonnx._export", "jonnx._model", "jonnx._progress", "jonnx._registry", "jonnx.ops", "jonnx.sharding"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
 import numpy as np
-
 from jonnx.training._step import TrainState
+
+from jonnx._progress import ProgressLine
 
 __all__ = ["History", "fit"]
 
@@ -38,46 +38,46 @@ class History:
         return self.steps.get("loss", [])
 
 
-class _TextBar:
-    """A one-line progress display on stderr, for when tqdm is not installed."""
+class _Bar:
+    """The epoch's progress on stderr: redrawn in place on a terminal, plain lines in a pipe.
 
-    def __init__(self, total: int | None, desc: str):
-        self.total, self.desc, self.n = total, desc, 0
+    Into a pipe or a log file (CI, ``nohup``, a notebook's captured stderr) it writes no
+    carriage returns or escape codes: a heartbeat line every few seconds and the epoch's
+    summary (:class:`jonnx._progress.ProgressLine`).
+    """
+
+    def __init__(self, line: ProgressLine, total: int | None, desc: str):
+        self.line, self.total, self.desc, self.n = line, total, desc, 0
         self.postfix = ""
         self.start = self.last = time.perf_counter()
+        # Drawn at once: the first step traces and compiles, which can take seconds.
+        line.progress(self, self._text(self.start), done=False)
 
     def update(self, n: int = 1) -> None:
         self.n += n
         now = time.perf_counter()
-        if now - self.last >= 0.1 or self.n == self.total:
+        if now - self.last >= 0.1:
             self.last = now
-            self._draw(now)
+            self.line.progress(self, self._text(now), done=False)
 
-    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+    def set_postfix_str(self, text: str) -> None:
         self.postfix = text
 
-    def _draw(self, now: float) -> None:
+    def _text(self, now: float) -> str:
         rate = self.n / max(now - self.start, 1e-9)
         if self.total:
-            done = int(20 * self.n / self.total)
+            done = int(20 * min(self.n / self.total, 1))
             count = f"[{'=' * done}{' ' * (20 - done)}] {self.n}/{self.total}"
         else:
             count = f"{self.n}"
-        sys.stderr.write(f"\r{self.desc} {count} {rate:.1f} it/s {self.postfix}\033[K")
-        sys.stderr.flush()
+        return f"{self.desc} {count} {rate:.1f} it/s {self.postfix}".rstrip()
 
     def close(self) -> None:
-        self._draw(time.perf_counter())
-        sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
-def _progress_bar(total: int | None, desc: str) -> Any:
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _TextBar(total, desc)
-    return tqdm(total=total, desc=desc, leave=True, dynamic_ncols=True)
+        """End the bar's line on a terminal; in a pipe the epoch summary follows instead."""
+        if self.line.terminal:
+            self.line.progress(self, self._text(time.perf_counter()), done=True)
+        else:
+            self.line.forget(self)
 
 
 def _epoch_batches(batches: Any, epoch: int) -> Iterable[Any]:
@@ -113,8 +113,9 @@ def fit(
         eval_fn: called as ``eval_fn(train_state)`` after each epoch; a dict of metrics (or
             a float, reported as ``"eval"``) merged into that epoch's record, e.g.
             ``lambda ts: evaluate(model, ts, test_batches, loss_fn)``.
-        progress: show a progress bar (tqdm when installed, else one line of text on stderr)
-            and a summary line per epoch.
+        progress: show the epoch's progress on stderr (a bar redrawn in place on a terminal;
+            in a pipe or log file, a plain line every few seconds, no carriage returns) and a
+            summary line per epoch.
 
     Returns:
         ``(train_state, history)``: the final train state and a :class:`History` with the
@@ -146,10 +147,11 @@ def fit(
             "re-iterable object, or a callable epoch -> iterable"
         )
     history = History()
+    line = ProgressLine()  # sys.stderr as it is at each write
     for epoch in range(epochs):
         epoch_batches = _epoch_batches(batches, epoch)
         total = len(epoch_batches) if hasattr(epoch_batches, "__len__") else None
-        bar = _progress_bar(total, f"epoch {epoch + 1}/{epochs}") if progress else None
+        bar = _Bar(line, total, f"epoch {epoch + 1}/{epochs}") if progress else None
         start = time.perf_counter()
         last_shown = 0.0
         recorded: list[dict[str, Any]] = []
@@ -161,7 +163,7 @@ def fit(
                     now = time.perf_counter()
                     if now - last_shown >= 0.1:
                         last_shown = now
-                        bar.set_postfix_str(f"loss {float(metrics['loss']):.4f}", refresh=False)
+                        bar.set_postfix_str(f"loss {float(metrics['loss']):.4f}")
                     bar.update(1)
         finally:
             if bar is not None:
@@ -181,7 +183,7 @@ def fit(
         history.epochs.append(record)
         if progress:
             shown = "  ".join(f"{k} {v:.4g}" for k, v in record.items() if k not in ("epoch", "steps"))
-            print(f"epoch {epoch + 1}/{epochs}: {shown}", file=sys.stderr)
+            line.line(f"epoch {epoch + 1}/{epochs}: {shown}")
         if not all(math.isfinite(v) for v in history.steps["loss"][-len(host):]):
-            print(f"warning: non-finite loss in epoch {epoch + 1}", file=sys.stderr)
+            line.line(f"warning: non-finite loss in epoch {epoch + 1}")
     return train_state, history
