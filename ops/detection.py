@@ -47,7 +47,7 @@ def _suppressed(box: np.ndarray, kept: np.ndarray, iou_threshold) -> np.ndarray:
     return valid & (iou > iou_threshold)
 
 
-@register("NonMaxSuppression", since=(10, 11), static_inputs=(0, 1, 2, 3, 4))
+@register("NonMaxSuppression", since=(10, 11), static_inputs=(0, 1, 2, 3, 4), host=True)
 def non_max_suppression(inputs, attrs, ctx):
     """ONNX ``NonMaxSuppression``, opsets 10+.
 

@@ -408,7 +408,7 @@ def top_k(inputs, attrs, ctx):
 # Ops whose output shape depends on values: the data is static
 
 
-@register("NonZero", since=(9, 13), static_inputs=(0,))
+@register("NonZero", since=(9, 13), static_inputs=(0,), host=True)
 def non_zero(inputs, attrs, ctx):
     """ONNX ``NonZero``, opsets 9+. The input must be known at trace time (the output shape
     depends on its values)."""
@@ -418,7 +418,7 @@ def non_zero(inputs, attrs, ctx):
     return (np.stack(np.nonzero(x)).astype(index_dtype()).reshape(x.ndim, -1),)
 
 
-@register("Compress", since=(9, 11, 28), static_inputs=(1,))
+@register("Compress", since=(9, 11, 28), static_inputs=(1,), host=True)
 def compress(inputs, attrs, ctx):
     """ONNX ``Compress``, all opsets. ``condition`` must be known at trace time."""
     x, condition = inputs
@@ -438,7 +438,7 @@ def compress(inputs, attrs, ctx):
     return (jnp.take(x, keep, axis=axis, mode="clip"),)
 
 
-@register("Unique", since=(11, 28), static_inputs=(0,))
+@register("Unique", since=(11, 28), static_inputs=(0,), host=True)
 def unique(inputs, attrs, ctx):
     """ONNX ``Unique``, opsets 11+. The input must be known at trace time."""
     x = np.asarray(inputs[0])
