@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from jax.experimental import checkify
 
 from jonnx import errors
+from jonnx._bounded import bound_sizes
 from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import inline_external
 from jonnx._interpreter import RunOptions, run_graph, run_nodes
@@ -42,6 +43,7 @@ def load(
     checked: bool = False,
     allow_newer_opset: bool = False,
     allow_unknown_attributes: bool = False,
+    size_bounds: Mapping[str, int | None] | None = None,
 ) -> "Model":
     """Load an ONNX model as a :class:`Model`.
 
@@ -67,6 +69,12 @@ def load(
             opset-13 ``Add``, ignoring them with a warning. By default they are a
             :class:`~jonnx.errors.ModelStructureError` listing every such node and attribute,
             as onnxruntime refuses them too.
+        size_bounds: bounded mode for ops whose output shape depends on values: node name or
+            op type -> the output's row count (None: the op's natural bound). Those nodes then
+            run traced with a static output size, valid rows first and then rows of -1, so the
+            whole model is one XLA computation under your own ``jax.jit`` (TPU, ``jax.export``).
+            Supported: NonMaxSuppression (``max_output_boxes_per_class`` x classes x batches by
+            default) and NonZero (the input's size). See docs/dynamic_shapes.md.
 
     Returns:
         The loaded model, with every node bound to its implementation.
@@ -105,6 +113,7 @@ def load(
     return Model(
         proto, base_dir=base_dir, memory_limit=memory_limit, checked=checked,
         allow_newer_opset=allow_newer_opset, allow_unknown_attributes=allow_unknown_attributes,
+        size_bounds=size_bounds,
     )
 
 
@@ -205,6 +214,7 @@ class Model:
         checked: bool = False,
         allow_newer_opset: bool = False,
         allow_unknown_attributes: bool = False,
+        size_bounds: Mapping[str, int | None] | None = None,
     ):
         self.proto = proto
         self.checked = checked
@@ -214,6 +224,7 @@ class Model:
         self._load_options = dict(
             base_dir=base_dir, memory_limit=memory_limit, checked=checked,
             allow_newer_opset=allow_newer_opset, allow_unknown_attributes=allow_unknown_attributes,
+            size_bounds=None if size_bounds is None else dict(size_bounds),
         )
         self.opsets = _opsets(proto, allow_newer_opset)
         builder = GraphBuilder(
@@ -227,6 +238,8 @@ class Model:
         # Identity nodes an exporter routes them through are dropped (see jonnx._state).
         self.state_plan: StatePlan = plan_state(graph)
         self.graph: Graph = self.state_plan.graph
+        if size_bounds:
+            self.graph = bound_sizes(self.graph, size_bounds)
         static = static_values(self.graph, segmented=True)
         inits = self.graph.initializers
         self._constants = {n: v for n, v in inits.items() if n in static or not _is_trainable(v)}

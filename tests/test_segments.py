@@ -369,3 +369,48 @@ def test_string_output_under_users_jit_names_the_output():
     y, names = model(x)
     np.testing.assert_array_equal(np.asarray(y), [0.0, 2.0])
     assert names.tolist() == labels.tolist()
+
+
+def test_bounded_detector_runs_inside_users_jit_and_matches_up_to_padding():
+    proto = _detector()
+    model = jonnx.load(proto, size_bounds={"NonMaxSuppression": None})
+    assert not model.segment_plan.segmented
+    run = jax.jit(model.apply)
+    rng = np.random.default_rng(5)
+    with count_compiles() as compiles:
+        for _ in range(6):
+            image = rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)
+            detections, selected = (np.asarray(o) for o in run(model.params, image))
+            want_detections, want_selected = _ort(proto, {"image": image})
+            assert selected.shape == (20, 3) and detections.shape == (
+                20,
+                4,
+            )  # 1 x 1 x 20
+            count = int((selected[:, 0] >= 0).sum())
+            assert count == len(want_selected)
+            np.testing.assert_array_equal(selected[:count], want_selected)
+            assert (selected[count:] == -1).all()
+            np.testing.assert_allclose(
+                detections[:count], want_detections, rtol=1e-5, atol=1e-5
+            )
+    assert len(compiles) == 1
+
+
+def test_bounded_nonzero_pads_with_minus_one():
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["r"]), oh.make_node("NonZero", ["r"], ["idx"])],
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [oh.make_tensor_value_info("idx", TensorProto.INT64, None)],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = jonnx.load(proto, size_bounds={"NonZero": 10})
+    x = np.random.default_rng(6).normal(size=(3, 4)).astype(np.float32)
+    (got,) = jax.jit(model.apply)(model.params, x)
+    (want,) = _ort(proto, {"x": x})
+    n = want.shape[1]
+    assert got.shape == (2, 10) and n < 10
+    np.testing.assert_array_equal(np.asarray(got)[:, :n], want)
+    assert (np.asarray(got)[:, n:] == -1).all()
+    with pytest.raises(errors.ModelStructureError, match="Compress"):
+        jonnx.load(proto, size_bounds={"Compress": 4})
