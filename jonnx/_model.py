@@ -255,8 +255,16 @@ class Model:
         self.output_names = self.graph.output_names
         # How __call__ runs the graph: compiled segments, with the nodes whose output shapes
         # depend on values (NonZero, NonMaxSuppression, string labels) on the host between them.
+        # Integer and bool graph inputs that feed a static chain are shape-like (sizes, axes,
+        # flags): static arguments, so what the graph computes from them stays concrete. A
+        # float input reaching a static slot (a TopK k computed from scores) is data: the
+        # graph is cut there instead, and only the computed value is static.
+        shape_like = {
+            v.name for v in self.graph.inputs
+            if v.name in static and v.dtype is not None and v.dtype.kind in "biu"
+        }
         self.segment_plan: SegmentPlan = plan_segments(
-            self.graph, self._constants, set(self._params) | set(self._state)
+            self.graph, self._constants, set(self._params) | set(self._state), shape_like
         )
         # What apply needs concrete: every static chain's graph inputs, host ops' included.
         traced_apply = static_values(self.graph) | preferred_static_inputs(self.graph)

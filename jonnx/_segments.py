@@ -102,7 +102,10 @@ def _static_reads(node: Node, graph_inputs: set[str]) -> set[str]:
 
 
 def plan_segments(
-    graph: Graph, constants: Iterable[str], traced: Iterable[str]
+    graph: Graph,
+    constants: Iterable[str],
+    traced: Iterable[str],
+    static_inputs: Iterable[str] = (),
 ) -> SegmentPlan:
     """Split ``graph`` into stages (see the module docstring).
 
@@ -110,6 +113,9 @@ def plan_segments(
         graph: the main graph.
         constants: names known at trace time in every segment (constant initializers).
         traced: names every segment has as traced values (params, state).
+        static_inputs: graph inputs passed to every segment that reads them as static
+            arguments (shape-like inputs: sizes, axes, flags), so that what is computed
+            from them stays concrete while tracing (an If's condition, a Reshape target).
     """
     graph_inputs = set(graph.input_names)
     # Per value: its level, whether it is concrete while its segment traces, and the first
@@ -119,7 +125,8 @@ def plan_segments(
     on_host_at: dict[str, int] = {}
     for name in graph_inputs | set(traced):
         level[name], concrete[name], on_host_at[name] = 0, False, 0
-    for name in constants:
+    forced = set(static_inputs) & graph_inputs
+    for name in set(constants) | forced:
         level[name], concrete[name], on_host_at[name] = 0, True, 0
     producer_level: dict[str, int] = {}
     node_level: list[int] = []
@@ -192,7 +199,7 @@ def plan_segments(
                 host_nodes=host_nodes,
                 nodes=nodes,
                 reads=tuple(reads),
-                static=frozenset(static_at.get(at, set()) & set(reads)),
+                static=frozenset((static_at.get(at, set()) | forced) & set(reads)),
                 exports=exports,
             )
         )
