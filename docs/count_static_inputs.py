@@ -13,6 +13,16 @@ import numpy as np
 from onnx.backend.test.case import node as node_cases
 
 import jonnx
+from jonnx._ir import Graph
+
+
+def _reads_outer(node, names) -> bool:
+    """Whether a node's subgraphs (If/Loop bodies) read any of ``names`` from outside."""
+    for value in node.attrs.values():
+        for g in value if isinstance(value, tuple) else (value,):
+            if isinstance(g, Graph) and g.outer_names & names:
+                return True
+    return False
 
 
 def main() -> None:
@@ -22,17 +32,18 @@ def main() -> None:
     cases = list(node_cases.collect_testcases(None))
     for case in cases:
         model = jonnx.load(case.model)
-        if model.static_input_names:
+        stages = model.segment_plan.stages
+        passed = {n for stage in stages for n in stage.static} & set(model.input_names)
+        strings = any(v.dtype == np.dtype(object) for v in model.graph.inputs)
+        if passed or strings:
             readers = set()
-            for stage in model.segment_plan.stages:
+            for stage in stages:
                 for position in stage.nodes:
                     node = model.graph.nodes[position]
-                    if any(
-                        i in stage.static and i in model.static_input_names
-                        for i in node.inputs
+                    if any(i in passed for i in node.inputs) or _reads_outer(
+                        node, passed
                     ):
                         readers.add(node.op_type)
-            strings = any(v.dtype == np.dtype(object) for v in model.graph.inputs)
             static["string input" if strings else ",".join(sorted(readers))] += 1
         if model.segment_plan.segmented:
             host = sorted(
