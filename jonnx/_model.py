@@ -519,9 +519,9 @@ class Model:
                 message = error.get()
                 if message is not None:
                     raise errors.NumericCheckError(message.split(" (`check` failed)")[0])
-            host = self._segment_host_values.get((index, static, _signature(dynamic)), {})
             env.update(results)
-            env.update(host)
+            if self._segment_host_values:  # strings a segment made while tracing
+                env.update(self._segment_host_values.get((index, static, _signature(dynamic)), {}))
         constants = self._constants
         return tuple(_as_output(env[n] if n in env else constants[n]) for n in self.output_names)
 
