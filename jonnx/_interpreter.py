@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import operator
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,7 +28,7 @@ from jonnx._ir import Graph, Node
 from jonnx._progress import Progress
 from jonnx._registry import OpContext, promote_floats
 
-__all__ = ["RunOptions", "run_graph", "is_concrete"]
+__all__ = ["RunOptions", "run_graph", "run_nodes", "is_concrete"]
 
 #: The nodes of the current top-level run that read a 64-bit constant too large for the 32-bit
 #: type JAX holds it in (x64 off); warned about once, together, when the run ends.
@@ -67,8 +68,8 @@ def is_concrete(value: Any) -> bool:
 
 
 def _to_numpy(value: Any) -> Any:
-    if value is None:
-        return None
+    if value is None or isinstance(value, dict):  # a map (ZipMap's rows) holds Python values
+        return value
     if isinstance(value, (list, tuple)):
         return type(value)(_to_numpy(v) for v in value)
     return np.asarray(value)
@@ -95,7 +96,6 @@ def run_graph(
     # A subgraph's own initializers are constants of that scope; the values given override
     # them (Model passes the main graph's params and constants explicitly).
     env: dict[str, Any] = {**(outer or {}), **graph.initializers, **values}
-    updates: dict[str, Any] = {}
     # Tracing a large model walks thousands of nodes in Python: show it (the main graph only;
     # eager runs of small graphs end within Progress's quiet time and show nothing).
     tracing = outer is None and any(isinstance(v, jax.core.Tracer) for v in values.values())
@@ -103,10 +103,7 @@ def run_graph(
                         len(graph.nodes), unit="nodes") if outer is None else None
     token = _NARROWED.set([]) if outer is None else None
     try:
-        for index, node in enumerate(graph.nodes):
-            _step(graph, index, node, env, options, updates)
-            if progress is not None:
-                progress.update()
+        updates = run_nodes(graph, env, options, range(len(graph.nodes)), progress=progress)
         outputs = tuple(env[o.name] for o in graph.outputs)
         if outer is None and not jax.config.jax_enable_x64:
             producers = graph.producers()
@@ -126,6 +123,27 @@ def run_graph(
     if progress is not None:
         progress.close()
     return outputs, updates
+
+
+def run_nodes(
+    graph: Graph,
+    env: dict[str, Any],
+    options: RunOptions,
+    positions: Sequence[int],
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Run the nodes of ``graph`` at ``positions`` (in order) over ``env``, which receives their
+    outputs; returns the state updates, as :func:`run_graph` does.
+
+    A node's random key folds in its position in the whole graph, so running a graph in
+    segments (``jonnx._segments``) draws the same numbers as running it at once.
+    """
+    updates: dict[str, Any] = {}
+    for index in positions:
+        _step(graph, index, graph.nodes[index], env, options, updates)
+        if progress is not None:
+            progress.update()
+    return updates
 
 
 def _step(graph: Graph, index: int, node: Node, env: dict[str, Any], options: RunOptions,
@@ -167,6 +185,13 @@ def _run_node(
     key: jax.Array | None,
 ) -> Sequence[Any]:
     op = node.op
+    if any(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) for a in args):
+        # Concrete jax arrays (an eager run's params, a segment's results) are known values.
+        args = tuple(
+            np.asarray(a) if i in node.static_inputs and isinstance(a, jax.Array)
+            and not isinstance(a, jax.core.Tracer) else a
+            for i, a in enumerate(args)
+        )
     for i in node.static_inputs:
         if i < len(args) and not is_concrete(args[i]):
             raise errors.StaticValueError(_static_message(graph, node, i, env))
@@ -204,13 +229,23 @@ def _run_node(
         and is_concrete(args)
         and not _reads_dynamic_outer(node, env)
     )
+    if fold and _holds_symbolic(args):
+        # Shape arithmetic on symbolic dims (jax.export) folds in numpy object arrays; an op
+        # that makes a tensor of a symbolic shape (ConstantOfShape, Range) must be traced.
+        try:
+            with jax.enable_x64(True), jax.ensure_compile_time_eval():
+                return _to_numpy(op.fn(args, node.attrs, ctx))
+        except Exception:  # noqa: BLE001 -- run it traced below, which reports its own errors
+            fold = False
     try:
         if fold:
             with jax.enable_x64(True):
-                if options.memory_limit is not None and args:
+                if options.memory_limit is not None and args and not op.runs_on_host(node.attrs):
                     # Folding allocates now: learn the output sizes first, abstractly. A node
                     # without inputs (Constant) only hands over what its attributes already
-                    # hold; random ops, which size from attributes, are never folded.
+                    # hold; random ops, which size from attributes, are never folded. Host
+                    # ops (NonZero, NMS, ...) run in numpy on every segmented call, make
+                    # outputs no larger than their inputs, and cannot run abstractly.
                     _check_memory(node, _predict(node, args, ctx), options.memory_limit)
                 with jax.ensure_compile_time_eval():
                     return _to_numpy(op.fn(args, node.attrs, ctx))
@@ -227,6 +262,16 @@ def _run_node(
         return outputs
     except errors.JonnxError:
         raise
+    except jax.errors.InconclusiveDimensionOperation as e:
+        # jax.export with symbolic dims: this node needs a concrete number where the value
+        # is a symbolic dimension (a shape read as data, a size compared with a constant).
+        raise errors.StaticValueError(
+            f"{ctx.where()} needs a concrete value where the input shapes hold symbolic "
+            f"dimensions ({str(e).splitlines()[0]}); its inputs are "
+            f"{[n for n in node.inputs if n]}. Bound the dimensions it compares "
+            "(jax.export.symbolic_shape(..., constraints=['t <= 64'])), export with concrete "
+            "sizes for the dimensions it reads, or run it with jax.jit on concrete shapes."
+        ) from e
     except Exception as e:  # an op body's own failure: name the node and keep the cause
         raise errors.NodeError(f"{ctx.where()}: {type(e).__name__}: {e}") from e
 
@@ -322,13 +367,43 @@ def _check_memory(node: Node, outputs: Any, limit: int) -> None:
         shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
         if shape is None or dtype is None or dtype == np.dtype(object):
             continue
-        size = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+        size = _constant_size(shape)
+        if size is None:
+            # A symbolic size (jax.export with symbolic dims) is known only when the exported
+            # function runs; it grows with the caller's own inputs, which they allocated.
+            continue
+        size *= np.dtype(dtype).itemsize
         if size > limit:
             raise errors.MemoryLimitError(
                 f"node {node.name!r} ({node.op_type}) would create a tensor of shape "
                 f"{tuple(shape)} ({dtype}, {size:,} bytes), over the model's memory limit of "
                 f"{limit:,} bytes; pass a larger memory_limit to jonnx.load if this is intended"
             )
+
+
+def _holds_symbolic(args: Sequence[Any]) -> bool:
+    """Whether a concrete argument holds symbolic dims (an object array from Shape)."""
+    for a in args:
+        if isinstance(a, list) and _holds_symbolic(a):
+            return True
+        if isinstance(a, np.ndarray) and a.dtype == object and any(
+            jax.export.is_symbolic_dim(v) for v in a.reshape(-1)
+        ):
+            return True
+    return False
+
+
+def _constant_size(shape: Sequence[Any]) -> int | None:
+    """The element count of ``shape``, or None when a dim is symbolic (``jax.export``)."""
+    size = 1
+    for d in shape:
+        if not isinstance(d, (int, np.integer)):
+            try:
+                d = operator.index(d)
+            except Exception:  # noqa: BLE001 -- a symbolic dim refuses to become an int
+                return None
+        size *= int(d)
+    return size
 
 
 def _has_subgraph(node: Node) -> bool:

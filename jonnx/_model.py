@@ -19,13 +19,15 @@ from jax.experimental import checkify
 from jax.sharding import Mesh, NamedSharding
 
 from jonnx import errors
+from jonnx._bounded import bound_sizes
 from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
-from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph
+from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph, run_nodes
 from jonnx._ir import Graph, ValueInfo
 from jonnx._jit import jit
 from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
+from jonnx._segments import SegmentPlan, plan_segments
 from jonnx._state import StatePlan, plan_state
 from jonnx._static import preferred_static_inputs, static_values
 from jonnx._wire import InlineData, WireError, read_model
@@ -49,6 +51,7 @@ def load(
     allow_unknown_attributes: bool = False,
     mesh: Mesh | None = None,
     rules: Rules = None,
+    size_bounds: Mapping[str, int | None] | None = None,
 ) -> "Model":
     """Load an ONNX model as a :class:`Model`.
 
@@ -79,6 +82,12 @@ def load(
         rules: how each weight is split over ``mesh``: a rule set from :mod:`jonnx.sharding`
             (``replicated()``, ``fsdp(axis)``, ``tensor_parallel(axis)``), the name of one, or
             ``(name pattern, PartitionSpec)`` pairs; default: replicated.
+        size_bounds: bounded mode for ops whose output shape depends on values: node name or
+            op type -> the output's row count (None: the op's natural bound). Those nodes then
+            run traced with a static output size, valid rows first and then rows of -1, so the
+            whole model is one XLA computation under your own ``jax.jit`` (TPU, ``jax.export``).
+            Supported: NonMaxSuppression (``max_output_boxes_per_class`` x classes x batches by
+            default) and NonZero (the input's size). See docs/dynamic_shapes.md.
 
     Returns:
         The loaded model, with every node bound to its implementation.
@@ -101,6 +110,7 @@ def load(
     options = {
         "memory_limit": memory_limit, "checked": checked, "allow_newer_opset": allow_newer_opset,
         "allow_unknown_attributes": allow_unknown_attributes, "mesh": mesh, "rules": rules,
+        "size_bounds": size_bounds,
     }
     if isinstance(f, onnx.ModelProto):
         return Model(f, base_dir=base_dir, **options)
@@ -178,13 +188,17 @@ def _is_trainable(value: np.ndarray) -> bool:
 
 
 class _Static:
-    """A numpy array as a hashable static argument of ``jax.jit`` (hashed by content)."""
+    """A numpy array (or a list of them) as a hashable static argument of ``jax.jit``.
+
+    Hashed by content: only values a segment needs at trace time (shapes, counts, strings)
+    are passed this way, never tensor data.
+    """
 
     __slots__ = ("value", "_key")
 
-    def __init__(self, value: np.ndarray):
+    def __init__(self, value: Any):
         self.value = value
-        self._key = (value.dtype.str, value.shape, value.tobytes() if value.dtype != object else repr(value.tolist()))
+        self._key = _content_key(value)
 
     def __hash__(self) -> int:
         return hash(self._key)
@@ -218,10 +232,14 @@ class Model:
         output_names: the graph outputs, in order.
         state_plan: where each running statistic (:attr:`state` entry) starts from, and the
             stateful nodes whose statistics cannot be kept as state (``jonnx._state``).
-        static_input_names: inputs that must be known at trace time (they feed a shape, axes,
-            a count), or that directly drive control flow (If's condition, Loop's trip count);
-            ``__call__`` passes them to ``jax.jit`` as static arguments (one compilation per
-            distinct value).
+        static_input_names: inputs that :meth:`apply` needs known at trace time (they feed a
+            shape, axes, a count, strings, or a host op such as NonZero), or that directly drive
+            control flow (If's condition, Loop's trip count). ``__call__`` passes those its
+            segments need at trace time as static arguments (one compilation per distinct
+            value) and hands the inputs of host ops to the host instead (see
+            :attr:`segment_plan`).
+        segment_plan: how ``__call__`` splits the graph into compiled segments with host nodes
+            between them (``jonnx._segments``; docs/dynamic_shapes.md).
     """
 
     def __init__(
@@ -237,6 +255,7 @@ class Model:
         rules: Rules = None,
         _owned: bool = False,
         _inline: InlineData | None = None,
+        size_bounds: Mapping[str, int | None] | None = None,
     ):
         self.checked = checked
         self.base_dir = base_dir
@@ -245,6 +264,7 @@ class Model:
         self._load_options = dict(
             base_dir=base_dir, memory_limit=memory_limit, checked=checked,
             allow_newer_opset=allow_newer_opset, allow_unknown_attributes=allow_unknown_attributes,
+            size_bounds=None if size_bounds is None else dict(size_bounds),
         )
         self.opsets = _opsets(proto, allow_newer_opset)
         progress = Progress("loading model")
@@ -263,7 +283,9 @@ class Model:
         # Identity nodes an exporter routes them through are dropped (see jonnx._state).
         self.state_plan: StatePlan = plan_state(graph)
         self.graph: Graph = self.state_plan.graph
-        static = static_values(self.graph)
+        if size_bounds:
+            self.graph = bound_sizes(self.graph, size_bounds)
+        static = static_values(self.graph, segmented=True)
         inits = dict(self.graph.initializers)
         self._constants = {n: v for n, v in inits.items() if n in static or not _is_trainable(v)}
         # jax.device_put, not jnp.asarray (which copies twice): on CPU it adopts a 64-byte
@@ -294,19 +316,33 @@ class Model:
         del graph, inits
         self.input_names = self.graph.input_names
         self.output_names = self.graph.output_names
-        preferred = preferred_static_inputs(self.graph)
-        static_inputs = {
-            v.name
-            for v in self.graph.inputs
-            if v.name in static or v.name in preferred or v.dtype == np.dtype(object)
+        # How __call__ runs the graph: compiled segments, with the nodes whose output shapes
+        # depend on values (NonZero, NonMaxSuppression, string labels) on the host between them.
+        # Integer and bool graph inputs that feed a static chain are shape-like (sizes, axes,
+        # flags): static arguments, so what the graph computes from them stays concrete. A
+        # float input reaching a static slot (a TopK k computed from scores) is data: the
+        # graph is cut there instead, and only the computed value is static.
+        shape_like = {
+            v.name for v in self.graph.inputs
+            if v.name in static and v.dtype is not None and v.dtype.kind in "biu"
         }
-        self.static_input_names = tuple(n for n in self.input_names if n in static_inputs)
+        self.segment_plan: SegmentPlan = plan_segments(
+            self.graph, self._constants, set(self._params) | set(self._state), shape_like
+        )
+        # What apply needs concrete: every static chain's graph inputs, host ops' included.
+        traced_apply = static_values(self.graph) | preferred_static_inputs(self.graph)
+        static_inputs = {v.name for v in self.graph.inputs if v.dtype == np.dtype(object)}
+        self.static_input_names = tuple(
+            n for n in self.input_names if n in traced_apply or n in static_inputs
+        )
         # Strings live on the host as numpy object arrays and cannot leave a jitted function.
-        # They are known at trace time, so they depend only on the static inputs and the
-        # shapes of the others: the trace records them here and __call__ merges them back.
-        self._host_outputs: dict[Any, dict[int, Any]] = {}
-        call = checkify.checkify(self._call_impl, errors=checkify.user_checks) if checked else self._call_impl
-        self._jitted = jit(call, static_argnums=(2,))
+        # A segment's strings are known at trace time, so they depend only on what its cache
+        # key holds (static arguments, shapes): the trace records them here, under that key.
+        self._segment_host_values: dict[Any, dict[str, Any]] = {}
+        run = self._segment_impl
+        if checked:
+            run = checkify.checkify(run, errors=checkify.user_checks)
+        self._segment = jit(run, static_argnums=(0, 3))
         n_values = sum(int(np.prod(p.shape)) for p in self._params.values())
         progress.close(summary=f"{len(self.graph.nodes)} nodes, {n_values:,} parameter values")
 
@@ -472,7 +508,24 @@ class Model:
             memory_limit=self.memory_limit, checked=self.checked,
         )
         outputs, updates = run_graph(self.graph, env, options)
+        self._refuse_host_outputs_under_trace(outputs, env)
         return tuple(_as_output(o) for o in outputs), {**current, **updates}
+
+    def _refuse_host_outputs_under_trace(self, outputs: tuple, env: Mapping[str, Any]) -> None:
+        """Under a trace (the user's own ``jax.jit``), a string output cannot leave: say so.
+
+        JAX's own message (``... is not a valid JAX type``) names neither the output nor the fix.
+        """
+        host = [n for n, o in zip(self.output_names, outputs) if _is_host_value(o)]
+        if not host:
+            return
+        if any(isinstance(v, jax.core.Tracer) for v in jax.tree_util.tree_leaves(list(env.values()))):
+            raise errors.StaticValueError(
+                f"output(s) {host} of the model are strings (numpy object arrays), which a "
+                "function traced by jax.jit/vmap/grad cannot return. Call the model itself, "
+                "`Model(*inputs)`, which returns them from the host, or leave those outputs out "
+                "of your traced function."
+            )
 
     def _refuse_untracked(self) -> None:
         untracked = self.state_plan.untracked
@@ -486,45 +539,110 @@ class Model:
 
     def __call__(
         self, *inputs: Any, key: jax.Array | None = None, **named_inputs: Any
-    ) -> tuple[jax.Array, ...]:
-        """Run the model jit-compiled with its own params (compiled once per input signature).
+    ) -> tuple[Any, ...]:
+        """Run the model jit-compiled with its own params: compiled once per input *shape*.
+
+        A graph whose output shapes depend on values (NonZero, Compress, Unique,
+        NonMaxSuppression, string labels, ZipMap) runs in compiled segments with those nodes
+        on the host between them (:attr:`segment_plan`): each segment compiles once per shape
+        of what it receives, never per input value. Inputs that must be known at trace time
+        (:attr:`static_input_names`) are static arguments (one compilation per value).
 
         ``key`` feeds random ops, as in :meth:`apply`. String outputs (numpy object arrays)
-        are computed at trace time and returned as they are.
-        """
-        values = list(self.bind(*inputs, **named_inputs).values())
-        dynamic, static = [], []
-        for name, value in zip(self.input_names, values):
-            if name in self.static_input_names:
-                static.append(_Static(np.asarray(value)))
-            else:
-                dynamic.append(value)
-        dynamic, static = tuple(dynamic), tuple(static)
-        outputs = self._jitted(self._params, dynamic, static, key)
-        if self.checked:
-            error, outputs = outputs
-            message = error.get()
-            if message is not None:
-                raise errors.NumericCheckError(message.split(" (`check` failed)")[0])
-        if self._host_outputs:
-            host = self._host_outputs.get((static, _signature(dynamic)), {})
-            outputs = tuple(host.get(i, o) for i, o in enumerate(outputs))
-        return outputs
+        and ZipMap's lists of dicts are returned as host values.
 
-    def _call_impl(self, params, dynamic: tuple, static: tuple, key) -> tuple:
-        dyn, sta = iter(dynamic), iter(static)
-        values = [
-            next(sta).value if name in self.static_input_names else next(dyn)
-            for name in self.input_names
-        ]
+        Raises:
+            jonnx.errors.StaticValueError: called on traced inputs (under ``jax.vmap`` or
+                ``jax.jit``) when the model runs nodes on the host or needs static inputs:
+                use ``Model.apply`` there (see docs/dynamic_shapes.md).
+        """
+        values = self.bind(*inputs, **named_inputs)
+        _check_inputs(self.graph.inputs, list(values.values()))
+        self._refuse_traced(values)
+        # Inputs go to the compiled segments as given: jit takes numpy arrays without the
+        # per-shape compilation jnp.asarray costs.
+        env: dict[str, Any] = dict(values)
+        options = RunOptions(
+            key=key, state=frozenset(self._state), memory_limit=self.memory_limit, checked=self.checked
+        )
+        for index, stage in enumerate(self.segment_plan.stages):
+            if stage.host_nodes:
+                self._run_host(stage.host_nodes, env, options)
+            if not stage.nodes:
+                continue
+            dynamic, static = {}, []
+            for name in stage.reads:
+                value = env[name]
+                if name in stage.static or _is_host_value(value):
+                    static.append((name, _Static(_host_copy(value))))
+                else:
+                    dynamic[name] = value
+            static = tuple(static)
+            results = self._segment(index, self._params, dynamic, static, key)
+            if self.checked:
+                error, results = results
+                message = error.get()
+                if message is not None:
+                    raise errors.NumericCheckError(message.split(" (`check` failed)")[0])
+            env.update(results)
+            if self._segment_host_values:  # strings a segment made while tracing
+                env.update(self._segment_host_values.get((index, static, _signature(dynamic)), {}))
+        constants = self._constants
+        return tuple(_as_output(env[n] if n in env else constants[n]) for n in self.output_names)
+
+    def _refuse_traced(self, values: Mapping[str, Any]) -> None:
+        traced = [n for n, v in values.items() if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(v))]
+        if not traced:
+            return
+        host = [self.graph.nodes[p] for p in self.segment_plan.host_nodes]
+        if host:
+            what = ", ".join(f"{n.op_type} node {n.name!r}" for n in host[:5])
+            raise errors.StaticValueError(
+                f"calling the model on traced inputs {traced} (under jax.vmap, jax.jit or jax.grad) "
+                f"cannot run its host nodes ({what}): their output shapes depend on input values. "
+                "Call the model on concrete arrays (it compiles its segments itself), loop in Python, "
+                "or use Model.apply with jonnx.load(..., size_bounds=...) where the op supports it"
+            )
+        segment_static = {n for s in self.segment_plan.stages for n in s.static}
+        static = [n for n in traced if n in segment_static]
+        if static:
+            raise errors.StaticValueError(
+                f"inputs {static} must be known at trace time (they feed a shape, a count or "
+                "strings), but they are traced here: pass them as concrete numpy arrays"
+            )
+
+    def _run_host(self, positions: tuple[int, ...], env: dict[str, Any], options: RunOptions) -> None:
+        """Run host nodes in numpy on concrete values; their outputs join ``env``."""
+        for position in positions:
+            node = self.graph.nodes[position]
+            local = {
+                n: _host_copy(env[n] if n in env else self._lookup(n))
+                for n in (*node.inputs, *_outer_reads(node)) if n
+            }
+            run_nodes(self.graph, local, options, (position,))
+            env.update({o: local[o] for o in node.outputs if o})
+
+    def _lookup(self, name: str) -> Any:
+        for table in (self._constants, self._params, self._state):
+            if name in table:
+                return table[name]
+        raise KeyError(name)
+
+    def _segment_impl(self, index: int, params, dynamic: dict, static: tuple, key) -> dict:
+        stage = self.segment_plan.stages[index]
+        env: dict[str, Any] = {**self._constants, **self._state, **self._params, **params, **dynamic}
+        env.update((name, s.value) for name, s in static)
         # The graph's own mode (train=None); statistics a training-mode graph computes are
         # not kept: the model's own values never change (use apply_with_state for them).
-        outputs, _ = self.apply_with_state(params, *values, key=key)
-        host = {i: o for i, o in enumerate(outputs) if _is_host_value(o)}
+        options = RunOptions(
+            key=key, state=frozenset(self._state), memory_limit=self.memory_limit, checked=self.checked
+        )
+        run_nodes(self.graph, env, options, stage.nodes)
+        results = {n: env[n] for n in stage.exports}
+        host = {n: v for n, v in results.items() if _is_host_value(v)}
         if host:
-            self._host_outputs[(static, _signature(dynamic))] = host
-            outputs = tuple(None if i in host else o for i, o in enumerate(outputs))
-        return outputs
+            self._segment_host_values[(index, static, _signature(dynamic))] = host
+        return {n: v for n, v in results.items() if n not in host}
 
     def bind(self, *inputs: Any, **named: Any) -> dict[str, Any]:
         """The graph inputs by name, from positional and keyword inputs as ``apply`` takes them.
@@ -693,7 +811,33 @@ def _is_host_value(value: Any) -> bool:
     return isinstance(value, np.ndarray) and value.dtype == object
 
 
-def _signature(dynamic: tuple) -> tuple:
+def _content_key(value: Any) -> Any:
+    if isinstance(value, list):
+        return ("list", tuple(_content_key(v) for v in value))
+    if value is None or isinstance(value, dict):
+        return repr(value)
+    return (value.dtype.str, value.shape, value.tobytes() if value.dtype != object else repr(value.tolist()))
+
+
+def _host_copy(value: Any) -> Any:
+    """``value`` as numpy (a list of them for a sequence; maps and None as they are)."""
+    if isinstance(value, list):
+        return [_host_copy(v) for v in value]
+    if value is None or isinstance(value, dict):
+        return value
+    return np.asarray(value)
+
+
+def _outer_reads(node: Any) -> tuple[str, ...]:
+    names: set[str] = set()
+    for value in node.attrs.values():
+        for g in value if isinstance(value, tuple) else (value,):
+            if isinstance(g, Graph):
+                names |= g.outer_names
+    return tuple(sorted(names))
+
+
+def _signature(dynamic: Any) -> tuple:
     """Shapes and dtypes of the dynamic inputs: what a trace's host values may depend on."""
     return tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in jax.tree_util.tree_leaves(dynamic))
 
@@ -704,5 +848,6 @@ def _as_output(value: Any) -> Any:
     if isinstance(value, np.ndarray) and value.dtype == object:
         return value  # strings stay on the host
     if isinstance(value, (np.ndarray, np.generic)):
-        return jnp.asarray(value)
+        # device_put, not jnp.asarray: in jax 0.10 the latter compiles a copy per shape.
+        return jax.device_put(value)
     return value

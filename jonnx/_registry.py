@@ -88,6 +88,11 @@ class OpDef:
         n_inputs: for an op onnx has no schema for, its formal input count: a node's omitted
             trailing optional inputs arrive as None up to it. Ops with a schema take the
             schema's count (:func:`arity`).
+        host: the op reads its inputs' *values* to decide its output's shape or makes host
+            values (NonZero, NonMaxSuppression, Unique, string labels, ZipMap), or a function
+            of the node's attributes saying so. ``Model.__call__`` runs such a node on the host
+            between compiled segments when its inputs come from runtime data, so that the
+            segments compile once per shape, never per input value (``jonnx._segments``).
     """
 
     domain: str
@@ -104,6 +109,11 @@ class OpDef:
     validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None
     attributes: Mapping[str, Any] | None = None
     n_inputs: int = 0
+    host: bool | Callable[[Mapping[str, Any]], bool] = False
+
+    def runs_on_host(self, attrs: Mapping[str, Any]) -> bool:
+        """Whether a node with these attributes runs on the host when its inputs are data."""
+        return bool(self.host(attrs)) if callable(self.host) else self.host
 
     def with_declared_defaults(self, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """``given`` over the declared attribute defaults, and the given names not declared."""
@@ -215,6 +225,7 @@ def register(
     validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None,
     attributes: Mapping[str, Any] | None = None,
     n_inputs: int = 0,
+    host: bool | Callable[[Mapping[str, Any]], bool] = False,
 ) -> Callable[[OpFn], OpFn]:
     """Register ``fn`` as the implementation of ``op_type`` for the given since_versions.
 
@@ -234,6 +245,8 @@ def register(
         validate: a load-time check of a node, see :class:`OpDef`.
         attributes: a custom op's attributes and their defaults, see :class:`OpDef`.
         n_inputs: a custom op's formal input count, see :class:`OpDef`.
+        host: the op's output shape depends on input values (or it makes strings): run it on
+            the host between compiled segments, see :class:`OpDef`.
 
     Returns:
         A decorator that registers the function and returns it unchanged.
@@ -274,6 +287,7 @@ def register(
                 validate=validate,
                 attributes=None if attributes is None else types.MappingProxyType(dict(attributes)),
                 n_inputs=n_inputs,
+                host=host,
             )
         return fn
 

@@ -23,9 +23,11 @@ def _subgraphs(node: Node) -> Iterable[Graph]:
                 yield g
 
 
-def _seeds(graph: Graph) -> set[str]:
+def _seeds(graph: Graph, segmented: bool) -> set[str]:
     seeds: set[str] = set()
     for node in graph.nodes:
+        if segmented and node.op.runs_on_host(node.attrs):
+            continue  # its inputs are data, computed before the node runs on the host
         for i in node.static_inputs:
             if i < len(node.inputs) and node.inputs[i]:
                 seeds.add(node.inputs[i])
@@ -35,14 +37,17 @@ def _seeds(graph: Graph) -> set[str]:
     return seeds
 
 
-def static_values(graph: Graph) -> frozenset[str]:
+def static_values(graph: Graph, *, segmented: bool = False) -> frozenset[str]:
     """Names of the values in ``graph`` (and outer names its subgraphs read) that must be static.
 
     The result includes graph inputs, initializers and outer-scope names at the sources of
-    each static chain, and every intermediate value on the way.
+    each static chain, and every intermediate value on the way. ``segmented``: the graph runs
+    in compiled segments (``jonnx._segments``), where the inputs of host ops (NonZero,
+    NonMaxSuppression, ...) in ``graph`` itself are data computed by an earlier segment, so
+    they do not make the weights they come from constants.
     """
     producers = graph.producers()
-    need = _seeds(graph)
+    need = _seeds(graph, segmented)
     stack = list(need)
     while stack:
         node = producers.get(stack.pop())

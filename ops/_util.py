@@ -51,8 +51,15 @@ def onnx_dtype(elem_type: int) -> np.dtype:
 
 
 def static_ints(value: Any) -> tuple[int, ...]:
-    """A static (numpy) input or attribute as a tuple of Python ints."""
-    return tuple(int(v) for v in np.asarray(value).reshape(-1))
+    """A static (numpy) input or attribute as a tuple of Python ints.
+
+    Under ``jax.export`` with symbolic dimensions, a shape read by ``Shape`` may hold symbolic
+    dims (an object array); they are kept as they are, for ops that take them (Reshape,
+    Expand, ConstantOfShape).
+    """
+    return tuple(
+        v if jax.export.is_symbolic_dim(v) else int(v) for v in np.asarray(value).reshape(-1)
+    )
 
 
 def normalize_axis(axis: int, rank: int, ctx: OpContext, what: str = "axis") -> int:

@@ -172,7 +172,7 @@ def _target_dtype(elem_type: int, ctx) -> np.dtype:
         raise ctx.error(f"`to` names an unknown data type {elem_type!r}") from e
 
 
-@register("Cast", since=1)
+@register("Cast", since=1, host=lambda attrs: str(attrs["to"]).upper() == "STRING")
 def cast_1(inputs, attrs, ctx):
     """ONNX ``Cast``, opset 1: ``to`` is a type name such as ``"FLOAT"``."""
     name = str(attrs["to"]).upper()
@@ -183,7 +183,8 @@ def cast_1(inputs, attrs, ctx):
     return (_cast(inputs[0], _target_dtype(elem_type, ctx), attrs, ctx),)
 
 
-@register("Cast", since=(6, 9, 13, 19, 21, 23, 24, 25, 28))
+@register("Cast", since=(6, 9, 13, 19, 21, 23, 24, 25, 28),
+          host=lambda attrs: attrs["to"] == onnx.TensorProto.STRING)
 def cast(inputs, attrs, ctx):
     """ONNX ``Cast``, opsets 6+ (``saturate`` from 19, ``round_mode`` from 24)."""
     return (_cast(inputs[0], _target_dtype(attrs["to"], ctx), attrs, ctx),)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -47,7 +48,7 @@ def _suppressed(box: np.ndarray, kept: np.ndarray, iou_threshold) -> np.ndarray:
     return valid & (iou > iou_threshold)
 
 
-@register("NonMaxSuppression", since=(10, 11), static_inputs=(0, 1, 2, 3, 4))
+@register("NonMaxSuppression", since=(10, 11), static_inputs=(0, 1, 2, 3, 4), host=True)
 def non_max_suppression(inputs, attrs, ctx):
     """ONNX ``NonMaxSuppression``, opsets 10+.
 
@@ -111,3 +112,70 @@ def det(inputs, attrs, ctx):
     if jnp.finfo(dtype).bits < 32:
         return (jnp.linalg.det(jnp.asarray(x, jnp.float32)).astype(dtype),)
     return (jnp.linalg.det(x),)
+
+
+def non_max_suppression_bounded(inputs, attrs, ctx, max_rows: int | None = None):
+    """``NonMaxSuppression`` with a static output size, for one XLA computation (TPU, export).
+
+    Runs on traced boxes and scores (``jonnx.load(..., size_bounds=...)``). The output has
+    ``max_rows`` rows (default: batches x classes x ``max_output_boxes_per_class``): the
+    selected ``[batch, class, box]`` triples first, in ONNX's order, then rows of -1. The
+    number of valid rows is ``(selected[:, 0] >= 0).sum()``. ``max_output_boxes_per_class``
+    must be known at trace time; the thresholds may be traced.
+    """
+    boxes, scores, max_out, iou_threshold, score_threshold = (tuple(inputs) + (None,) * 3)[:5]
+    boxes, scores = jnp.asarray(boxes), jnp.asarray(scores)
+    if boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3 or scores.shape[2] != boxes.shape[1]:
+        raise ctx.error(f"boxes {boxes.shape} and scores {scores.shape} do not match ONNX's layout")
+    n_batches, n_classes, n_boxes = scores.shape
+    per_class = min(max(_scalar(max_out, 0, int), 0), n_boxes)
+    dtype = scores.dtype
+    iou = jnp.asarray(0.0 if iou_threshold is None or np.size(iou_threshold) == 0 else jnp.reshape(iou_threshold, (-1,))[0], dtype)
+    if attrs["center_point_box"] == 0:
+        y = jnp.sort(boxes[..., 0::2], axis=-1)
+        x = jnp.sort(boxes[..., 1::2], axis=-1)
+        corners = jnp.stack([y[..., 0], x[..., 0], y[..., 1], x[..., 1]], axis=-1)
+    else:
+        xc, yc, w, h = (boxes[..., i] for i in range(4))
+        corners = jnp.stack([yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2], axis=-1)
+    areas = (corners[..., 2] - corners[..., 0]) * (corners[..., 3] - corners[..., 1])
+
+    def select(box_set, area_set, class_scores):  # [N, 4], [N], [N] -> [per_class] box indices
+        alive = jnp.ones(n_boxes, bool)
+        if score_threshold is not None and np.size(score_threshold):
+            alive = class_scores > jnp.reshape(score_threshold, (-1,))[0].astype(dtype)
+
+        def step(i, state):
+            alive, picked = state
+            j = jnp.argmax(jnp.where(alive, class_scores, -jnp.inf))  # ties: the lowest index
+            ok = alive[j]
+            box = box_set[j]
+            iy0 = jnp.maximum(box[0], box_set[:, 0])
+            ix0 = jnp.maximum(box[1], box_set[:, 1])
+            iy1 = jnp.minimum(box[2], box_set[:, 2])
+            ix1 = jnp.minimum(box[3], box_set[:, 3])
+            overlaps = (iy1 > iy0) & (ix1 > ix0)
+            inter = jnp.where(overlaps, (iy1 - iy0) * (ix1 - ix0), 0)
+            union = area_set[j] + area_set - inter
+            valid = overlaps & (inter > 0) & (area_set[j] > 0) & (area_set > 0) & (union > 0)
+            suppressed = valid & (inter / jnp.where(valid, union, 1) > iou)
+            keep_alive = alive & ~suppressed & (jnp.arange(n_boxes) != j)
+            return jnp.where(ok, keep_alive, alive), picked.at[i].set(jnp.where(ok, j, -1))
+
+        picked = jnp.full(per_class, -1, jnp.int32)
+        return jax.lax.fori_loop(0, per_class, step, (alive, picked))[1]
+
+    per_batch = jax.vmap(select, in_axes=(None, None, 0))  # over classes
+    picked = jax.vmap(per_batch)(corners, areas, scores)  # [B, C, per_class]
+    b = jnp.broadcast_to(jnp.arange(n_batches)[:, None, None], picked.shape)
+    c = jnp.broadcast_to(jnp.arange(n_classes)[None, :, None], picked.shape)
+    rows = jnp.stack([b, c, picked], axis=-1).reshape(-1, 3)
+    valid = rows[:, 2] >= 0
+    rows = jnp.where(valid[:, None], rows, -1)
+    # Valid rows first, in ONNX's (batch, class, selection) order: a stable sort on validity.
+    rows = rows[jnp.argsort(~valid, stable=True)]
+    if max_rows is not None:
+        rows = rows[:max_rows] if max_rows <= rows.shape[0] else jnp.pad(
+            rows, ((0, max_rows - rows.shape[0]), (0, 0)), constant_values=-1
+        )
+    return (rows.astype(index_dtype()),)

@@ -16,7 +16,7 @@ from jonnx._registry import register
 _MODES = {"RGB": "RGB", "BGR": "RGB", "Grayscale": "L"}
 
 
-@register("ImageDecoder", since=20, static_inputs=(0,))
+@register("ImageDecoder", since=20, static_inputs=(0,), host=True)
 def image_decoder(inputs, attrs, ctx):
     """ONNX ``ImageDecoder``-20 (any format Pillow reads; output ``[H, W, 3]`` or ``[H, W, 1]``).
 

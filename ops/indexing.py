@@ -408,7 +408,7 @@ def top_k(inputs, attrs, ctx):
 # Ops whose output shape depends on values: the data is static
 
 
-@register("NonZero", since=(9, 13), static_inputs=(0,))
+@register("NonZero", since=(9, 13), static_inputs=(0,), host=True)
 def non_zero(inputs, attrs, ctx):
     """ONNX ``NonZero``, opsets 9+. The input must be known at trace time (the output shape
     depends on its values)."""
@@ -418,7 +418,22 @@ def non_zero(inputs, attrs, ctx):
     return (np.stack(np.nonzero(x)).astype(index_dtype()).reshape(x.ndim, -1),)
 
 
-@register("Compress", since=(9, 11, 28), static_inputs=(1,))
+def non_zero_bounded(inputs, attrs, ctx, max_rows: int | None = None):
+    """``NonZero`` with a static output size ``[rank, max_rows]`` (``jonnx.load(...,
+    size_bounds=...)``): the indices of the first ``max_rows`` nonzero elements, then -1.
+    The count is ``(out[0] >= 0).sum()``. Runs on traced input.
+    """
+    x = jnp.asarray(inputs[0])
+    if max_rows is None:
+        max_rows = math.prod(x.shape)
+    if x.ndim == 0:
+        x = x.reshape(1)
+        return (jnp.zeros((0, max_rows), index_dtype()),)
+    found = jnp.nonzero(x, size=max_rows, fill_value=-1)
+    return (jnp.stack(found).astype(index_dtype()),)
+
+
+@register("Compress", since=(9, 11, 28), static_inputs=(1,), host=True)
 def compress(inputs, attrs, ctx):
     """ONNX ``Compress``, all opsets. ``condition`` must be known at trace time."""
     x, condition = inputs
@@ -438,7 +453,7 @@ def compress(inputs, attrs, ctx):
     return (jnp.take(x, keep, axis=axis, mode="clip"),)
 
 
-@register("Unique", since=(11, 28), static_inputs=(0,))
+@register("Unique", since=(11, 28), static_inputs=(0,), host=True)
 def unique(inputs, attrs, ctx):
     """ONNX ``Unique``, opsets 11+. The input must be known at trace time."""
     x = np.asarray(inputs[0])

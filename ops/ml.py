@@ -254,7 +254,8 @@ def feature_vectorizer(inputs, attrs, ctx):
 
 
 @register("OneHotEncoder", since=1, domain=_ML,
-          static_inputs=lambda attrs: (0,) if attrs["cats_strings"] and not attrs["cats_int64s"] else ())
+          static_inputs=lambda attrs: (0,) if attrs["cats_strings"] and not attrs["cats_int64s"] else (),
+          host=lambda attrs: bool(attrs["cats_strings"] and not attrs["cats_int64s"]))
 def one_hot_encoder(inputs, attrs, ctx):
     """ONNX-ML ``OneHotEncoder``-1: ``X.shape + [categories]`` of 0/1 floats.
 
@@ -301,7 +302,7 @@ def linear_regressor(inputs, attrs, ctx):
     return (_post_transform(scores, attrs["post_transform"], ctx).astype(np.float32),)
 
 
-@register("LinearClassifier", since=1, domain=_ML, static_inputs=_string_labels_static)
+@register("LinearClassifier", since=1, domain=_ML, static_inputs=_string_labels_static, host=_string_labels_static)
 def linear_classifier(inputs, attrs, ctx):
     """ONNX-ML ``LinearClassifier``-1: linear scores, post_transform, top class (as onnxruntime).
 
@@ -410,7 +411,7 @@ def _multiclass_probability(r, k: int):
     return p
 
 
-@register("SVMClassifier", since=1, domain=_ML, static_inputs=_string_labels_static)
+@register("SVMClassifier", since=1, domain=_ML, static_inputs=_string_labels_static, host=_string_labels_static)
 def svm_classifier(inputs, attrs, ctx):
     """ONNX-ML ``SVMClassifier``-1: one-vs-one votes (or linear scores), libsvm probabilities when
     ``prob_a``/``prob_b`` are set, and onnxruntime's label and score rules for two classes.
@@ -752,7 +753,8 @@ def tree_ensemble_regressor(inputs, attrs, ctx):
     return (_post_transform(out, attrs["post_transform"], ctx).astype(np.float32),)
 
 
-@register("TreeEnsembleClassifier", since=(1, 3, 5), domain=_ML, static_inputs=_string_labels_static)
+@register("TreeEnsembleClassifier", since=(1, 3, 5), domain=_ML, static_inputs=_string_labels_static,
+          host=_string_labels_static)
 def tree_ensemble_classifier(inputs, attrs, ctx):
     """ONNX-ML ``TreeEnsembleClassifier``-1/3/5 (3 adds the ``*_as_tensor`` attributes).
 
@@ -821,12 +823,13 @@ def tree_ensemble(inputs, attrs, ctx):
 # -- ZipMap ---------------------------------------------------------------------------------------
 
 
-@register("ZipMap", since=1, domain=_ML)
+@register("ZipMap", since=1, domain=_ML, host=True)
 def zip_map(inputs, attrs, ctx):
     """ONNX-ML ``ZipMap``-1: a list with one dict ``{label: score}`` per row of ``X``.
 
-    Keys are ``str`` or ``int``; values are 0-d arrays (jax arrays when ``X`` is traced, so the
-    list of dicts is a pytree that ``jit`` can return).
+    Keys are ``str`` or ``int``. A concrete ``X`` (``Model.__call__`` runs ZipMap on the host)
+    gives Python floats, as onnxruntime does, in time linear in the rows; a traced one gives
+    0-d jax arrays (the list of dicts is a pytree that ``jit`` can return, unrolled per row).
     """
     x = _as_2d(inputs[0], ctx)
     keys = list(attrs["classlabels_strings"] or ()) or [int(k) for k in attrs["classlabels_int64s"] or ()]
@@ -834,6 +837,8 @@ def zip_map(inputs, attrs, ctx):
         raise ctx.error("exactly one of classlabels_strings or classlabels_int64s must be set")
     if x.shape[1] != len(keys):
         raise ctx.error(f"X has {x.shape[1]} columns for {len(keys)} labels")
+    if _is_concrete(x):
+        return ([dict(zip(keys, row)) for row in np.asarray(x, np.float32).tolist()],)
     return ([{k: x[i, j] for j, k in enumerate(keys)} for i in range(x.shape[0])],)
 
 
@@ -913,7 +918,7 @@ def _label_encoder_static(attrs):
     return (0,) if strings else ()
 
 
-@register("LabelEncoder", since=1, domain=_ML, static_inputs=_label_encoder_static)
+@register("LabelEncoder", since=1, domain=_ML, static_inputs=_label_encoder_static, host=_label_encoder_static)
 def label_encoder_1(inputs, attrs, ctx):
     """ONNX-ML ``LabelEncoder``-1: strings -> their index in ``classes_strings`` (else
     ``default_int64``), or integers -> ``classes_strings[i]`` (else ``default_string``).
@@ -941,7 +946,7 @@ def _pick(attrs, side: str):
     return found
 
 
-@register("LabelEncoder", since=(2, 4), domain=_ML, static_inputs=_label_encoder_static)
+@register("LabelEncoder", since=(2, 4), domain=_ML, static_inputs=_label_encoder_static, host=_label_encoder_static)
 def label_encoder(inputs, attrs, ctx):
     """ONNX-ML ``LabelEncoder``-2/4: map keys to values (4 adds ``keys_tensor``/``values_tensor``
     and ``default_tensor``, and more types). The last of repeated keys wins; NaN matches NaN.
@@ -965,7 +970,7 @@ def label_encoder(inputs, attrs, ctx):
     return (_map_values(x, keys, values, default, out_dtype, ctx),)
 
 
-@register("CategoryMapper", since=1, domain=_ML, static_inputs=(0,))
+@register("CategoryMapper", since=1, domain=_ML, static_inputs=(0,), host=True)
 def category_mapper(inputs, attrs, ctx):
     """ONNX-ML ``CategoryMapper``-1: strings <-> int64 through ``cats_strings``/``cats_int64s``."""
     (x,) = inputs

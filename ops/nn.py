@@ -476,7 +476,8 @@ def _gemm(a, b, c, attrs, ctx):
     if c is not None and beta != 0.0:
         out_shape = jnp.shape(y)
         try:
-            fits = np.broadcast_shapes(jnp.shape(c), out_shape) == out_shape
+            # jnp's broadcast_shapes, not numpy's: it takes symbolic dims (jax.export).
+            fits = tuple(jnp.broadcast_shapes(jnp.shape(c), out_shape)) == tuple(out_shape)
         except ValueError:
             fits = False
         if not fits:

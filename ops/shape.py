@@ -7,7 +7,9 @@ under ``jit``; ``Shape`` and ``Size`` read only the input's shape and are always
 
 from __future__ import annotations
 
+import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -37,7 +39,11 @@ def constant(inputs, attrs, ctx):
 
 def _shape(inputs, attrs, ctx):
     """ONNX ``Shape``, all opsets (``start``/``end`` from opset 15)."""
-    dims = np.asarray(jnp.shape(inputs[0]), dtype=np.int64)
+    shape = jnp.shape(inputs[0])
+    # Symbolic dims (jax.export) stay symbolic in an object array: the interpreter folds the
+    # shape arithmetic after Shape on them (jonnx._symbolic).
+    symbolic = any(jax.export.is_symbolic_dim(d) for d in shape)
+    dims = np.asarray(list(shape), dtype=object if symbolic else np.int64).reshape(-1)
     rank = dims.size
     start, end = attrs.get("start") or 0, attrs.get("end")
     start = min(max(start + rank if start < 0 else start, 0), rank)
@@ -54,13 +60,14 @@ def _reshape_target(shape, data_shape, allowzero: bool, ctx):
         target = [data_shape[i] if d == 0 and i < len(data_shape) else d for i, d in enumerate(target)]
     if target.count(-1) > 1:
         raise ctx.error(f"shape {tuple(shape)} has more than one -1")
+    # math.prod: symbolic dims (jax.export) multiply as themselves.
     if -1 in target:
-        known = int(np.prod([d for d in target if d != -1]))
-        total = int(np.prod(data_shape))
+        known = math.prod(d for d in target if not (isinstance(d, int) and d == -1))
+        total = math.prod(data_shape)
         if known == 0 or total % known:
             raise ctx.error(f"cannot reshape {tuple(data_shape)} into {tuple(shape)}")
         target[target.index(-1)] = total // known
-    if int(np.prod(target)) != int(np.prod(data_shape)):
+    if math.prod(target) != math.prod(data_shape):
         raise ctx.error(f"cannot reshape {tuple(data_shape)} into {tuple(shape)}")
     return tuple(target)
 
@@ -97,7 +104,8 @@ def _output_count(ctx, required: bool = True) -> int | None:
 
 
 def _dims(x) -> tuple[int, ...]:
-    return tuple(int(d) for d in jnp.shape(x))
+    # Symbolic dims (jax.export) stay as they are: jnp's reshape/broadcast take them.
+    return tuple(d if jax.export.is_symbolic_dim(d) else int(d) for d in jnp.shape(x))
 
 
 # -- Flatten, Squeeze, Unsqueeze, Transpose ----------------------------------------------
@@ -107,14 +115,13 @@ def _dims(x) -> tuple[int, ...]:
 def flatten(inputs, attrs, ctx):
     """ONNX ``Flatten``, all opsets (negative ``axis`` from opset 11)."""
     (x,) = inputs
-    dims = _dims(x)
+    dims = jnp.shape(x)
     axis = attrs["axis"]
     if not -len(dims) <= axis <= len(dims) or (axis < 0 and ctx.opset < 11):
         raise ctx.error(f"axis {axis} is out of range for a tensor of rank {len(dims)}")
     axis = axis + len(dims) if axis < 0 else axis
-    outer = int(np.prod(dims[:axis], dtype=np.int64))
-    inner = int(np.prod(dims[axis:], dtype=np.int64))
-    return (jnp.reshape(x, (outer, inner)),)
+    # math.prod, not np.prod: a symbolic dim (jax.export) multiplies as itself.
+    return (jnp.reshape(x, (math.prod(dims[:axis]), math.prod(dims[axis:]))),)
 
 
 def _squeeze(x, axes, ctx):
@@ -337,7 +344,7 @@ def expand(inputs, attrs, ctx):
     """ONNX ``Expand``, all opsets: bidirectional broadcast to the static ``shape``."""
     x, shape = inputs
     try:
-        target = np.broadcast_shapes(_dims(x), static_ints(shape))
+        target = jnp.broadcast_shapes(_dims(x), static_ints(shape))
     except ValueError:
         raise ctx.error(f"cannot broadcast {_dims(x)} with shape {static_ints(shape)}") from None
     return (jnp.broadcast_to(x, target),)
@@ -479,6 +486,15 @@ def range_(inputs, attrs, ctx):
     """
     start, limit, delta = (_range_value(v, n, ctx) for v, n in zip(inputs, ("start", "limit", "delta")))
     dtype = start.dtype
+    if object in (start.dtype, limit.dtype, delta.dtype):
+        # A symbolic start or limit (jax.export): integer steps only.
+        s, l, d = (v.item() for v in (start, limit, delta))
+        if not isinstance(d, int) or d == 0:
+            raise ctx.error(f"a range over symbolic bounds needs a nonzero integer delta, got {d}")
+        span = (l - s + d - 1) // d if d > 0 else (s - l - d - 1) // (-d)
+        n = jax.core.max_dim(span, 0)
+        out_dtype = canonical(np.int64) if dtype == object else canonical(dtype)
+        return ((s + jnp.arange(n, dtype=out_dtype) * d).astype(out_dtype),)
     if dtype.kind in "iu":
         s, l, d = int(start), int(limit), int(delta)
         if d == 0:

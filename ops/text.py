@@ -41,7 +41,7 @@ def _map_strings(fn, *arrays, otype=object) -> np.ndarray:
 # -- StringNormalizer ------------------------------------------------------------------------
 
 
-@register("StringNormalizer", since=10, static_inputs=(0,))
+@register("StringNormalizer", since=10, static_inputs=(0,), host=True)
 def string_normalizer(inputs, attrs, ctx):
     """ONNX ``StringNormalizer``-10: drop stopword elements, then change case.
 
@@ -79,7 +79,7 @@ def string_normalizer(inputs, attrs, ctx):
 # -- StringConcat, StringSplit, RegexFullMatch -----------------------------------------------
 
 
-@register("StringConcat", since=20, static_inputs=(0, 1))
+@register("StringConcat", since=20, static_inputs=(0, 1), host=True)
 def string_concat(inputs, attrs, ctx):
     """ONNX ``StringConcat``-20 (numpy broadcasting)."""
     x, y = _strings(inputs[0], ctx, "X"), _strings(inputs[1], ctx, "Y")
@@ -90,7 +90,7 @@ def string_concat(inputs, attrs, ctx):
     return (_map_strings(str.__add__, x, y).reshape(shape),)
 
 
-@register("StringSplit", since=20, static_inputs=(0,))
+@register("StringSplit", since=20, static_inputs=(0,), host=True)
 def string_split(inputs, attrs, ctx):
     """ONNX ``StringSplit``-20: substrings padded with "" to the longest split, and counts.
 
@@ -112,7 +112,7 @@ def string_split(inputs, attrs, ctx):
     return out.reshape(x.shape + (width,)), counts
 
 
-@register("RegexFullMatch", since=20, static_inputs=(0,))
+@register("RegexFullMatch", since=20, static_inputs=(0,), host=True)
 def regex_full_match(inputs, attrs, ctx):
     """ONNX ``RegexFullMatch``-20, with Python's ``re.fullmatch``.
 

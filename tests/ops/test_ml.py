@@ -178,10 +178,13 @@ def test_string_labels_need_concrete_input():
                        classlabels_strings=["a", "b"])
     with jax.enable_x64(True):
         m = jonnx.load(model)
+        # Model.__call__ runs the classifier on the host: x is data, not a static argument.
         assert m.static_input_names == ("x",)
+        assert not any(s.static for s in m.segment_plan.stages)
+        assert [m.graph.nodes[p].op_type for p in m.segment_plan.host_nodes] == ["LinearClassifier"]
         with pytest.raises(errors.StaticValueError, match="LinearClassifier"):
             jax.jit(lambda v: m.apply(m.params, v))(x)
-        labels, _ = m(x)  # Model.__call__ passes x as a static argument
+        labels, _ = m(x)
     assert labels.tolist() == ["a" if a >= b else "b" for a, b in x]
 
 

@@ -1,0 +1,416 @@
+"""Segmented execution: data-dependent shapes compile once per shape, never per value.
+
+Compilations are counted with ``jax.monitoring``'s backend-compile event; expected outputs
+come from onnxruntime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import tracemalloc
+
+import jax
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+from onnx import TensorProto, numpy_helper
+
+import jonnx
+from jonnx import errors
+
+ort = pytest.importorskip("onnxruntime")
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_compiles: list[str] = []
+_listening = False
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """Yields a list that receives one entry per XLA backend compilation in the block."""
+    global _listening
+    # Listeners cannot be removed: register one for the whole session.
+    if not _listening:
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda event, duration, **kw: (
+                _compiles.append(event) if event == _COMPILE_EVENT else None
+            )
+        )
+        _listening = True
+    start = len(_compiles)
+    found: list[str] = []
+    yield found
+    found.extend(_compiles[start:])
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> list:
+    session = ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
+
+
+def _init(name, value):
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def _detector() -> onnx.ModelProto:
+    """Conv backbone -> per-pixel box deltas and a score -> decoded boxes -> NMS -> Gather."""
+    rng = np.random.default_rng(0)
+    ys, xs = np.meshgrid(np.arange(8.0), np.arange(8.0), indexing="ij")
+    anchors = (
+        np.stack([ys, xs, ys + 2.0, xs + 2.0], -1).reshape(1, 64, 4).astype(np.float32)
+    )
+    inits = [
+        _init("w1", rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32)),
+        _init("b1", np.zeros(8, np.float32)),
+        _init("w2", rng.normal(0, 0.5, (5, 8, 1, 1)).astype(np.float32)),
+        _init("b2", np.zeros(5, np.float32)),
+        _init("flat", np.array([1, 5, 64], np.int64)),
+        _init("split", np.array([4, 1], np.int64)),
+        _init("anchors", anchors),
+        _init("max_out", np.array([20], np.int64)),
+        _init("iou", np.array([0.3], np.float32)),
+        _init("score_thr", np.array([0.9], np.float32)),
+        _init("col", np.array(2, np.int64)),
+        _init("zero", np.array([0], np.int64)),
+    ]
+    nodes = [
+        oh.make_node("Conv", ["image", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        oh.make_node("Relu", ["c1"], ["r1"]),
+        oh.make_node("Conv", ["r1", "w2", "b2"], ["head"]),
+        oh.make_node("Reshape", ["head", "flat"], ["head_flat"]),
+        oh.make_node("Split", ["head_flat", "split"], ["deltas", "logits"], axis=1),
+        oh.make_node("Transpose", ["deltas"], ["deltas_t"], perm=[0, 2, 1]),
+        oh.make_node("Add", ["anchors", "deltas_t"], ["boxes"]),
+        oh.make_node("Sigmoid", ["logits"], ["scores"]),
+        oh.make_node(
+            "NonMaxSuppression",
+            ["boxes", "scores", "max_out", "iou", "score_thr"],
+            ["selected"],
+        ),
+        oh.make_node("Gather", ["selected", "col"], ["box_index"], axis=1),
+        oh.make_node("Squeeze", ["boxes", "zero"], ["boxes_2d"]),
+        oh.make_node("Gather", ["boxes_2d", "box_index"], ["detections"], axis=0),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "detector",
+        [oh.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [
+            oh.make_tensor_value_info("detections", TensorProto.FLOAT, ["n", 4]),
+            oh.make_tensor_value_info("selected", TensorProto.INT64, ["n", 3]),
+        ],
+        inits,
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_detector_compiles_backbone_once_and_tail_once_per_count():
+    proto = _detector()
+    model = jonnx.load(proto)
+    assert len(model.segment_plan.stages) == 2
+    rng = np.random.default_rng(1)
+    counts = set()
+    with count_compiles() as compiles:
+        for _ in range(30):
+            image = rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)
+            detections, selected = model(image)
+            want_detections, want_selected = _ort(proto, {"image": image})
+            np.testing.assert_array_equal(np.asarray(selected), want_selected)
+            np.testing.assert_allclose(
+                np.asarray(detections), want_detections, rtol=1e-5, atol=1e-5
+            )
+            counts.add(len(want_selected))
+    assert len(counts) > 2, "the images should give several numbers of detections"
+    # The backbone segment once, the tail once per number of detections.
+    assert len(compiles) == 1 + len(counts), (len(compiles), counts)
+
+
+def _one_node_model(node, inputs, outputs, inits=(), opset=17, domains=()):
+    graph = oh.make_graph([node], "g", inputs, outputs, list(inits))
+    opsets = [oh.make_opsetid("", opset)] + [oh.make_opsetid(d, 1) for d in domains]
+    return oh.make_model(graph, opset_imports=opsets)
+
+
+def _pre(op_inputs, node, outputs, inits=()):
+    """``x -> Relu -> node``: the node's input is computed inside the compiled segment."""
+    relu = oh.make_node("Relu", ["x"], ["xr"])
+    graph = oh.make_graph(
+        [relu, node],
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5])],
+        outputs,
+        list(inits),
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def _value_models():
+    f = TensorProto.FLOAT
+    out = oh.make_tensor_value_info
+    yield (
+        "NonZero",
+        _pre(
+            None,
+            oh.make_node("NonZero", ["xr"], ["y"]),
+            [out("y", TensorProto.INT64, None)],
+        ),
+    )
+    cond = [
+        oh.make_node("ReduceSum", ["xr", "ax"], ["s"], keepdims=0),
+        oh.make_node("Greater", ["s", "zf"], ["c"]),
+        oh.make_node("Compress", ["x", "c"], ["y"], axis=0),
+    ]
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["xr"]), *cond],
+        "g",
+        [out("x", f, [4, 5])],
+        [out("y", f, None)],
+        [_init("ax", np.array([1], np.int64)), _init("zf", np.array(1.0, np.float32))],
+    )
+    yield "Compress", oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    graph = oh.make_graph(
+        [
+            oh.make_node("Floor", ["x"], ["xf"]),
+            oh.make_node("Unique", ["xf"], ["y", "i", "inv", "n"], sorted=1),
+        ],
+        "g",
+        [out("x", f, [4, 5])],
+        [
+            out("y", f, None),
+            out("i", TensorProto.INT64, None),
+            out("inv", TensorProto.INT64, None),
+            out("n", TensorProto.INT64, None),
+        ],
+    )
+    yield "Unique", oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    # TopK whose k is computed from the data: one compilation per k, not per value.
+    nodes = [
+        oh.make_node("Relu", ["x"], ["xr"]),
+        oh.make_node("Greater", ["x", "zf"], ["pos"]),
+        oh.make_node("Cast", ["pos"], ["posi"], to=TensorProto.INT64),
+        oh.make_node("ReduceSum", ["posi"], ["k"], keepdims=0),
+        oh.make_node("Min", ["k", "five"], ["kk"]),
+        oh.make_node("TopK", ["xr", "kk"], ["v", "i"], axis=1),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [out("x", f, [4, 5])],
+        [out("v", f, None), out("i", TensorProto.INT64, None)],
+        [
+            _init("zf", np.array(1.5, np.float32)),
+            _init("five", np.array([5], np.int64)),
+        ],
+    )
+    yield "TopK", oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    classifier = oh.make_node(
+        "LinearClassifier",
+        ["x"],
+        ["label", "proba"],
+        domain="ai.onnx.ml",
+        coefficients=np.linspace(-1, 1, 15).tolist(),
+        intercepts=[0.1, 0.0, -0.1],
+        classlabels_strings=["cat", "dog", "eel"],
+        post_transform="SOFTMAX",
+    )
+    graph = oh.make_graph(
+        [classifier],
+        "g",
+        [out("x", f, [4, 5])],
+        [out("label", TensorProto.STRING, [4]), out("proba", f, [4, 3])],
+    )
+    yield (
+        "LinearClassifier",
+        oh.make_model(
+            graph,
+            opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 1)],
+        ),
+    )
+
+
+def _sample(rng, name):
+    x = rng.normal(0, 2, (4, 5)).astype(np.float32)
+    if name == "TopK":  # keep k within 1..3: a handful of shapes
+        x = np.clip(x, -1, 1)
+        x[0, :3] = 2.0
+    return x
+
+
+@pytest.mark.parametrize(
+    "name, proto", list(_value_models()), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_new_values_of_one_shape_do_not_recompile(name, proto):
+    model = jonnx.load(proto)
+    # No graph input is a static argument of a segment: each call's data is traced.
+    assert not set(model.input_names) & {
+        n for s in model.segment_plan.stages for n in s.static
+    }
+    rng = np.random.default_rng(2)
+    shapes = set()
+    for _ in range(12):
+        x = _sample(rng, name)
+        with count_compiles() as compiles:
+            got = model(x)
+        want = _ort(proto, {"x": x})
+        for g, w in zip(got, want):
+            if w.dtype == object:
+                assert np.asarray(g).tolist() == w.tolist()
+            else:
+                np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6)
+        shape = tuple(np.shape(g) for g in got)
+        # A segment compiles once per shape it receives, never for new values of one shape.
+        assert shape not in shapes or not compiles, (shape, len(compiles))
+        shapes.add(shape)
+    assert len(shapes) < 12, "the values should repeat some output shapes"
+
+
+def test_host_memory_is_stable_over_many_values():
+    proto = _detector()
+    model = jonnx.load(proto)
+    rng = np.random.default_rng(3)
+    images = rng.normal(0, 1, (40, 1, 3, 8, 8)).astype(np.float32)
+    # Warm up: every number of detections, and JAX's own bounded caches.
+    for i in range(300):
+        model(images[i % 40] - np.float32(i * 1e-4))
+    ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot().filter_traces(ignore)
+        for i in range(1000):
+            model(images[i % 40] + np.float32(i * 1e-4))
+        after = tracemalloc.take_snapshot().filter_traces(ignore)
+    finally:
+        tracemalloc.stop()
+    # A cache keyed by data would keep at least an image (768 bytes) per call.
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert grown < 256_000, f"{grown} bytes kept over 1,000 calls"
+    assert len(model._segment_host_values) <= 1
+
+
+def test_vmap_over_a_segmented_model_names_the_host_node():
+    model = jonnx.load(_detector())
+    images = np.zeros((2, 1, 3, 8, 8), np.float32)
+    with pytest.raises(errors.StaticValueError, match="NonMaxSuppression"):
+        jax.vmap(model)(images)
+
+
+def _zipmap_model(labels) -> onnx.ModelProto:
+    n = len(labels)
+    key = "classlabels_strings" if isinstance(labels[0], str) else "classlabels_int64s"
+    nodes = [
+        oh.make_node("Softmax", ["x"], ["p"], axis=1),
+        oh.make_node("ZipMap", ["p"], ["z"], domain="ai.onnx.ml", **{key: labels}),
+    ]
+    kind = TensorProto.STRING if key == "classlabels_strings" else TensorProto.INT64
+    z = oh.make_value_info(
+        "z",
+        oh.make_sequence_type_proto(
+            oh.make_map_type_proto(
+                kind, oh.make_tensor_type_proto(TensorProto.FLOAT, [])
+            )
+        ),
+    )
+    graph = oh.make_graph(
+        nodes, "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n])], [z]
+    )
+    return oh.make_model(
+        graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 1)]
+    )
+
+
+@pytest.mark.parametrize("labels", [[3, 7, 11], ["a", "b", "c"]], ids=["int", "str"])
+def test_zipmap_over_1000_rows_is_fast_and_plain(labels):
+    proto = _zipmap_model(labels)
+    x = np.random.default_rng(4).normal(size=(1000, 3)).astype(np.float32)
+    model = jonnx.load(proto)
+    start = time.perf_counter()
+    (got,) = model(x)
+    elapsed = time.perf_counter() - start
+    (want,) = _ort(proto, {"x": x})
+    assert elapsed < 2.0, elapsed
+    assert isinstance(got, list) and len(got) == 1000
+    assert all(
+        type(k) is type(labels[0]) and type(v) is float
+        for row in got
+        for k, v in row.items()
+    )
+    assert [list(r) for r in got] == [list(r) for r in want]
+    np.testing.assert_allclose(
+        [list(r.values()) for r in got], [list(r.values()) for r in want], rtol=1e-6
+    )
+
+
+def test_string_output_under_users_jit_names_the_output():
+    labels = np.array(["low", "high"], dtype=object)
+    nodes = [
+        oh.make_node("Relu", ["x"], ["y"]),
+        oh.make_node("Identity", ["names"], ["label_names"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [
+            oh.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
+            oh.make_tensor_value_info("label_names", TensorProto.STRING, [2]),
+        ],
+        [oh.make_tensor("names", TensorProto.STRING, [2], [b"low", b"high"])],
+    )
+    model = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    x = np.array([-1.0, 2.0], np.float32)
+    with pytest.raises(
+        errors.StaticValueError, match=r"'label_names'.*Model\(\*inputs\)"
+    ):
+        jax.jit(model.apply)(model.params, x)
+    y, names = model(x)
+    np.testing.assert_array_equal(np.asarray(y), [0.0, 2.0])
+    assert names.tolist() == labels.tolist()
+
+
+def test_bounded_detector_runs_inside_users_jit_and_matches_up_to_padding():
+    proto = _detector()
+    model = jonnx.load(proto, size_bounds={"NonMaxSuppression": None})
+    assert not model.segment_plan.segmented
+    run = jax.jit(model.apply)
+    rng = np.random.default_rng(5)
+    with count_compiles() as compiles:
+        for _ in range(6):
+            image = rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)
+            detections, selected = (np.asarray(o) for o in run(model.params, image))
+            want_detections, want_selected = _ort(proto, {"image": image})
+            assert selected.shape == (20, 3) and detections.shape == (
+                20,
+                4,
+            )  # 1 x 1 x 20
+            count = int((selected[:, 0] >= 0).sum())
+            assert count == len(want_selected)
+            np.testing.assert_array_equal(selected[:count], want_selected)
+            assert (selected[count:] == -1).all()
+            np.testing.assert_allclose(
+                detections[:count], want_detections, rtol=1e-5, atol=1e-5
+            )
+    assert len(compiles) == 1
+
+
+def test_bounded_nonzero_pads_with_minus_one():
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["r"]), oh.make_node("NonZero", ["r"], ["idx"])],
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [oh.make_tensor_value_info("idx", TensorProto.INT64, None)],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = jonnx.load(proto, size_bounds={"NonZero": 10})
+    x = np.random.default_rng(6).normal(size=(3, 4)).astype(np.float32)
+    (got,) = jax.jit(model.apply)(model.params, x)
+    (want,) = _ort(proto, {"x": x})
+    n = want.shape[1]
+    assert got.shape == (2, 10) and n < 10
+    np.testing.assert_array_equal(np.asarray(got)[:, :n], want)
+    assert (np.asarray(got)[:, n:] == -1).all()
+    with pytest.raises(errors.ModelStructureError, match="Compress"):
+        jonnx.load(proto, size_bounds={"Compress": 4})
