@@ -318,13 +318,17 @@ class Model:
         self.output_names = self.graph.output_names
         # How __call__ runs the graph: compiled segments, with the nodes whose output shapes
         # depend on values (NonZero, NonMaxSuppression, string labels) on the host between them.
-        # Integer and bool graph inputs that feed a static chain are shape-like (sizes, axes,
-        # flags): static arguments, so what the graph computes from them stays concrete. A
-        # float input reaching a static slot (a TopK k computed from scores) is data: the
-        # graph is cut there instead, and only the computed value is static.
+        # Integer and bool graph inputs, and scalars, that feed a static chain are shape-like
+        # (sizes, axes, flags, Range's bounds): static arguments, so what the graph computes
+        # from them stays concrete. A float tensor reaching a static slot (a TopK k computed
+        # from scores) is data: the graph is cut there instead, and only the computed value
+        # is static.
         shape_like = {
             v.name for v in self.graph.inputs
-            if v.name in static and v.dtype is not None and v.dtype.kind in "biu"
+            if v.name in static and (
+                (v.dtype is not None and v.dtype.kind in "biu")
+                or (v.shape is not None and all(d == 1 for d in v.shape))
+            )
         }
         self.segment_plan: SegmentPlan = plan_segments(
             self.graph, self._constants, set(self._params) | set(self._state), shape_like
