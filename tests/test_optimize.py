@@ -112,7 +112,7 @@ def dead_and_random():
     nodes = [
         oh.make_node("MatMul", ["x", "w"], ["unused"], name="dead"),
         oh.make_node("Sin", ["unused"], ["unused2"], name="dead2"),
-        oh.make_node("Dropout", ["x"], ["d"], ratio=0.5),
+        oh.make_node("Dropout", ["x"], ["d"]),
         oh.make_node("MatMul", ["d", "w"], ["out"]),
     ]
     outs = [
