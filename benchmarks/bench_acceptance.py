@@ -29,9 +29,9 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-import nets  # noqa: E402
+import nets
 
-import jonnx  # noqa: E402
+import jonnx
 
 MODELS = {
     "resnet50": (nets.resnet50, (3, 224, 224)),
@@ -53,33 +53,10 @@ def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
     session = ort.InferenceSession(
         proto.SerializeToString(), providers=["CPUExecutionProvider"]
     )
-    input_name = session.get_inputs()[0].name
     rows = []
     for batch in batches:
         x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
-        holder = {}
-        load_s = _timed(
-            lambda: (
-                holder.update(m=jonnx.load(proto))
-                or holder["m"](x)[0].block_until_ready()
-            )
-        )
-        model = holder["m"]
-        plain = jonnx.load(proto, optimize=False)
-        want = session.run(None, {input_name: x})[0]
-        got = np.asarray(model(x)[0])
-        err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-12))
-        plain(x)[0].block_until_ready()
-        calls = {
-            "jonnx": lambda: model(x)[0].block_until_ready(),
-            "plain": lambda: plain(x)[0].block_until_ready(),
-            "ort": lambda: session.run(None, {input_name: x}),
-        }
-        times = {k: [] for k in calls}
-        for _ in range(repeats):
-            for k, fn in calls.items():
-                times[k].append(_timed(fn))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        load_s, med, err = _bench_batch(proto, session, x, repeats)
         rows.append((name, batch, load_s, med["jonnx"], med["plain"], med["ort"], err))
         print(
             f"{name:<13}{batch:>4}{load_s:>9.2f}{med['jonnx'] * 1e3:>10.1f}{med['plain'] * 1e3:>10.1f}"
@@ -88,6 +65,32 @@ def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
             flush=True,
         )
     return rows
+
+
+def _bench_batch(
+    proto, session, x, repeats: int
+) -> tuple[float, dict[str, float], float]:
+    """Load + first call time, median call times by runtime, and jonnx's relative error."""
+    input_name = session.get_inputs()[0].name
+    start = time.perf_counter()
+    model = jonnx.load(proto)
+    model(x)[0].block_until_ready()
+    load_s = time.perf_counter() - start
+    plain = jonnx.load(proto, optimize=False)
+    want = session.run(None, {input_name: x})[0]
+    got = np.asarray(model(x)[0])
+    err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-12))
+    plain(x)[0].block_until_ready()
+    calls = {
+        "jonnx": lambda: model(x)[0].block_until_ready(),
+        "plain": lambda: plain(x)[0].block_until_ready(),
+        "ort": lambda: session.run(None, {input_name: x}),
+    }
+    times = {k: [] for k in calls}
+    for _ in range(repeats):
+        for k, fn in calls.items():
+            times[k].append(_timed(fn))
+    return load_s, {k: statistics.median(v) for k, v in times.items()}, err
 
 
 def bench_train(repeats: int) -> None:
