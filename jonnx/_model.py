@@ -94,8 +94,9 @@ def load(
             default), False (none), or ``{name: bool}`` with names from
             ``jonnx.optimize.PASSES`` (``fold_batchnorm``, ``fuse_matmuls``, ``dead_nodes``)
             and ``constant_weights`` (``Model(*inputs)`` compiles the model's own weights in
-            as constants; ``apply`` always takes them as arguments). Names left out are on.
-            Results are the same either way, up to float rounding. See docs/performance.md.
+            as constants; ``apply`` always takes them as arguments). Passes left out are on;
+            ``constant_weights`` is on only when named. Results are the same either way, up
+            to float rounding. See docs/performance.md.
 
     Returns:
         The loaded model, with every node bound to its implementation.

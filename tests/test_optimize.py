@@ -215,7 +215,7 @@ COMBOS += [("all", g) for g in (*BUILT, *BUNDLED)]
 def test_pass_on_equals_off(pass_name, name):
     proto, feeds = {**BUILT, **BUNDLED}[name]()
     switches = (
-        True
+        {"constant_weights": True}
         if pass_name == "all"
         else {p: p == pass_name for p in (*optimize.PASSES, "constant_weights")}
     )
@@ -294,3 +294,9 @@ def test_options_survive_pickling():
         model.optimize["fold_batchnorm"] is False
         and model.optimize["dead_nodes"] is True
     )
+
+
+def test_constant_weights_is_off_unless_named():
+    assert optimize.resolve(True)["constant_weights"] is False
+    assert optimize.resolve({"dead_nodes": False})["constant_weights"] is False
+    assert optimize.resolve({"constant_weights": True})["fold_batchnorm"] is True

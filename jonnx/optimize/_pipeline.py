@@ -19,9 +19,12 @@ PASSES: Mapping[str, Callable[[Graph, bool | None], Graph]] = {
     "dead_nodes": dead_nodes.run,
 }
 
-# Switches of the same option that act on how ``Model(*inputs)`` compiles, not on the graph.
-# ``constant_weights``: the model's own weights enter the compiled function as constants
-# (folded at trace time, and XLA specializes on them) instead of as arguments.
+# Switches of the same option that act on how ``Model(*inputs)`` compiles, not on the graph;
+# off unless named. ``constant_weights``: the model's own weights enter the compiled function
+# as constants (folded at trace time, and XLA specializes on them) instead of as arguments.
+# Off by default: on the shared 2-core machine it measured within noise of weights as
+# arguments, while it doubled compile time and made ResNet-50's first call hold several
+# copies of the weights (docs/performance.md).
 CALL_OPTIONS = ("constant_weights",)
 
 
@@ -34,7 +37,7 @@ def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
     """
     names = (*PASSES, *CALL_OPTIONS)
     if isinstance(option, bool):
-        return dict.fromkeys(names, option)
+        return {name: option and name not in CALL_OPTIONS for name in names}
     if not isinstance(option, Mapping):
         raise TypeError(
             f"optimize must be True, False or a dict of {list(names)} to bools, not {option!r}"
@@ -47,7 +50,7 @@ def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
     for name, on in option.items():
         if not isinstance(on, bool):
             raise TypeError(f"optimize[{name!r}] must be a bool, not {on!r}")
-    return {name: bool(option.get(name, True)) for name in names}
+    return {name: bool(option.get(name, name not in CALL_OPTIONS)) for name in names}
 
 
 def optimize(graph: Graph, switches: Mapping[str, bool], train: bool | None) -> Graph:
