@@ -152,7 +152,7 @@ def _step(graph: Graph, index: int, node: Node, env: dict[str, Any], options: Ru
     args = node.padded(tuple(env[name] if name else None for name in node.inputs))
     key = None
     if options.key is not None and (node.op.random or _has_subgraph(node)):
-        key = jax.random.fold_in(options.key, index)
+        key = jax.random.fold_in(options.key, index if node.seed_index is None else node.seed_index)
     outputs = _run_node(graph, node, args, env, options, key)
     if len(outputs) < sum(1 for o in node.outputs if o):
         raise errors.NodeError(

@@ -53,6 +53,9 @@ class Node:
         float_groups: input positions the schema binds to one float-admitting type
             variable; the interpreter casts each group's floats to their common dtype
             (``jonnx._registry.float_groups``).
+        seed_index: the position a random op folds into the run's PRNG key; None: its
+            position in the graph. Graph passes (jonnx.optimize) pin it, so removing or adding
+            nodes never changes what a random op draws.
     """
 
     name: str
@@ -67,6 +70,7 @@ class Node:
     prefer_static: frozenset[int] = frozenset()
     arity: int = 0
     float_groups: tuple[tuple[int, ...], ...] = ()
+    seed_index: int | None = None
 
     def trains(self, train: bool | None) -> bool:
         """Whether this node runs in training mode in a run whose flag is ``train``.

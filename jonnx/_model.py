@@ -19,6 +19,7 @@ from jax.experimental import checkify
 from jax.sharding import Mesh, NamedSharding
 
 from jonnx import errors
+from jonnx import optimize as optimization
 from jonnx._bounded import bound_sizes
 from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
@@ -52,6 +53,7 @@ def load(
     mesh: Mesh | None = None,
     rules: Rules = None,
     size_bounds: Mapping[str, int | None] | None = None,
+    optimize: bool | Mapping[str, bool] = True,
 ) -> "Model":
     """Load an ONNX model as a :class:`Model`.
 
@@ -88,6 +90,13 @@ def load(
             whole model is one XLA computation under your own ``jax.jit`` (TPU, ``jax.export``).
             Supported: NonMaxSuppression (``max_output_boxes_per_class`` x classes x batches by
             default) and NonZero (the input's size). See docs/dynamic_shapes.md.
+        optimize: graph passes and compilation choices (``jonnx.optimize``): True (all, the
+            default), False (none), or ``{name: bool}`` with names from
+            ``jonnx.optimize.PASSES`` (``fold_batchnorm``, ``fuse_matmuls``, ``dead_nodes``)
+            and ``constant_weights`` (``Model(*inputs)`` compiles the model's own weights in
+            as constants; ``apply`` always takes them as arguments). Passes left out are on;
+            ``constant_weights`` is on only when named. Results are the same either way, up
+            to float rounding. See docs/performance.md.
 
     Returns:
         The loaded model, with every node bound to its implementation.
@@ -110,7 +119,7 @@ def load(
     options = {
         "memory_limit": memory_limit, "checked": checked, "allow_newer_opset": allow_newer_opset,
         "allow_unknown_attributes": allow_unknown_attributes, "mesh": mesh, "rules": rules,
-        "size_bounds": size_bounds,
+        "size_bounds": size_bounds, "optimize": optimize,
     }
     if isinstance(f, onnx.ModelProto):
         return Model(f, base_dir=base_dir, **options)
@@ -256,7 +265,9 @@ class Model:
         _owned: bool = False,
         _inline: InlineData | None = None,
         size_bounds: Mapping[str, int | None] | None = None,
+        optimize: bool | Mapping[str, bool] = True,
     ):
+        self.optimize = optimization.resolve(optimize)
         self.checked = checked
         self.base_dir = base_dir
         self.memory_limit = memory_limit
@@ -265,6 +276,7 @@ class Model:
             base_dir=base_dir, memory_limit=memory_limit, checked=checked,
             allow_newer_opset=allow_newer_opset, allow_unknown_attributes=allow_unknown_attributes,
             size_bounds=None if size_bounds is None else dict(size_bounds),
+            optimize=dict(self.optimize),
         )
         self.opsets = _opsets(proto, allow_newer_opset)
         progress = Progress("loading model")
@@ -330,8 +342,15 @@ class Model:
                 or (v.shape is not None and all(d == 1 for d in v.shape))
             )
         }
+        # __call__ runs the graph through the passes (jonnx.optimize), in the graph's own mode;
+        # the values passes add (epsilons, shapes, split sizes) are constants.
+        self._run_graphs: dict[bool | None, Graph] = {}
+        self._call_graph = self._graph_for(None)
+        self._constants.update(
+            (n, v) for n, v in self._call_graph.initializers.items() if n not in self.graph.initializers
+        )
         self.segment_plan: SegmentPlan = plan_segments(
-            self.graph, self._constants, set(self._params) | set(self._state), shape_like
+            self._call_graph, self._constants, set(self._params) | set(self._state), shape_like
         )
         # What apply needs concrete: every static chain's graph inputs, host ops' included.
         traced_apply = static_values(self.graph) | preferred_static_inputs(self.graph)
@@ -346,7 +365,16 @@ class Model:
         run = self._segment_impl
         if checked:
             run = checkify.checkify(run, errors=checkify.user_checks)
-        self._segment = jit(run, static_argnums=(0, 3))
+        if self.optimize["constant_weights"] and mesh is None:
+            # The model's own weights as trace-time constants (numpy views of the CPU arrays):
+            # nodes that only transform weights (BatchNorm folding, fused Q/K/V weights) fold
+            # while tracing, and XLA specializes on the rest. Sharded weights stay arguments.
+            weights = {n: np.asarray(v) if jax.default_backend() == "cpu" else v for n, v in self._params.items()}
+            jitted = jit(lambda index, dynamic, static, key: run(index, weights, dynamic, static, key),
+                         static_argnums=(0, 2))
+            self._segment = lambda index, params, dynamic, static, key: jitted(index, dynamic, static, key)
+        else:
+            self._segment = jit(run, static_argnums=(0, 3))
         n_values = sum(int(np.prod(p.shape)) for p in self._params.values())
         progress.close(summary=f"{len(self.graph.nodes)} nodes, {n_values:,} parameter values")
 
@@ -511,7 +539,7 @@ class Model:
             train=train, key=key, precision=precision, state=frozenset(self._state),
             memory_limit=self.memory_limit, checked=self.checked,
         )
-        outputs, updates = run_graph(self.graph, env, options)
+        outputs, updates = run_graph(self._graph_for(train), env, options)
         self._refuse_host_outputs_under_trace(outputs, env)
         return tuple(_as_output(o) for o in outputs), {**current, **updates}
 
@@ -530,6 +558,13 @@ class Model:
                 "`Model(*inputs)`, which returns them from the host, or leave those outputs out "
                 "of your traced function."
             )
+
+    def _graph_for(self, train: bool | None) -> Graph:
+        """The graph runs with this ``train`` flag walk: :attr:`graph` through the passes."""
+        graph = self._run_graphs.get(train)
+        if graph is None:
+            graph = self._run_graphs[train] = optimization.optimize(self.graph, self.optimize, train)
+        return graph
 
     def _refuse_untracked(self) -> None:
         untracked = self.state_plan.untracked
@@ -598,7 +633,7 @@ class Model:
         traced = [n for n, v in values.items() if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(v))]
         if not traced:
             return
-        host = [self.graph.nodes[p] for p in self.segment_plan.host_nodes]
+        host = [self._call_graph.nodes[p] for p in self.segment_plan.host_nodes]
         if host:
             what = ", ".join(f"{n.op_type} node {n.name!r}" for n in host[:5])
             raise errors.StaticValueError(
@@ -618,12 +653,12 @@ class Model:
     def _run_host(self, positions: tuple[int, ...], env: dict[str, Any], options: RunOptions) -> None:
         """Run host nodes in numpy on concrete values; their outputs join ``env``."""
         for position in positions:
-            node = self.graph.nodes[position]
+            node = self._call_graph.nodes[position]
             local = {
                 n: _host_copy(env[n] if n in env else self._lookup(n))
                 for n in (*node.inputs, *_outer_reads(node)) if n
             }
-            run_nodes(self.graph, local, options, (position,))
+            run_nodes(self._call_graph, local, options, (position,))
             env.update({o: local[o] for o in node.outputs if o})
 
     def _lookup(self, name: str) -> Any:
@@ -641,7 +676,7 @@ class Model:
         options = RunOptions(
             key=key, state=frozenset(self._state), memory_limit=self.memory_limit, checked=self.checked
         )
-        run_nodes(self.graph, env, options, stage.nodes)
+        run_nodes(self._call_graph, env, options, stage.nodes)
         results = {n: env[n] for n in stage.exports}
         host = {n: v for n, v in results.items() if _is_host_value(v)}
         if host:

@@ -16,6 +16,7 @@ never counted by AveragePool's divisor.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax
@@ -146,11 +147,98 @@ def convolve(x, w, b, attrs, ctx):
     _kernel_attr(attrs, jnp.shape(w)[2:], ctx)
     strides, dilations = _strides_dilations(attrs, n, ctx)
     lo, hi, _ = _window_pads(jnp.shape(x)[2:], jnp.shape(w)[2:], strides, dilations, attrs, ctx)
-    y = lax.conv_general_dilated(
-        x, w, window_strides=strides, padding=tuple(zip(lo, hi)), rhs_dilation=dilations,
-        dimension_numbers=_dimension_numbers(n), feature_group_count=group, precision=ctx.precision,
-    )
+    lowering = conv_lowering(jnp.shape(x), jnp.shape(w), strides, group, jnp.result_type(x, w))
+    if lowering == "xla":
+        y = lax.conv_general_dilated(
+            x, w, window_strides=strides, padding=tuple(zip(lo, hi)), rhs_dilation=dilations,
+            dimension_numbers=_dimension_numbers(n), feature_group_count=group, precision=ctx.precision,
+        )
+    else:
+        y = _LOWERINGS[lowering](x, w, strides, dilations, lo, hi, ctx.precision)
     return _add_bias(y, b, ctx)
+
+
+# Conv lowerings. XLA's CPU convolution is slow next to its dot (by 2-30x on ResNet/MobileNet
+# layers, and worse for gradients), so on CPU a Conv is lowered by its static shapes to dots
+# and fused elementwise work; elsewhere (cuDNN, TPU) XLA's convolution is the fast path. Every
+# lowering computes the same sums as the convolution (only the float summation order differs)
+# and is differentiable by plain JAX: the backward of a dot is dots, of a slice a pad.
+# ``jonnx.ops.nn.CONV_LOWERING`` forces one choice ("xla" or "auto") for measurement and tests.
+CONV_LOWERING = "auto"
+
+
+def conv_lowering(x_shape, w_shape, strides, group: int, dtype) -> str:
+    """How a Conv with these static shapes runs: ``"xla"``, ``"matmul"`` (1x1 kernels),
+    ``"depthwise"`` (shifted multiply-adds) or ``"im2col"`` (one dot over stacked shifted slices)."""
+    if CONV_LOWERING != "auto" or jax.default_backend() != "cpu":
+        return "xla"
+    # Half precision stays with XLA, which accumulates its convolutions in float32.
+    if dtype not in (jnp.float32, jnp.float64) or len(x_shape) < 3:
+        return "xla"
+    c_in, m, kernel = x_shape[1], w_shape[0], tuple(w_shape[2:])
+    taps = math.prod(kernel)
+    if group == 1 and taps == 1:
+        return "matmul"
+    if group == c_in and group > 1 and w_shape[1] == 1 and m == c_in:
+        return "depthwise"
+    if group == 1 and taps <= 49 and c_in * taps <= 8192:
+        return "im2col"
+    return "xla"
+
+
+def _pad_spatial(x, lo, hi):
+    if not any(lo) and not any(hi):
+        return x
+    return jnp.pad(x, ((0, 0), (0, 0)) + tuple(zip(lo, hi)))
+
+
+def _taps(xp, kernel, strides, dilations, out):
+    """For each kernel position (row-major), the strided window of ``xp`` it multiplies."""
+    for offsets in itertools.product(*(range(k) for k in kernel)):
+        start = (0, 0) + tuple(o * d for o, d in zip(offsets, dilations))
+        limit = jnp.shape(xp)[:2] + tuple(st + (n - 1) * s + 1 for st, n, s in zip(start[2:], out, strides))
+        yield lax.slice(xp, start, limit, (1, 1) + tuple(strides))
+
+
+def _out_spatial(xp, kernel, strides, dilations):
+    return tuple(
+        (size - (k - 1) * d - 1) // s + 1 for size, k, s, d in zip(jnp.shape(xp)[2:], kernel, strides, dilations)
+    )
+
+
+def _conv_matmul(x, w, strides, dilations, lo, hi, precision):
+    """A 1x1 convolution: a product over channels of the (padded, strided) input."""
+    xp = _pad_spatial(x, lo, hi)
+    (xs,) = _taps(xp, (1,) * (jnp.ndim(x) - 2), strides, dilations, _out_spatial(xp, (1,) * (jnp.ndim(x) - 2), strides, dilations))
+    w2 = jnp.reshape(w, jnp.shape(w)[:2])
+    return jnp.einsum("nc...,mc->nm...", xs, w2, precision=precision)
+
+
+def _conv_depthwise(x, w, strides, dilations, lo, hi, precision):
+    """A depthwise convolution: per-channel shifted multiply-adds, which XLA fuses into one loop."""
+    kernel = jnp.shape(w)[2:]
+    xp = _pad_spatial(x, lo, hi)
+    out = _out_spatial(xp, kernel, strides, dilations)
+    taps = jnp.reshape(w, (jnp.shape(w)[0], -1))
+    bcast = (1, -1) + (1,) * len(kernel)
+    y = None
+    for i, window in enumerate(_taps(xp, kernel, strides, dilations, out)):
+        term = window * jnp.reshape(taps[:, i], bcast)
+        y = term if y is None else y + term
+    return y
+
+
+def _conv_im2col(x, w, strides, dilations, lo, hi, precision):
+    """A k x k convolution: one product of the weights with the stacked shifted windows."""
+    kernel = jnp.shape(w)[2:]
+    xp = _pad_spatial(x, lo, hi)
+    out = _out_spatial(xp, kernel, strides, dilations)
+    cols = jnp.stack(list(_taps(xp, kernel, strides, dilations, out)), axis=2)  # (N, C, K, *out)
+    w3 = jnp.reshape(w, jnp.shape(w)[:2] + (-1,))  # (M, C, K)
+    return jnp.einsum("nck...,mck->nm...", cols, w3, precision=precision)
+
+
+_LOWERINGS = {"matmul": _conv_matmul, "depthwise": _conv_depthwise, "im2col": _conv_im2col}
 
 
 @register("Conv", since=(1, 11, 22))

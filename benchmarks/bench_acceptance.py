@@ -1,0 +1,228 @@
+"""The speed acceptance benchmarks: jonnx's default call against onnxruntime, in one process.
+
+Models (benchmarks/nets.py, seeded weights, NCHW as exporters write): ResNet-50, MobileNetV2,
+a BERT-base-width 4-layer encoder, and that encoder through onnxruntime's quantize_dynamic.
+For each model and batch: load + first call time of ``jonnx.load(proto)`` then ``model(x)``
+(the default call, all optimizations on), then jonnx, jonnx without optimizations
+(``optimize=False``) and onnxruntime called in turn, ``--repeats`` rounds, medians. Ratios are
+jonnx / onnxruntime (below 1: jonnx is faster). The peak RSS of the process is printed at the end.
+
+``--train`` adds a ResNet-18 training step (batch 32, 64x64, 10 classes, SGD with momentum,
+``train=True``): jonnx's step jitted, against PyTorch eager CPU when torch is importable.
+
+Usage: ``python benchmarks/bench_acceptance.py [--models resnet50 bert] [--batches 1 32] [--repeats 10] [--train]``
+The machine this runs on may be shared: ratios taken in one process, alternating, are what
+to compare, not absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import nets
+
+import jonnx
+
+MODELS = {
+    "resnet50": (nets.resnet50, (3, 224, 224)),
+    "mobilenet_v2": (nets.mobilenet_v2, (3, 224, 224)),
+    "bert": (nets.bert_encoder, (128, 768)),
+    "bert_int8": (lambda: nets.quantized(nets.bert_encoder()), (128, 768)),
+}
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
+    build, shape = MODELS[name]
+    proto = build()
+    session = ort.InferenceSession(
+        proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    rows = []
+    for batch in batches:
+        x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
+        load_s, med, err = _bench_batch(proto, session, x, repeats)
+        rows.append((name, batch, load_s, med["jonnx"], med["plain"], med["ort"], err))
+        print(
+            f"{name:<13}{batch:>4}{load_s:>9.2f}{med['jonnx'] * 1e3:>10.1f}{med['plain'] * 1e3:>10.1f}"
+            f"{med['ort'] * 1e3:>10.1f}{med['jonnx'] / med['ort']:>8.2f}{med['plain'] / med['ort']:>8.2f}"
+            f"{err:>9.1e}",
+            flush=True,
+        )
+    return rows
+
+
+def _bench_batch(
+    proto, session, x, repeats: int
+) -> tuple[float, dict[str, float], float]:
+    """Load + first call time, median call times by runtime, and jonnx's relative error."""
+    input_name = session.get_inputs()[0].name
+    start = time.perf_counter()
+    model = jonnx.load(proto)
+    model(x)[0].block_until_ready()
+    load_s = time.perf_counter() - start
+    plain = jonnx.load(proto, optimize=False)
+    want = session.run(None, {input_name: x})[0]
+    got = np.asarray(model(x)[0])
+    err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-12))
+    plain(x)[0].block_until_ready()
+    calls = {
+        "jonnx": lambda: model(x)[0].block_until_ready(),
+        "plain": lambda: plain(x)[0].block_until_ready(),
+        "ort": lambda: session.run(None, {input_name: x}),
+    }
+    times = {k: [] for k in calls}
+    for _ in range(repeats):
+        for k, fn in calls.items():
+            times[k].append(_timed(fn))
+    return load_s, {k: statistics.median(v) for k, v in times.items()}, err
+
+
+def bench_train(repeats: int) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    proto = nets.resnet18(size=64, classes=10)
+    model = jonnx.load(proto)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 3, 64, 64)).astype(np.float32)
+    labels = rng.integers(0, 10, 32)
+
+    def loss(params, state, x, labels):
+        (logits,), new_state = model.apply(params, x, state=state, train=True)
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1)), new_state
+
+    @jonnx.jit
+    def step(params, velocity, state, x, labels):
+        (value, new_state), grads = jax.value_and_grad(loss, has_aux=True)(
+            params, state, x, labels
+        )
+        velocity = jax.tree_util.tree_map(lambda v, g: 0.9 * v + g, velocity, grads)
+        params = jax.tree_util.tree_map(lambda p, v: p - 0.01 * v, params, velocity)
+        return params, velocity, new_state, value
+
+    carry = [
+        model.params,
+        jax.tree_util.tree_map(jnp.zeros_like, model.params),
+        model.state,
+    ]
+    compile_s = _timed(lambda: jax.block_until_ready(step(*carry, x, labels)))
+
+    def run_jonnx():
+        carry[:] = step(*carry, x, labels)[:3]
+        jax.block_until_ready(carry)
+
+    calls = {"jonnx": run_jonnx}
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        net, optimizer, tx, ty = _torch_resnet18(torch, x, labels)
+
+        def run_torch():
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(net(tx), ty).backward()
+            optimizer.step()
+
+        calls["torch"] = run_torch
+    times = {k: [] for k in calls}
+    for _ in range(repeats):
+        for k, fn in calls.items():
+            times[k].append(_timed(fn))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    line = f"resnet18 train step b32 64x64: compile {compile_s:.1f} s, jonnx {med['jonnx'] * 1e3:.0f} ms"
+    if "torch" in med:
+        line += f", torch eager {med['torch'] * 1e3:.0f} ms, ratio {med['jonnx'] / med['torch']:.2f}"
+    print(line)
+
+
+def _torch_resnet18(torch, x, labels):
+    """ResNet-18 (CIFAR-sized stem as in nets.resnet18) in PyTorch, for the eager baseline."""
+    nn = torch.nn
+
+    def block(c_in, c_out, stride):
+        body = nn.Sequential(
+            nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(),
+            nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(c_out),
+        )
+        short = (
+            nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+            if stride != 1 or c_in != c_out
+            else nn.Identity()
+        )
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body, self.short = body, short
+
+            def forward(self, v):
+                return torch.relu(self.body(v) + self.short(v))
+
+        return Block()
+
+    layers = [
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
+    ]
+    c_in = 64
+    for stage in range(4):
+        width = 64 * 2**stage
+        for i in range(2):
+            layers.append(block(c_in, width, 2 if stage > 0 and i == 0 else 1))
+            c_in = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10)]
+    net = nn.Sequential(*layers).train()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    return net, optimizer, torch.from_numpy(x), torch.from_numpy(labels)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--models", nargs="+", default=list(MODELS), choices=list(MODELS)
+    )
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--train", action="store_true")
+    args = parser.parse_args()
+    print(
+        f"{'model':<13}{'b':>4}{'load+1st':>9}{'jonnx ms':>10}{'plain ms':>10}{'ort ms':>10}"
+        f"{'vs ort':>8}{'plain':>8}{'rel err':>9}"
+    )
+    for name in args.models:
+        bench_inference(name, args.batches, args.repeats)
+    if args.train:
+        bench_train(args.repeats)
+    print(
+        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB; "
+        "jonnx = default call (all optimizations), plain = optimize=False; vs ort = jonnx / onnxruntime"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""Benchmark networks built with onnx.helper, with seeded weights, in the form exporters write.
+
+ResNet-50 and MobileNetV2 are NCHW with Conv (no bias) -> BatchNormalization -> Relu/Clip, as
+``torch.onnx.export`` writes them in eval mode without constant folding; the BERT-base-width
+encoder is MatMul + Add projections, Reshape/Transpose heads, Softmax attention,
+LayerNormalization and an Erf GELU. The batch axis is symbolic (``N``). No torch needed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+
+__all__ = ["bert_encoder", "mobilenet_v2", "resnet18", "resnet50"]
+
+
+class _Builder:
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.count = 0
+
+    def name(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}_{self.count}"
+
+    def init(self, stem: str, value: np.ndarray) -> str:
+        name = self.name(stem)
+        value = np.asarray(value)
+        self.inits.append(
+            onh.from_array(
+                value.astype(np.float32) if value.dtype == np.float64 else value, name
+            )
+        )
+        return name
+
+    def node(
+        self, op: str, inputs: list[str], n_out: int = 1, **attrs
+    ) -> str | list[str]:
+        outs = [self.name(op.lower()) for _ in range(n_out)]
+        self.nodes.append(oh.make_node(op, inputs, outs, name=self.name(op), **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def conv_bn(
+        self,
+        x: str,
+        c_in: int,
+        c_out: int,
+        k: int,
+        stride: int = 1,
+        group: int = 1,
+        act: str | None = "Relu",
+    ) -> str:
+        fan_in = c_in // group * k * k
+        w = self.init(
+            "conv.weight",
+            self.rng.standard_normal((c_out, c_in // group, k, k)).astype(np.float32)
+            * np.sqrt(2.0 / fan_in),
+        )
+        y = self.node(
+            "Conv",
+            [x, w],
+            kernel_shape=[k, k],
+            strides=[stride, stride],
+            pads=[k // 2] * 4,
+            group=group,
+        )
+        scale = self.init(
+            "bn.weight", (1 + 0.1 * self.rng.standard_normal(c_out)).astype(np.float32)
+        )
+        bias = self.init(
+            "bn.bias", (0.1 * self.rng.standard_normal(c_out)).astype(np.float32)
+        )
+        mean = self.init(
+            "bn.running_mean",
+            (0.1 * self.rng.standard_normal(c_out)).astype(np.float32),
+        )
+        var = self.init(
+            "bn.running_var", (1 + 0.1 * self.rng.random(c_out)).astype(np.float32)
+        )
+        y = self.node(
+            "BatchNormalization",
+            [y, scale, bias, mean, var],
+            epsilon=1e-5,
+            momentum=0.9,
+        )
+        if act == "Relu":
+            y = self.node("Relu", [y])
+        elif act == "Relu6":
+            lo = self.init("clip.min", np.array(0.0, np.float32))
+            hi = self.init("clip.max", np.array(6.0, np.float32))
+            y = self.node("Clip", [y, lo, hi])
+        return y
+
+    def linear(self, x: str, d_in: int, d_out: int, gemm: bool = False) -> str:
+        w = self.rng.standard_normal((d_in, d_out)).astype(np.float32) / np.sqrt(d_in)
+        b = self.init(
+            "linear.bias", (0.01 * self.rng.standard_normal(d_out)).astype(np.float32)
+        )
+        if gemm:  # torch's Linear on a matrix: Gemm with transB
+            return self.node(
+                "Gemm", [x, self.init("linear.weight", w.T.copy()), b], transB=1
+            )
+        return self.node(
+            "Add", [self.node("MatMul", [x, self.init("linear.weight", w)]), b]
+        )
+
+    def model(self, inputs, outputs, opset: int = 17) -> onnx.ModelProto:
+        graph = oh.make_graph(self.nodes, "bench", inputs, outputs, self.inits)
+        model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+        model.ir_version = 8
+        return model
+
+
+def _classifier_head(b: _Builder, x: str, c: int, classes: int) -> str:
+    y = b.node("GlobalAveragePool", [x])
+    y = b.node("Flatten", [y], axis=1)
+    return b.linear(y, c, classes, gemm=True)
+
+
+def _resnet(
+    blocks: list[int], bottleneck: bool, size: int, classes: int, seed: int
+) -> onnx.ModelProto:
+    b = _Builder(seed)
+    x = b.conv_bn("input", 3, 64, 7, stride=2)
+    x = b.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    c_in = 64
+    for stage, n in enumerate(blocks):
+        width = 64 * 2**stage
+        c_out = width * 4 if bottleneck else width
+        for i in range(n):
+            stride = 2 if stage > 0 and i == 0 else 1
+            if bottleneck:
+                y = b.conv_bn(x, c_in, width, 1)
+                y = b.conv_bn(y, width, width, 3, stride=stride)
+                y = b.conv_bn(y, width, c_out, 1, act=None)
+            else:
+                y = b.conv_bn(x, c_in, width, 3, stride=stride)
+                y = b.conv_bn(y, width, c_out, 3, act=None)
+            shortcut = (
+                b.conv_bn(x, c_in, c_out, 1, stride=stride, act=None)
+                if (stride != 1 or c_in != c_out)
+                else x
+            )
+            x = b.node("Relu", [b.node("Add", [y, shortcut])])
+            c_in = c_out
+    out = _classifier_head(b, x, c_in, classes)
+    return b.model(
+        [
+            oh.make_tensor_value_info(
+                "input", onnx.TensorProto.FLOAT, ["N", 3, size, size]
+            )
+        ],
+        [oh.make_tensor_value_info(out, onnx.TensorProto.FLOAT, ["N", classes])],
+    )
+
+
+def resnet50(seed: int = 0) -> onnx.ModelProto:
+    """ResNet-50 (v1.5: stride on the 3x3), 224x224, 1000 classes."""
+    return _resnet([3, 4, 6, 3], True, 224, 1000, seed)
+
+
+def resnet18(size: int = 64, classes: int = 10, seed: int = 0) -> onnx.ModelProto:
+    """ResNet-18 at ``size`` x ``size`` with ``classes`` outputs (the training benchmark)."""
+    return _resnet([2, 2, 2, 2], False, size, classes, seed)
+
+
+def mobilenet_v2(seed: int = 0) -> onnx.ModelProto:
+    """MobileNetV2 (width 1.0), 224x224, 1000 classes, ReLU6 as Clip(0, 6)."""
+    b = _Builder(seed)
+    x = b.conv_bn("input", 3, 32, 3, stride=2, act="Relu6")
+    c_in = 32
+    for t, c, n, s in [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]:
+        for i in range(n):
+            stride = s if i == 0 else 1
+            hidden = c_in * t
+            y = b.conv_bn(x, c_in, hidden, 1, act="Relu6") if t != 1 else x
+            y = b.conv_bn(
+                y, hidden, hidden, 3, stride=stride, group=hidden, act="Relu6"
+            )
+            y = b.conv_bn(y, hidden, c, 1, act=None)
+            x = b.node("Add", [x, y]) if stride == 1 and c_in == c else y
+            c_in = c
+    x = b.conv_bn(x, c_in, 1280, 1, act="Relu6")
+    out = _classifier_head(b, x, 1280, 1000)
+    return b.model(
+        [
+            oh.make_tensor_value_info(
+                "input", onnx.TensorProto.FLOAT, ["N", 3, 224, 224]
+            )
+        ],
+        [oh.make_tensor_value_info(out, onnx.TensorProto.FLOAT, ["N", 1000])],
+    )
+
+
+def bert_encoder(
+    layers: int = 4, hidden: int = 768, heads: int = 12, seq: int = 128, seed: int = 0
+) -> onnx.ModelProto:
+    """A BERT-base-width encoder: ``layers`` post-LN layers over (N, seq, hidden) float input."""
+    b = _Builder(seed)
+    head = hidden // heads
+    split = b.init("shape.heads", np.array([0, 0, heads, head], np.int64))
+    merge = b.init("shape.merge", np.array([0, 0, hidden], np.int64))
+    scale = b.init("attn.scale", np.array(np.sqrt(head), np.float32))
+    x = "hidden_states"
+
+    def layer_norm(v: str) -> str:
+        g = b.init(
+            "ln.weight", (1 + 0.1 * b.rng.standard_normal(hidden)).astype(np.float32)
+        )
+        beta = b.init(
+            "ln.bias", (0.1 * b.rng.standard_normal(hidden)).astype(np.float32)
+        )
+        return b.node("LayerNormalization", [v, g, beta], axis=-1, epsilon=1e-12)
+
+    for _ in range(layers):
+        q, k, v = (
+            b.node("Reshape", [b.linear(x, hidden, hidden), split]) for _ in range(3)
+        )
+        q = b.node("Transpose", [q], perm=[0, 2, 1, 3])
+        k = b.node("Transpose", [k], perm=[0, 2, 3, 1])
+        v = b.node("Transpose", [v], perm=[0, 2, 1, 3])
+        scores = b.node("Div", [b.node("MatMul", [q, k]), scale])
+        probs = b.node("Softmax", [scores], axis=-1)
+        ctx = b.node("Transpose", [b.node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+        ctx = b.node("Reshape", [ctx, merge])
+        x = layer_norm(b.node("Add", [b.linear(ctx, hidden, hidden), x]))
+        h = b.linear(x, hidden, 4 * hidden)
+        sqrt2 = b.init("gelu.sqrt2", np.array(np.sqrt(2.0), np.float32))
+        half = b.init("gelu.half", np.array(0.5, np.float32))
+        one = b.init("gelu.one", np.array(1.0, np.float32))
+        erf = b.node("Erf", [b.node("Div", [h, sqrt2])])
+        h = b.node("Mul", [b.node("Mul", [h, b.node("Add", [erf, one])]), half])
+        x = layer_norm(b.node("Add", [b.linear(h, 4 * hidden, hidden), x]))
+    return b.model(
+        [
+            oh.make_tensor_value_info(
+                "hidden_states", onnx.TensorProto.FLOAT, ["N", seq, hidden]
+            )
+        ],
+        [oh.make_tensor_value_info(x, onnx.TensorProto.FLOAT, ["N", seq, hidden])],
+    )
+
+
+def quantized(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` through onnxruntime's ``quantize_dynamic`` (int8 weights, MatMulInteger)."""
+    import os
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "f32.onnx"), os.path.join(tmp, "int8.onnx")
+        onnx.save(model, src)
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+        return onnx.load(dst)

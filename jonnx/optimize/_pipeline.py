@@ -1,0 +1,72 @@
+"""The pass list, the ``optimize=`` option, and the driver."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+from jonnx._ir import Graph
+from jonnx.optimize import dead_nodes, fold_batchnorm, fuse_matmuls
+
+__all__ = ["CALL_OPTIONS", "PASSES", "optimize", "resolve"]
+
+# In the order they run. Each takes the graph and the run's train flag (True, False or None:
+# a pass that depends on the mode, like BatchNorm folding, only rewrites nodes whose mode that
+# flag fixes) and returns a new graph.
+PASSES: Mapping[str, Callable[[Graph, bool | None], Graph]] = {
+    "fold_batchnorm": fold_batchnorm.run,
+    "fuse_matmuls": fuse_matmuls.run,
+    "dead_nodes": dead_nodes.run,
+}
+
+# Switches of the same option that act on how ``Model(*inputs)`` compiles, not on the graph;
+# off unless named. ``constant_weights``: the model's own weights enter the compiled function
+# as constants (folded at trace time, and XLA specializes on them) instead of as arguments.
+# Off by default: on the shared 2-core machine it measured within noise of weights as
+# arguments, while it doubled compile time and made ResNet-50's first call hold several
+# copies of the weights (docs/performance.md).
+CALL_OPTIONS = ("constant_weights",)
+
+
+def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
+    """The ``optimize=`` option of :func:`jonnx.load` as ``{name: on}`` for every switch.
+
+    Raises:
+        ValueError: an unknown pass name.
+        TypeError: an option that is not a bool or a dict of bools.
+    """
+    names = (*PASSES, *CALL_OPTIONS)
+    if isinstance(option, bool):
+        return {name: option and name not in CALL_OPTIONS for name in names}
+    if not isinstance(option, Mapping):
+        raise TypeError(
+            f"optimize must be True, False or a dict of {list(names)} to bools, not {option!r}"
+        )
+    unknown = sorted(set(option) - set(names))
+    if unknown:
+        raise ValueError(
+            f"unknown optimization pass(es) {unknown}; known: {list(names)}"
+        )
+    for name, on in option.items():
+        if not isinstance(on, bool):
+            raise TypeError(f"optimize[{name!r}] must be a bool, not {on!r}")
+    return {name: bool(option.get(name, name not in CALL_OPTIONS)) for name in names}
+
+
+def optimize(graph: Graph, switches: Mapping[str, bool], train: bool | None) -> Graph:
+    """``graph`` through every pass switched on, for runs with this ``train`` flag.
+
+    Nodes keep the PRNG stream of their original position (``Node.seed_index``), so removing
+    or adding nodes never changes what a random op draws.
+    """
+    if not any(switches.get(name) for name in PASSES):
+        return graph
+    nodes = tuple(
+        n if n.seed_index is not None else dataclasses.replace(n, seed_index=i)
+        for i, n in enumerate(graph.nodes)
+    )
+    graph = dataclasses.replace(graph, nodes=nodes)
+    for name, run in PASSES.items():
+        if switches.get(name):
+            graph = run(graph, train)
+    return graph

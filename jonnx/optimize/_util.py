@@ -1,0 +1,61 @@
+"""What the passes share: reading who uses a value, and making new bound nodes."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx.helper as oh
+
+from jonnx._ir import Graph, Node
+
+__all__ = ["new_node", "readers", "unique_name"]
+
+
+def readers(graph: Graph) -> Counter:
+    """Value name -> how many times it is read (node inputs, subgraphs' outer reads, outputs)."""
+    count: Counter = Counter()
+    for node in graph.nodes:
+        count.update(i for i in node.inputs if i)
+        for value in node.attrs.values():
+            for g in value if isinstance(value, tuple) else (value,):
+                if isinstance(g, Graph):
+                    count.update(g.outer_names)
+    count.update(graph.output_names)
+    return count
+
+
+def unique_name(stem: str, taken: set[str]) -> str:
+    """A value or node name not in ``taken`` (which it joins)."""
+    name, i = stem, 0
+    while name in taken:
+        i += 1
+        name = f"{stem}_{i}"
+    taken.add(name)
+    return name
+
+
+def new_node(
+    op_type: str, inputs: list[str], outputs: list[str], name: str, opset: int, **attrs
+) -> Node:
+    """An ai.onnx node bound to its implementation at ``opset``, as the loader would build it."""
+    from jonnx._build import (
+        GraphBuilder,  # the loader's own node binding, defaults included
+    )
+
+    builder = GraphBuilder({"": opset}, None)
+    node = builder._node(
+        oh.make_node(op_type, inputs, outputs, name=name, **attrs),
+        name,
+        frozenset(),
+        {"": opset},
+    )
+    if node is None:
+        raise AssertionError(
+            f"jonnx.optimize made an unsupported {op_type} node at opset {opset}"
+        )
+    return node
+
+
+def int64(values) -> np.ndarray:
+    return np.asarray(values, np.int64)

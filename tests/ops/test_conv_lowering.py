@@ -1,0 +1,91 @@
+"""Conv's CPU lowerings (1x1 as a matmul, depthwise as shifted multiply-adds, k x k as im2col)
+against the ReferenceEvaluator and finite differences, and the choice between them."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jonnx.ops import nn
+
+import jonnx
+from tests.ops._harness import assert_matches_reference, check_op_grads, node_model
+
+RNG = np.random.default_rng(1)
+
+CASES = [
+    # (lowering, x shape, w shape, attrs)
+    ("matmul", (2, 5, 6, 7), (3, 5, 1, 1), {}),
+    ("matmul", (1, 4, 7, 6), (6, 4, 1, 1), {"strides": [2, 3], "pads": [1, 0, 0, 1]}),
+    ("matmul", (1, 3, 9), (2, 3, 1), {"strides": [2]}),
+    ("depthwise", (2, 6, 7, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
+    (
+        "depthwise",
+        (1, 4, 9, 8),
+        (4, 1, 3, 2),
+        {"group": 4, "strides": [2, 2], "dilations": [2, 1], "auto_pad": "SAME_UPPER"},
+    ),
+    (
+        "depthwise",
+        (1, 3, 5, 6, 4),
+        (3, 1, 2, 3, 2),
+        {"group": 3, "pads": [0, 1, 1, 1, 0, 0]},
+    ),
+    ("im2col", (2, 3, 8, 7), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    (
+        "im2col",
+        (1, 4, 9, 9),
+        (3, 4, 3, 2),
+        {"strides": [2, 2], "dilations": [1, 2], "pads": [0, 1, 2, 0]},
+    ),
+    ("im2col", (1, 2, 11), (4, 2, 5), {"auto_pad": "SAME_LOWER", "strides": [3]}),
+    (
+        "xla",
+        (1, 4, 6, 6),
+        (6, 2, 3, 3),
+        {"group": 2, "pads": [1, 1, 1, 1]},
+    ),  # grouped, not depthwise
+]
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[2]))}"
+)
+def test_lowering_matches_reference(case):
+    lowering, xs, ws, attrs = case
+    strides = tuple(attrs.get("strides", [1] * (len(xs) - 2)))
+    assert nn.conv_lowering(
+        xs, ws, strides, attrs.get("group", 1), np.dtype(np.float32)
+    ) == (lowering if jax.default_backend() == "cpu" else "xla")
+    inputs = {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}
+    assert_matches_reference("Conv", inputs, opset=22, rtol=1e-4, atol=1e-5, **attrs)
+
+
+@pytest.mark.parametrize(
+    "case", CASES[::2] + CASES[1:2], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[2]))}"
+)
+def test_lowering_grads(case):
+    _, xs, ws, attrs = case
+    check_op_grads(
+        "Conv", {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}, opset=22, **attrs
+    )
+
+
+def test_forcing_xla_gives_the_same_values(monkeypatch):
+    inputs = {"x": rand(2, 8, 10, 10), "w": rand(8, 8, 3, 3)}
+    model = node_model("Conv", inputs, opset=22, pads=[1, 1, 1, 1])
+    lowered = np.asarray(jonnx.load(model)(inputs["x"], inputs["w"])[0])
+    monkeypatch.setattr(nn, "CONV_LOWERING", "xla")
+    direct = np.asarray(jonnx.load(model)(inputs["x"], inputs["w"])[0])
+    np.testing.assert_allclose(lowered, direct, rtol=1e-4, atol=1e-4)
+
+
+def test_half_precision_stays_with_xla():
+    assert (
+        nn.conv_lowering((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), 1, np.dtype(np.float16))
+        == "xla"
+    )

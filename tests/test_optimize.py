@@ -1,0 +1,302 @@
+"""jonnx.optimize: every pass on and off gives the same outputs, state and gradients.
+
+Each pass runs alone and all together on the bundled models and on small graphs built to
+trigger it; each test also checks that the pass rewrote the graph, so it cannot pass vacuously.
+Expected values for the built graphs come from onnxruntime.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+import onnxruntime as ort
+import pytest
+
+import jonnx
+from jonnx import optimize
+
+MODELS = pathlib.Path(__file__).resolve().parents[1] / "examples" / "models"
+RNG = np.random.default_rng(0)
+F = onnx.TensorProto.FLOAT
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _model(nodes, inputs, outputs, inits, opset=17):
+    graph = oh.make_graph(
+        nodes, "g", inputs, outputs, [onh.from_array(v, k) for k, v in inits.items()]
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+
+
+def conv_bn(opset=17):
+    inits = {
+        "w": rand(4, 3, 3, 3),
+        "b": rand(4),
+        "s": rand(4),
+        "beta": rand(4),
+        "m": rand(4),
+        "v": np.abs(rand(4)) + 0.5,
+        "w2": rand(5, 4, 1, 1),
+        "s2": rand(5),
+        "beta2": rand(5),
+        "m2": rand(5),
+        "v2": np.abs(rand(5)) + 0.5,
+    }
+    nodes = [
+        oh.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        oh.make_node(
+            "BatchNormalization", ["c", "s", "beta", "m", "v"], ["y"], epsilon=1e-3
+        ),
+        oh.make_node("Relu", ["y"], ["r"]),
+        oh.make_node("Conv", ["r", "w2"], ["c2"]),  # no bias
+        oh.make_node("BatchNormalization", ["c2", "s2", "beta2", "m2", "v2"], ["out"]),
+    ]
+    io = (
+        [oh.make_tensor_value_info("x", F, ["N", 3, 6, 6])],
+        [oh.make_tensor_value_info("out", F, None)],
+    )
+    return _model(nodes, *io, inits, opset), {"x": rand(2, 3, 6, 6)}
+
+
+def gemm_bn(trans_b):
+    w = rand(6, 5) if trans_b else rand(5, 6)
+    inits = {
+        "w": w,
+        "c": rand(6),
+        "s": rand(6),
+        "beta": rand(6),
+        "m": rand(6),
+        "v": np.abs(rand(6)) + 0.5,
+    }
+    nodes = [
+        oh.make_node("Gemm", ["x", "w", "c"], ["g"], transB=trans_b),
+        oh.make_node("BatchNormalization", ["g", "s", "beta", "m", "v"], ["out"]),
+    ]
+    io = (
+        [oh.make_tensor_value_info("x", F, ["N", 5])],
+        [oh.make_tensor_value_info("out", F, None)],
+    )
+    return _model(nodes, *io, inits), {"x": rand(3, 5)}
+
+
+def qkv():
+    inits = {f"w{i}": rand(8, n) for i, n in enumerate((8, 8, 4))} | {"bq": rand(8)}
+    nodes = [
+        oh.make_node("MatMul", ["x", "w0"], ["q0"]),
+        oh.make_node("Add", ["q0", "bq"], ["q"]),
+        oh.make_node("MatMul", ["x", "w1"], ["k"]),
+        oh.make_node("MatMul", ["x", "w2"], ["v"]),
+        oh.make_node(
+            "MatMul", ["q", "k"], ["qk"], name="not_parallel"
+        ),  # reads x only indirectly
+        oh.make_node("Concat", ["qk", "v"], ["out"], axis=-1),
+    ]
+    io = (
+        [oh.make_tensor_value_info("x", F, ["N", 8, 8])],
+        [oh.make_tensor_value_info("out", F, None)],
+    )
+    return _model(nodes, *io, inits), {"x": rand(2, 8, 8)}
+
+
+def dead_and_random():
+    inits = {"w": rand(4, 4)}
+    nodes = [
+        oh.make_node("MatMul", ["x", "w"], ["unused"], name="dead"),
+        oh.make_node("Sin", ["unused"], ["unused2"], name="dead2"),
+        oh.make_node("Dropout", ["x"], ["d"]),
+        oh.make_node("MatMul", ["d", "w"], ["out"]),
+    ]
+    outs = [
+        oh.make_tensor_value_info("out", F, None),
+        oh.make_tensor_value_info("d", F, None),
+    ]
+    io = ([oh.make_tensor_value_info("x", F, ["N", 4])], outs)
+    return _model(nodes, *io, inits), {"x": rand(3, 4)}
+
+
+def _bundled(name, feeds):
+    return lambda: (onnx.load(MODELS / name), feeds)
+
+
+BUILT = {
+    "conv_bn": conv_bn,
+    "conv_bn_opset9": lambda: conv_bn(9),
+    "gemm_bn": lambda: gemm_bn(0),
+    "gemm_bn_transB": lambda: gemm_bn(1),
+    "qkv": qkv,
+    "dead_and_random": dead_and_random,
+}
+BUNDLED = {
+    "small_cnn": _bundled("small_cnn.onnx", {"image": rand(2, 3, 16, 16)}),
+    "tiny_transformer": _bundled(
+        "tiny_transformer.onnx",
+        {
+            "input_ids": RNG.integers(0, 50, (2, 7)),
+            "attention_mask": np.array([[1] * 7, [1] * 4 + [0] * 3]),
+        },
+    ),
+}
+# The graphs each pass must rewrite.
+REWRITES = {
+    "fold_batchnorm": [
+        "conv_bn",
+        "conv_bn_opset9",
+        "gemm_bn",
+        "gemm_bn_transB",
+        "small_cnn",
+    ],
+    "fuse_matmuls": ["qkv", "tiny_transformer"],
+    "dead_nodes": ["dead_and_random"],
+}
+
+
+def _loss(model, feeds, train, key):
+    def loss(params):
+        out = model.apply(params, **feeds, train=train, key=key)
+        outs = out[0] if train else out
+        # Linear in the outputs with a fixed, uneven cotangent: no amplified rounding.
+        return sum(
+            jnp.sum(o * jnp.cos(jnp.arange(o.size).reshape(o.shape)))
+            for o in outs
+            if jnp.issubdtype(o.dtype, jnp.floating)
+        )
+
+    return loss
+
+
+def _compare(proto, feeds, switches):
+    on = jonnx.load(proto, optimize=switches)
+    off = jonnx.load(proto, optimize=False)
+    key = jax.random.key(3)
+    for a, b in zip(on(**feeds, key=key), off(**feeds, key=key)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+    for train in (False, True):
+        got = on.apply_with_state(on.params, **feeds, train=train, key=key)
+        want = off.apply_with_state(off.params, **feeds, train=train, key=key)
+        for a, b in zip(
+            jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+        ):
+            np.testing.assert_allclose(
+                np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5
+            )
+        g_on = jax.grad(_loss(on, feeds, train, key))(on.params)
+        g_off = jax.grad(_loss(off, feeds, train, key))(off.params)
+        for name in g_off:
+            scale = float(np.max(np.abs(np.asarray(g_off[name])), initial=1.0))
+            np.testing.assert_allclose(
+                np.asarray(g_on[name]),
+                np.asarray(g_off[name]),
+                rtol=1e-4,
+                atol=1e-4 * scale,
+                err_msg=f"gradient of {name} (train={train})",
+            )
+    return on
+
+
+# Each pass alone on the graphs it rewrites and one it does not; all passes on every graph.
+COMBOS = [
+    (p, g)
+    for p in (*optimize.PASSES, "constant_weights")
+    for g in REWRITES.get(p, ["small_cnn"]) + ["qkv"]
+]
+COMBOS += [("all", g) for g in (*BUILT, *BUNDLED)]
+
+
+@pytest.mark.parametrize("pass_name,name", COMBOS)
+def test_pass_on_equals_off(pass_name, name):
+    proto, feeds = {**BUILT, **BUNDLED}[name]()
+    switches = (
+        {"constant_weights": True}
+        if pass_name == "all"
+        else {p: p == pass_name for p in (*optimize.PASSES, "constant_weights")}
+    )
+    model = _compare(proto, feeds, switches)
+    if name in REWRITES.get(pass_name, ()):
+        assert len(model._graph_for(False).nodes) != len(model.graph.nodes) or {
+            n.op_type for n in model._graph_for(False).nodes
+        } != {n.op_type for n in model.graph.nodes}
+
+
+@pytest.mark.parametrize("name", list(BUILT))
+def test_optimized_matches_onnxruntime(name):
+    proto, feeds = BUILT[name]()
+    if name == "dead_and_random":
+        pytest.skip(
+            "Dropout in inference is the identity; covered by the comparison above"
+        )
+    session = ort.InferenceSession(
+        proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    want = session.run(None, feeds)
+    got = jonnx.load(proto)(**feeds)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=1e-4)
+
+
+def test_batchnorm_folds_only_in_inference():
+    proto, _ = conv_bn()
+    model = jonnx.load(proto)
+    ops = lambda train: [n.op_type for n in model._graph_for(train).nodes]
+    assert "BatchNormalization" not in ops(False) and "BatchNormalization" not in ops(
+        None
+    )
+    assert ops(True).count("BatchNormalization") == 2
+
+
+def test_fused_matmul_reads_the_shared_input_once():
+    proto, _ = qkv()
+    nodes = jonnx.load(proto)._graph_for(None).nodes
+    assert sum(n.op_type == "MatMul" and n.inputs[0] == "x" for n in nodes) == 1
+    assert [n.op_type for n in nodes].count("Split") == 1
+
+
+def test_random_ops_draw_the_same_after_nodes_are_removed():
+    proto, feeds = dead_and_random()
+    on, off = jonnx.load(proto), jonnx.load(proto, optimize=False)
+    assert len(on._graph_for(True).nodes) < len(off._graph_for(True).nodes)
+    key = jax.random.key(0)
+    a = on.apply(on.params, **feeds, train=True, key=key)[0][1]
+    b = off.apply(off.params, **feeds, train=True, key=key)[0][1]
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert np.any(np.asarray(a) == 0)  # Dropout did drop: the comparison is not vacuous
+
+
+@pytest.mark.parametrize(
+    "option,match",
+    [
+        ({"fold_batchnrom": True}, "unknown optimization pass"),
+        ({"dead_nodes": 1}, "must be a bool"),
+        ("yes", "optimize must be"),
+    ],
+)
+def test_bad_option(option, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        optimize.resolve(option)
+
+
+def test_options_survive_pickling():
+    import pickle
+
+    proto, _feeds = conv_bn()
+    model = pickle.loads(
+        pickle.dumps(jonnx.load(proto, optimize={"fold_batchnorm": False}))
+    )
+    assert (
+        model.optimize["fold_batchnorm"] is False
+        and model.optimize["dead_nodes"] is True
+    )
+
+
+def test_constant_weights_is_off_unless_named():
+    assert optimize.resolve(True)["constant_weights"] is False
+    assert optimize.resolve({"dead_nodes": False})["constant_weights"] is False
+    assert optimize.resolve({"constant_weights": True})["fold_batchnorm"] is True
