@@ -284,9 +284,7 @@ def clip_6(inputs, attrs, ctx):
 @register("Clip", since=(11, 12, 13))
 def clip(inputs, attrs, ctx):
     """ONNX ``Clip``, opsets 11+: optional scalar ``min``/``max`` inputs."""
-    x = inputs[0]
-    lo = inputs[1] if len(inputs) > 1 else None
-    hi = inputs[2] if len(inputs) > 2 else None
+    x, lo, hi = inputs
     dtype = dtype_of(x)
     for name, bound in (("min", lo), ("max", hi)):
         if bound is not None and jnp.size(bound) != 1:

@@ -69,9 +69,8 @@ def _attention_bias(mask, dtype, *, q_len, kv_len, causal_offset, causal, window
     return bias
 
 
-def _attention(inputs, attrs, ctx, window=None):
+def _attention(q, k, v, mask, past_k, past_v, nonpad, attrs, ctx, window=None):
     """Attention with an optional (left, right) sliding window (opset 25; None before)."""
-    q, k, v, mask, past_k, past_v, nonpad = (tuple(inputs) + (None,) * 7)[:7]
     rank = jnp.ndim(q)
     if not (rank == jnp.ndim(k) == jnp.ndim(v)) or rank not in (3, 4):
         raise ctx.error(
@@ -156,16 +155,24 @@ def _attention(inputs, attrs, ctx, window=None):
     return y, present_k, present_v, jnp.broadcast_to(qk_out, (batch, hq, q_len, kv_len)).astype(dtype)
 
 
-@register("Attention", since=(23, 24))
+@register("Attention", since=23)
+def attention_23(inputs, attrs, ctx):
+    """ONNX ``Attention``-23."""
+    q, k, v, mask, past_k, past_v = inputs
+    return _attention(q, k, v, mask, past_k, past_v, None, attrs, ctx)
+
+
+@register("Attention", since=24)
 def attention(inputs, attrs, ctx):
-    """ONNX ``Attention``, opsets 23 and 24 (``nonpad_kv_seqlen`` from 24)."""
-    return _attention(inputs, attrs, ctx)
+    """ONNX ``Attention``-24: adds the ``nonpad_kv_seqlen`` input."""
+    return _attention(*inputs, attrs, ctx)
 
 
 @register("Attention", since=25)
 def attention_windowed(inputs, attrs, ctx):
     """ONNX ``Attention``, opsets 25+: adds ``left_window_size``/``right_window_size``."""
-    return _attention(inputs, attrs, ctx, window=(attrs["left_window_size"], attrs["right_window_size"]))
+    window = (attrs["left_window_size"], attrs["right_window_size"])
+    return _attention(*inputs, attrs, ctx, window=window)
 
 
 # ---------------------------------------------------------------------------------------
@@ -285,7 +292,7 @@ def linear_attention(inputs, attrs, ctx):
     Computed in float32 (float16/bfloat16 inputs are widened, like the reference);
     ``chunk_size`` is a tuning hint without effect here.
     """
-    q, k, v, past, decay, beta = (tuple(inputs) + (None,) * 6)[:6]
+    q, k, v, past, decay, beta = inputs
     rule = attrs["update_rule"]
     if rule not in ("linear", "gated", "delta", "gated_delta"):
         raise ctx.error(f"update_rule must be linear, gated, delta or gated_delta, got {rule!r}")

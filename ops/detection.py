@@ -57,7 +57,7 @@ def non_max_suppression(inputs, attrs, ctx):
     ``jax.grad``) raise :class:`jonnx.errors.StaticValueError`; feed them as concrete arrays
     (``Model.__call__`` treats them as static arguments) or run the model eagerly.
     """
-    boxes, scores, max_out, iou_threshold, score_threshold = (tuple(inputs) + (None,) * 3)[:5]
+    boxes, scores, max_out, iou_threshold, score_threshold = inputs
     boxes, scores = np.asarray(boxes), np.asarray(scores)
     if boxes.ndim != 3 or boxes.shape[2] != 4:
         raise ctx.error(f"boxes must have shape [num_batches, num_boxes, 4], got {boxes.shape}")

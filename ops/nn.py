@@ -621,7 +621,7 @@ def _deform_core(x, w, offset, mask, *, group, offset_group, strides, dilations,
 @register("DeformConv", since=(19, 22))
 def deform_conv(inputs, attrs, ctx):
     """ONNX ``DeformConv``, all opsets: bilinear (multilinear in N-D) sampling at offset positions."""
-    x, w, offset, b, mask = (tuple(inputs) + (None,) * 5)[:5]
+    x, w, offset, b, mask = inputs
     if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x) or jnp.ndim(offset) != jnp.ndim(x):
         raise ctx.error(
             f"X {jnp.shape(x)}, W {jnp.shape(w)} and offset {jnp.shape(offset)} need the same rank, at least 3"

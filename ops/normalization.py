@@ -183,8 +183,7 @@ def instance_normalization(inputs, attrs, ctx):
 @register("LayerNormalization", since=17)
 def layer_normalization(inputs, attrs, ctx):
     """ONNX ``LayerNormalization``-17, with the optional ``Mean`` and ``InvStdDev`` outputs."""
-    x, scale = inputs[:2]
-    bias = inputs[2] if len(inputs) > 2 else None
+    x, scale, bias = inputs
     rank = jnp.ndim(x)
     axis = normalize_axis(attrs["axis"], rank, ctx)
     dtype = dtype_of(x)
@@ -354,9 +353,8 @@ def dropout(inputs, attrs, ctx):
     Active when ``training_mode`` is true or the run is in training mode. The ``seed``
     attribute is ignored: the mask comes from the node's PRNG key (``ctx.rng()``).
     """
-    x = inputs[0]
-    ratio = inputs[1] if len(inputs) > 1 and inputs[1] is not None else np.float32(0.5)
-    training = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    x, ratio, training = inputs
+    ratio = np.float32(0.5) if ratio is None else ratio
     if ctx.train is not None:
         active = ctx.train
     elif training is None:

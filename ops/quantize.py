@@ -105,7 +105,7 @@ def _saturate_round(q, zero_point, target: np.dtype, saturate: bool, ctx):
 
 def _quantize_linear(inputs, attrs, ctx):
     """ONNX ``QuantizeLinear``, opsets 10+: ``y = saturate(round(x / y_scale) + y_zero_point)``."""
-    x, scale, zero_point = (tuple(inputs) + (None,) * 3)[:3]
+    x, scale, zero_point = inputs
     output_dtype = attrs.get("output_dtype") or 0
     if zero_point is not None:
         target = dtype_of(zero_point)
@@ -134,7 +134,7 @@ register("QuantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(_quantize_lin
 
 def _dequantize_linear(inputs, attrs, ctx):
     """ONNX ``DequantizeLinear``, opsets 10+: ``y = (x - x_zero_point) * x_scale``."""
-    x, scale, zero_point = (tuple(inputs) + (None,) * 3)[:3]
+    x, scale, zero_point = inputs
     output_dtype = attrs.get("output_dtype") or 0
     out = onnx_dtype(output_dtype) if output_dtype else dtype_of(scale)
     shape = jnp.shape(x)

@@ -146,8 +146,8 @@ def _reduce_attr_axes(fn):
 
 def _reduce_input_axes(fn):
     def apply(inputs, attrs, ctx):
-        x = inputs[0]
-        axes = static_ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else ()
+        x, axes = inputs
+        axes = () if axes is None else static_ints(axes)
         return (_reduce(fn, x, axes, attrs["keepdims"], attrs["noop_with_empty_axes"], ctx),)
 
     apply.__doc__ = (

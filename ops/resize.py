@@ -267,7 +267,7 @@ def resize_10(inputs, attrs, ctx):
 
 def _resize_with_modes(ctms):
     def resize(inputs, attrs, ctx):
-        x, roi, scales, sizes = (tuple(inputs) + (None,) * 4)[:4]
+        x, roi, scales, sizes = inputs
         opt = _options(attrs, ctx, ctms)
         axes = attrs.get("axes")
         return _resize(x, scales, sizes, roi, None if axes is None else list(axes), opt, ctx)

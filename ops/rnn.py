@@ -127,10 +127,8 @@ def _cell(kind: str, acts: Sequence[_Act], r, rb, p, clip, linear_before_reset, 
 
 
 def _recurrent(kind: str, inputs, attrs, ctx):
-    x, w, r = inputs[:3]
-    b, lens, h0 = (inputs[i] if len(inputs) > i else None for i in (3, 4, 5))
-    c0 = inputs[6] if kind == "LSTM" and len(inputs) > 6 else None
-    p = inputs[7] if kind == "LSTM" and len(inputs) > 7 else None
+    # RNN and GRU stop at initial_h; LSTM adds initial_c and the peepholes P.
+    x, w, r, b, lens, h0, c0, p = (*inputs, None, None) if kind != "LSTM" else inputs
     layout = attrs.get("layout") or 0
     direction = _text(attrs["direction"])
     if direction == "foward":  # opset 1's schema default has this typo

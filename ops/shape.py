@@ -144,8 +144,8 @@ def squeeze_1(inputs, attrs, ctx):
 @register("Squeeze", since=(13, 21, 23, 24, 25), static_inputs=(1,))
 def squeeze(inputs, attrs, ctx):
     """ONNX ``Squeeze``, opsets 13+: ``axes`` is an optional static input."""
-    axes = inputs[1] if len(inputs) > 1 else None
-    return _squeeze(inputs[0], None if axes is None else static_ints(axes), ctx)
+    x, axes = inputs
+    return _squeeze(x, None if axes is None else static_ints(axes), ctx)
 
 
 def _unsqueeze(x, axes, ctx):
@@ -246,11 +246,11 @@ def split_1(inputs, attrs, ctx):
 
     Split-1 documents no default ``axis``; jonnx uses 0, the default Split-2 wrote down.
     """
-    x = inputs[0]
+    x, split = inputs
     axis = 0 if attrs["axis"] is None else attrs["axis"]
     sizes = attrs["split"]
-    if len(inputs) > 1 and inputs[1] is not None:
-        sizes = static_ints(inputs[1])
+    if split is not None:
+        sizes = static_ints(split)
     return _split(x, axis, sizes, None, ctx) if sizes else _even_split(x, axis, ctx)
 
 
@@ -266,25 +266,25 @@ def split_2(inputs, attrs, ctx):
 @register("Split", since=13, static_inputs=(1,))
 def split_13(inputs, attrs, ctx):
     """ONNX ``Split``-13: sizes from the optional static ``split`` input, else equal parts."""
-    sizes = inputs[1] if len(inputs) > 1 else None
+    x, sizes = inputs
     if sizes is not None:
-        return _split(inputs[0], attrs["axis"], static_ints(sizes), None, ctx)
-    return _even_split(inputs[0], attrs["axis"], ctx)
+        return _split(x, attrs["axis"], static_ints(sizes), None, ctx)
+    return _even_split(x, attrs["axis"], ctx)
 
 
 @register("Split", since=18, static_inputs=(1,))
 def split_18(inputs, attrs, ctx):
     """ONNX ``Split``, opsets 18+: ``split`` input or ``num_outputs`` (last part may be smaller)."""
-    sizes = inputs[1] if len(inputs) > 1 else None
+    x, sizes = inputs
     num = attrs["num_outputs"]
     if sizes is not None and num is not None:
         raise ctx.error("give either the split input or num_outputs, not both")
     if sizes is not None:
-        return _split(inputs[0], attrs["axis"], static_ints(sizes), None, ctx)
+        return _split(x, attrs["axis"], static_ints(sizes), None, ctx)
     declared = _output_count(ctx, required=num is None)
     if num is not None and declared is not None and num != declared:
         raise ctx.error(f"num_outputs={num} but the node has {declared} outputs")
-    return _split(inputs[0], attrs["axis"], None, num, ctx)
+    return _split(x, attrs["axis"], None, num, ctx)
 
 
 # -- Slice -----------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ def slice_1(inputs, attrs, ctx):
 @register("Slice", since=(10, 11, 13), static_inputs=(1, 2, 3, 4))
 def slice_(inputs, attrs, ctx):
     """ONNX ``Slice``, opsets 10+: static ``starts``/``ends``/``axes``/``steps`` inputs."""
-    x, starts, ends, axes, steps = (tuple(inputs) + (None,) * 5)[:5]
+    x, starts, ends, axes, steps = inputs
     return _slice(
         x, static_ints(starts), static_ints(ends),
         None if axes is None else static_ints(axes),
@@ -419,13 +419,20 @@ def pad_2(inputs, attrs, ctx):
     return _pad(inputs[0], attrs["pads"], attrs["mode"], value, None, ctx)
 
 
-@register("Pad", since=(11, 13, 18, 19, 21, 23, 24, 25), static_inputs=(1, 3))
+@register("Pad", since=(11, 13), static_inputs=(1,))
+def pad_11(inputs, attrs, ctx):
+    """ONNX ``Pad``-11/13: a static ``pads`` input; ``constant_value`` may be a runtime value."""
+    x, pads, value = inputs
+    return _pad(x, static_ints(pads), attrs["mode"], value, None, ctx)
+
+
+@register("Pad", since=(18, 19, 21, 23, 24, 25), static_inputs=(1, 3))
 def pad(inputs, attrs, ctx):
-    """ONNX ``Pad``, opsets 11+: static ``pads`` (and, from 18, ``axes``) inputs; ``wrap`` from 19.
+    """ONNX ``Pad``, opsets 18+: static ``pads`` and ``axes`` inputs; ``wrap`` from 19.
 
     ``constant_value`` may be a runtime value.
     """
-    x, pads, value, axes = (tuple(inputs) + (None,) * 4)[:4]
+    x, pads, value, axes = inputs
     axes = None if axes is None else static_ints(axes)
     return _pad(x, static_ints(pads), attrs["mode"], value, axes, ctx)
 
@@ -533,8 +540,7 @@ def eye_like(inputs, attrs, ctx):
 @register("Trilu", since=14, static_inputs=(1,))
 def trilu(inputs, attrs, ctx):
     """ONNX ``Trilu``-14: keep the upper (``upper=1``) or lower triangle from diagonal ``k``."""
-    x = inputs[0]
-    k = inputs[1] if len(inputs) > 1 else None
+    x, k = inputs
     k = 0 if k is None else static_ints(k)[0]
     if jnp.ndim(x) < 2:
         raise ctx.error(f"needs rank >= 2, got shape {_dims(x)}")

@@ -79,8 +79,7 @@ def _dft(x, dft_length: int | None, axis: int, inverse: bool, onesided: bool, ct
     return jnp.stack([jnp.real(out), jnp.imag(out)], axis=-1).astype(jnp.result_type(x))
 
 
-def _optional_length(inputs, index: int, ctx, what: str) -> int | None:
-    value = inputs[index] if len(inputs) > index else None
+def _optional_length(value, ctx, what: str) -> int | None:
     if value is None or np.size(value) == 0:
         return None
     return _scalar(value, ctx, what)
@@ -89,17 +88,19 @@ def _optional_length(inputs, index: int, ctx, what: str) -> int | None:
 @register("DFT", since=17, static_inputs=(1,))
 def dft_17(inputs, attrs, ctx):
     """ONNX ``DFT``-17: ``axis`` attribute (default 1); ``onesided`` with ``inverse`` is IRFFT."""
-    length = _optional_length(inputs, 1, ctx, "dft_length")
-    return (_dft(inputs[0], length, attrs["axis"], bool(attrs["inverse"]), bool(attrs["onesided"]), ctx),)
+    x, length = inputs
+    length = _optional_length(length, ctx, "dft_length")
+    return (_dft(x, length, attrs["axis"], bool(attrs["inverse"]), bool(attrs["onesided"]), ctx),)
 
 
 @register("DFT", since=20, static_inputs=(1, 2))
 def dft_20(inputs, attrs, ctx):
     """ONNX ``DFT``-20: ``axis`` is an optional static input (default -2)."""
-    length = _optional_length(inputs, 1, ctx, "dft_length")
-    axis = _optional_length(inputs, 2, ctx, "axis")
+    x, length, axis = inputs
+    length = _optional_length(length, ctx, "dft_length")
+    axis = _optional_length(axis, ctx, "axis")
     axis = -2 if axis is None else axis
-    return (_dft(inputs[0], length, axis, bool(attrs["inverse"]), bool(attrs["onesided"]), ctx),)
+    return (_dft(x, length, axis, bool(attrs["inverse"]), bool(attrs["onesided"]), ctx),)
 
 
 # -- STFT ------------------------------------------------------------------------------------
@@ -112,10 +113,9 @@ def stft(inputs, attrs, ctx):
     The window, when given, must have ``frame_length`` entries (the reference evaluator pads
     or cuts frames to the window instead; the spec defines no such case).
     """
-    signal, step = inputs[0], inputs[1]
-    window = inputs[2] if len(inputs) > 2 else None
+    signal, step, window, frame_length = inputs
     step = _scalar(step, ctx, "frame_step")
-    frame_length = _optional_length(inputs, 3, ctx, "frame_length")
+    frame_length = _optional_length(frame_length, ctx, "frame_length")
     if jnp.ndim(signal) < 2:
         raise ctx.error(f"signal must have shape [batch, length, 1 or 2], got {jnp.shape(signal)}")
     if window is not None:
