@@ -756,11 +756,7 @@ def _read_names(graph: Graph) -> set[str]:
     """Every value a node of ``graph`` reads (subgraphs' outer reads included), and its outputs."""
     names = set(graph.output_names)
     for node in graph.nodes:
-        names.update(i for i in node.inputs if i)
-        for value in node.attrs.values():
-            for g in value if isinstance(value, tuple) else (value,):
-                if isinstance(g, Graph):
-                    names |= g.outer_names
+        names |= node.reads
     return names
 
 
@@ -829,12 +825,7 @@ def _host_copy(value: Any) -> Any:
 
 
 def _outer_reads(node: Any) -> tuple[str, ...]:
-    names: set[str] = set()
-    for value in node.attrs.values():
-        for g in value if isinstance(value, tuple) else (value,):
-            if isinstance(g, Graph):
-                names |= g.outer_names
-    return tuple(sorted(names))
+    return tuple(sorted({n for g in node.subgraphs for n in g.outer_names}))
 
 
 def _signature(dynamic: Any) -> tuple:

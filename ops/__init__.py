@@ -20,7 +20,7 @@ import numpy as np
 import onnx.defs
 
 from jonnx import errors
-from jonnx._build import schema_defaults
+from jonnx._attributes import schema_defaults
 from jonnx._registry import (
     OpContext, arity, float_groups, lookup, normalize_domain, promote_floats, register, registered, schema_for,
 )

@@ -27,7 +27,7 @@ from jonnx.ops._util import onnx_dtype
 # ---------------------------------------------------------------------------------------
 
 
-def _split_heads(x, num_heads, what, attr, ctx):
+def split_heads(x, num_heads, what, attr, ctx):
     """(batch, seq, heads * size) -> (batch, heads, seq, size)."""
     b, s, hidden = jnp.shape(x)
     if num_heads is None or num_heads <= 0 or hidden % num_heads:
@@ -83,9 +83,9 @@ def _attention(q, k, v, mask, past_k, past_v, nonpad, attrs, ctx, window=None):
         raise ctx.error("nonpad_kv_seqlen cannot be combined with past_key/past_value")
     q_heads, kv_heads = attrs["q_num_heads"], attrs["kv_num_heads"]
     if rank == 3:
-        q = _split_heads(q, q_heads, "Q", "q_num_heads", ctx)
-        k = _split_heads(k, kv_heads, "K", "kv_num_heads", ctx)
-        v = _split_heads(v, kv_heads, "V", "kv_num_heads", ctx)
+        q = split_heads(q, q_heads, "Q", "q_num_heads", ctx)
+        k = split_heads(k, kv_heads, "K", "kv_num_heads", ctx)
+        v = split_heads(v, kv_heads, "V", "kv_num_heads", ctx)
     elif window is not None and (q_heads is not None or kv_heads is not None):
         raise ctx.error("q_num_heads and kv_num_heads must not be set for 4-D inputs (opset 25)")
     dtype = jnp.result_type(q)

@@ -87,13 +87,13 @@ def _from_string(x: np.ndarray, target: np.dtype, saturate: bool, round_mode: st
         return x
     if _is_float(target):
         parsed = np.array([_parse_string(s, target) for s in x.reshape(-1)], np.float64)
-        return _cast_numeric(parsed.reshape(x.shape), target, saturate, round_mode, ctx)
+        return cast_numeric(parsed.reshape(x.shape), target, saturate, round_mode, ctx)
     parsed = [_parse_string(s, target) for s in x.reshape(-1)]
     if target == np.bool_:
         return np.array(parsed, np.bool_).reshape(x.shape)
     # Wide Python ints wrap into the target like an integer cast would.
     wide = np.array(parsed, np.uint64 if target.kind == "u" else np.int64).reshape(x.shape)
-    return _cast_numeric(wide, target, saturate, round_mode, ctx)
+    return cast_numeric(wide, target, saturate, round_mode, ctx)
 
 
 def _to_string(x) -> np.ndarray:
@@ -119,7 +119,10 @@ def _f64_to_f32_round_to_odd(x):
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def _cast_numeric(x, target: np.dtype, saturate: bool, round_mode: str, ctx):
+def cast_numeric(x, target: np.dtype, saturate: bool, round_mode: str, ctx):
+    """``x`` as numeric ``target`` by Cast's rules: float8 ``saturate``, ``round_mode`` for
+    float8e8m0, 4-/2-bit integers keeping the low bits. QuantizeLinear shares it.
+    """
     source = jnp.result_type(x)
     if source == target:
         return jnp.asarray(x) if not isinstance(x, np.ndarray) else x
@@ -160,7 +163,7 @@ def _cast(x, target: np.dtype, attrs, ctx):
         if source == _STRING:
             return _from_string(x, target, saturate, round_mode, ctx)
         return _to_string(x)
-    return _cast_numeric(x, target, saturate, round_mode, ctx)
+    return cast_numeric(x, target, saturate, round_mode, ctx)
 
 
 def _target_dtype(elem_type: int, ctx) -> np.dtype:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._interpreter import is_concrete
+from jonnx._values import is_concrete
 from jonnx._registry import register
 from jonnx._static import static_values
 from jonnx.ops._util import index_dtype, normalize_axis

@@ -26,16 +26,13 @@ import numpy as np
 from jax import lax
 
 from jonnx._registry import register
+from jonnx._values import is_concrete
 from jonnx.ops._util import canonical, index_dtype
 
 _ML = "ai.onnx.ml"
 
 
 # -- shared helpers ------------------------------------------------------------------------------
-
-
-def _is_concrete(x) -> bool:
-    return isinstance(x, (np.ndarray, np.generic))
 
 
 def _is_string(x) -> bool:
@@ -123,7 +120,7 @@ def _post_transform(scores, name: str, ctx):
 def _labels(index, int_labels, string_labels, ctx, x):
     """Class indices -> the label attribute's values (strings only for a concrete input)."""
     if string_labels:
-        if not _is_concrete(x):
+        if not is_concrete(x):
             raise ctx.error(
                 "string class labels are host values and need a concrete input; run the model "
                 "outside jax.jit (or on numpy inputs), or export it with classlabels_int64s"
@@ -141,7 +138,7 @@ def _string_labels_static(attrs):
 
 
 def _need_concrete(x, ctx, what: str):
-    if not _is_concrete(x):
+    if not is_concrete(x):
         raise ctx.error(f"{what} needs a concrete input (it reads or writes host values)")
 
 
@@ -158,7 +155,7 @@ def array_feature_extractor(inputs, attrs, ctx):
     x, y = inputs
     count = int(np.prod(np.shape(y), dtype=np.int64))
     last = np.shape(x)[-1] if np.ndim(x) else 1
-    if _is_concrete(y):
+    if is_concrete(y):
         idx = np.asarray(y).reshape(-1)
         if np.any((idx < 0) | (idx >= last)):
             raise ctx.error(f"indices {idx.tolist()} out of range for a last axis of size {last}")
@@ -280,7 +277,7 @@ def one_hot_encoder(inputs, attrs, ctx):
         out = (idx[..., None] == np.arange(len(strings))).astype(np.float32)
     else:
         raise ctx.error("one of cats_int64s or cats_strings must be set")
-    if not attrs["zeros"] and _is_concrete(x) and np.any(np.asarray(out).sum(-1) == 0):
+    if not attrs["zeros"] and is_concrete(x) and np.any(np.asarray(out).sum(-1) == 0):
         raise ctx.error("zeros=0 and an input value is not among the categories")
     return (out,)
 
@@ -837,7 +834,7 @@ def zip_map(inputs, attrs, ctx):
         raise ctx.error("exactly one of classlabels_strings or classlabels_int64s must be set")
     if x.shape[1] != len(keys):
         raise ctx.error(f"X has {x.shape[1]} columns for {len(keys)} labels")
-    if _is_concrete(x):
+    if is_concrete(x):
         return ([dict(zip(keys, row)) for row in np.asarray(x, np.float32).tolist()],)
     return ([{k: x[i, j] for j, k in enumerate(keys)} for i in range(x.shape[0])],)
 
@@ -864,7 +861,7 @@ def _map_values(x, keys, values, default, out_dtype, ctx):
         raise ctx.error(f"{keys.size} keys but {values.size} values")
     in_string = _is_string(x) or _kind(keys.dtype) == "string"
     if in_string != (_kind(keys.dtype) == "string") or in_string and not _is_string(x):
-        raise ctx.error(f"input of dtype {np.asarray(x).dtype if _is_concrete(x) else x.dtype} "
+        raise ctx.error(f"input of dtype {np.asarray(x).dtype if is_concrete(x) else x.dtype} "
                         f"does not match keys of type {_kind(keys.dtype)}")
     if in_string or out_dtype == object:
         _need_concrete(x, ctx, "a lookup with string keys or values")
@@ -988,10 +985,10 @@ def category_mapper(inputs, attrs, ctx):
 
 def _stack(values, ctx):
     """Map values (Python scalars, numpy or jax 0-d arrays) as one 1-D array."""
-    if any(isinstance(v, (str, bytes)) or (_is_concrete(v) and np.asarray(v).dtype.kind in "OUS")
+    if any(isinstance(v, (str, bytes)) or (is_concrete(v) and np.asarray(v).dtype.kind in "OUS")
            for v in values):
-        return _strings(np.asarray([np.asarray(v).item() if _is_concrete(v) else v for v in values], object))
-    if all(_is_concrete(v) or isinstance(v, (int, float)) for v in values):
+        return _strings(np.asarray([np.asarray(v).item() if is_concrete(v) else v for v in values], object))
+    if all(is_concrete(v) or isinstance(v, (int, float)) for v in values):
         return np.asarray(values)
     return jnp.stack([jnp.asarray(v) for v in values])
 
@@ -1074,12 +1071,12 @@ def cast_map(inputs, attrs, ctx):
     if cast_to == "TO_STRING":
         out = np.full((1, width), "", object)
         for j, v in zip(columns, values):
-            out[0, j] = _strings([_key(v)])[0] if _is_concrete(v) or isinstance(v, (str, bytes)) else str(v)
+            out[0, j] = _strings([_key(v)])[0] if is_concrete(v) or isinstance(v, (str, bytes)) else str(v)
         return (out,)
     dtype = np.float32 if cast_to == "TO_FLOAT" else canonical(np.int64)
     converted = []
     for v in values:
-        v = _key(v) if _is_concrete(v) or isinstance(v, (str, bytes)) else v
+        v = _key(v) if is_concrete(v) or isinstance(v, (str, bytes)) else v
         if isinstance(v, str):
             v = float(v)
         converted.append(jnp.asarray(v).astype(dtype) if isinstance(v, jax.Array) else dtype(v) if cast_to == "TO_FLOAT" else int(v))

@@ -459,7 +459,7 @@ def max_unpool(inputs, attrs, ctx):
 # --------------------------------------------------------------------------- products
 
 
-def _gemm(a, b, c, attrs, ctx):
+def gemm_core(a, b, c, attrs, ctx):
     if jnp.ndim(a) != 2 or jnp.ndim(b) != 2:
         raise ctx.error(f"A and B must be matrices, got shapes {jnp.shape(a)} and {jnp.shape(b)}")
     if attrs["transA"]:
@@ -495,14 +495,14 @@ def gemm_1(inputs, attrs, ctx):
         nn = jnp.shape(b)[0 if attrs["transB"] else 1]
         if tuple(jnp.shape(c)) != (m, nn):
             raise ctx.error(f"C has shape {jnp.shape(c)}, not {(m, nn)}; before opset 7 this needs broadcast=1")
-    return (_gemm(a, b, c, attrs, ctx),)
+    return (gemm_core(a, b, c, attrs, ctx),)
 
 
 @register("Gemm", since=(7, 9, 11, 13))
 def gemm(inputs, attrs, ctx):
     """ONNX ``Gemm``, opsets 7+: C broadcasts unidirectionally (optional from opset 11)."""
     a, b, c = (tuple(inputs) + (None,))[:3]
-    return (_gemm(a, b, c, attrs, ctx),)
+    return (gemm_core(a, b, c, attrs, ctx),)
 
 
 @register("MatMul", since=(1, 9, 13))

@@ -29,22 +29,22 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._interpreter import is_concrete
+from jonnx._values import is_concrete
 from jonnx._registry import register
 from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype
 
 
-def _rsqrt_eps(v, eps):
+def rsqrt_eps(v, eps):
     return lax.rsqrt(v + jnp.asarray(eps, dtype_of(v)))
 
 
-def _stash_dtype(x, stash_type) -> np.dtype:
+def stash_dtype(x, stash_type) -> np.dtype:
     """The dtype statistics are computed in: ``stash_type``, widened to ``x``'s if wider."""
     stash = onnx_dtype(stash_type) if stash_type is not None else dtype_of(x)
     return np.dtype(jnp.promote_types(stash, dtype_of(x)))
 
 
-def _moments(x, axes):
+def moments(x, axes):
     """Mean and population variance over ``axes`` (kept as size-1 dims)."""
     mean = jnp.mean(x, axis=axes, keepdims=True)
     centered = x - mean
@@ -72,13 +72,13 @@ def _bn_axes(x, spatial: bool) -> tuple[int, ...]:
 def _bn_inference(x, scale, bias, mean, var, eps, spatial=True):
     dtype = dtype_of(x)
     s, b, m, v = (_bn_param(p, x, spatial) for p in (scale, bias, mean, var))
-    y = (x - m) * _rsqrt_eps(v, eps) * s + b
+    y = (x - m) * rsqrt_eps(v, eps) * s + b
     return y.astype(dtype)
 
 
 def _bn_batch_stats(x, spatial: bool):
     """The batch's mean and population variance, shaped like the running statistics."""
-    mean, var = _moments(x, _bn_axes(x, spatial))
+    mean, var = moments(x, _bn_axes(x, spatial))
     return jnp.squeeze(mean, 0), jnp.squeeze(var, 0)
 
 
@@ -174,8 +174,8 @@ def instance_normalization(inputs, attrs, ctx):
     rank = jnp.ndim(x)
     if rank < 3:
         raise ctx.error(f"input must have rank >= 3 (N, C, D1, ...), got rank {rank}")
-    mean, var = _moments(x, tuple(range(2, rank)))
-    y = (x - mean) * _rsqrt_eps(var, attrs["epsilon"])
+    mean, var = moments(x, tuple(range(2, rank)))
+    y = (x - mean) * rsqrt_eps(var, attrs["epsilon"])
     shape = (-1,) + (1,) * (rank - 2)
     return ((y * jnp.reshape(scale, shape) + jnp.reshape(bias, shape)).astype(dtype_of(x)),)
 
@@ -187,9 +187,9 @@ def layer_normalization(inputs, attrs, ctx):
     rank = jnp.ndim(x)
     axis = normalize_axis(attrs["axis"], rank, ctx)
     dtype = dtype_of(x)
-    xs = x.astype(_stash_dtype(x, attrs["stash_type"]))
-    mean, var = _moments(xs, tuple(range(axis, rank)))
-    inv_std = _rsqrt_eps(var, attrs["epsilon"])
+    xs = x.astype(stash_dtype(x, attrs["stash_type"]))
+    mean, var = moments(xs, tuple(range(axis, rank)))
+    inv_std = rsqrt_eps(var, attrs["epsilon"])
     y = ((xs - mean) * inv_std).astype(dtype) * scale
     if bias is not None:
         y = y + bias
@@ -208,10 +208,10 @@ def _group_norm(x, scale, bias, attrs, ctx, per_channel: bool):
     if num_groups <= 0 or c % num_groups:
         raise ctx.error(f"num_groups={num_groups} does not divide the {c} channels")
     dtype = dtype_of(x)
-    xs = x.astype(_stash_dtype(x, attrs.get("stash_type")))
+    xs = x.astype(stash_dtype(x, attrs.get("stash_type")))
     grouped = jnp.reshape(xs, (n, num_groups, -1))
-    mean, var = _moments(grouped, (2,))
-    normed = ((grouped - mean) * _rsqrt_eps(var, attrs["epsilon"])).astype(dtype)
+    mean, var = moments(grouped, (2,))
+    normed = ((grouped - mean) * rsqrt_eps(var, attrs["epsilon"])).astype(dtype)
     trailing = (1,) * (len(shape) - 2)
     if per_channel:
         normed = jnp.reshape(normed, shape)
@@ -243,9 +243,9 @@ def rms_normalization(inputs, attrs, ctx):
     x, scale = inputs
     rank = jnp.ndim(x)
     axis = normalize_axis(attrs["axis"], rank, ctx)
-    xs = x.astype(_stash_dtype(x, attrs["stash_type"]))
+    xs = x.astype(stash_dtype(x, attrs["stash_type"]))
     mean_square = jnp.mean(xs * xs, axis=tuple(range(axis, rank)), keepdims=True)
-    normed = (xs * _rsqrt_eps(mean_square, attrs["epsilon"])).astype(dtype_of(x))
+    normed = (xs * rsqrt_eps(mean_square, attrs["epsilon"])).astype(dtype_of(x))
     return ((normed * scale).astype(dtype_of(scale)),)
 
 
@@ -276,7 +276,7 @@ def mean_variance_normalization(inputs, attrs, ctx):
     """
     (x,) = inputs
     axes = normalize_axes(attrs["axes"], jnp.ndim(x), ctx)
-    mean, var = _moments(x, axes)
+    mean, var = moments(x, axes)
     positive = var > 0
     std = jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1)), 0)
     return (((x - mean) / (std + jnp.asarray(1e-9, dtype_of(x)))).astype(dtype_of(x)),)

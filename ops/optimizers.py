@@ -143,12 +143,7 @@ def _slice(graph: Graph, y: str, boundary: frozenset[str]) -> tuple[Node, ...]:
         seen.add((name, stop))
         node = producers[name]
         keep.add(index[id(node)])
-        reads = [i for i in node.inputs if i]
-        for value in node.attrs.values():
-            for sub in value if isinstance(value, tuple) else (value,):
-                if isinstance(sub, Graph):
-                    reads.extend(sub.outer_names)
-        stack.extend((i, stop) for i in reads)
+        stack.extend((i, stop) for i in node.reads)
         if _is_gradient(node):
             inner = frozenset(node.attrs["xs"] or ()) | frozenset(node.attrs["zs"] or ())
             stack.append((node.attrs["y"], inner))

@@ -22,7 +22,7 @@ from jax import lax
 
 from jonnx._registry import OpContext, register
 from jonnx.ops._util import canonical, dtype_of, normalize_axis, onnx_dtype
-from jonnx.ops.cast import _cast_numeric
+from jonnx.ops.cast import cast_numeric
 from jonnx.ops.nn import convolve  # Conv's geometry (pads, auto_pad, groups) lives there
 
 _INT_RANGES = {
@@ -99,11 +99,11 @@ def _saturate_round(q, zero_point, target: np.dtype, saturate: bool, ctx):
     if target in _FLOAT_TARGETS:
         if zero_point is not None:
             q = q + jnp.asarray(zero_point).astype(dtype_of(q))
-        return _cast_numeric(q, target, saturate, "up", ctx)
+        return cast_numeric(q, target, saturate, "up", ctx)
     raise ctx.error(f"{target} is not a quantized type (uint8/int8/uint16/int16/4-bit/2-bit/float8)")
 
 
-def _quantize_linear(inputs, attrs, ctx):
+def quantize_linear(inputs, attrs, ctx):
     """ONNX ``QuantizeLinear``, opsets 10+: ``y = saturate(round(x / y_scale) + y_zero_point)``."""
     x, scale, zero_point = inputs
     output_dtype = attrs.get("output_dtype") or 0
@@ -129,10 +129,10 @@ def _quantize_linear(inputs, attrs, ctx):
     return (_saturate_round(q, zero_point, target, True if saturate is None else bool(saturate), ctx),)
 
 
-register("QuantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(_quantize_linear)
+register("QuantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(quantize_linear)
 
 
-def _dequantize_linear(inputs, attrs, ctx):
+def dequantize_linear(inputs, attrs, ctx):
     """ONNX ``DequantizeLinear``, opsets 10+: ``y = (x - x_zero_point) * x_scale``."""
     x, scale, zero_point = inputs
     output_dtype = attrs.get("output_dtype") or 0
@@ -149,7 +149,7 @@ def _dequantize_linear(inputs, attrs, ctx):
     return ((dx * jnp.asarray(scale).astype(compute)).astype(out),)
 
 
-register("DequantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(_dequantize_linear)
+register("DequantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(dequantize_linear)
 
 
 @register("DynamicQuantizeLinear", since=11)

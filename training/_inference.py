@@ -12,7 +12,7 @@ import numpy as np
 
 import jonnx
 from jonnx._model import Model
-from jonnx.training._step import TrainState, _split_loss, model_inputs
+from jonnx.training._step import TrainState, split_loss, model_inputs
 
 __all__ = ["evaluate", "predict"]
 
@@ -181,7 +181,7 @@ def evaluate(
             result = metric_fn(outputs, batch)
             if isinstance(result, Mapping):
                 return {k: jnp.asarray(v) for k, v in result.items()}
-            loss, aux = _split_loss(result)
+            loss, aux = split_loss(result)
             return {"loss": loss, **aux}
 
         return run

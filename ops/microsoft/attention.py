@@ -29,11 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jonnx.ops._util import dtype_of
-from jonnx.ops.attention import _split_heads, rotary_embedding
+from jonnx.ops.attention import split_heads, rotary_embedding
 from jonnx.ops.microsoft._common import DOMAIN, reject_inputs, reject_unsupported
 from jonnx.ops.quantize import integer_matmul
 
-from jonnx._interpreter import is_concrete
+from jonnx._values import is_concrete
 from jonnx._registry import register
 
 
@@ -157,9 +157,9 @@ def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
         raise ctx.error(
             f"qkv_hidden_sizes {sizes} does not split the weights' {total} columns as (D, D, Dv)"
         )
-    q = _split_heads(proj[..., : sizes[0]], heads, "Q", "num_heads", ctx)
-    k = _split_heads(proj[..., sizes[0] : 2 * sizes[0]], heads, "K", "num_heads", ctx)
-    v = _split_heads(proj[..., 2 * sizes[0] :], heads, "V", "num_heads", ctx)
+    q = split_heads(proj[..., : sizes[0]], heads, "Q", "num_heads", ctx)
+    k = split_heads(proj[..., sizes[0] : 2 * sizes[0]], heads, "K", "num_heads", ctx)
+    v = split_heads(proj[..., 2 * sizes[0] :], heads, "V", "num_heads", ctx)
     if past is not None:
         k = jnp.concatenate([past[0].astype(dtype_of(k)), k], axis=2)
         v = jnp.concatenate([past[1].astype(dtype_of(v)), v], axis=2)
@@ -277,7 +277,7 @@ def multi_head_attention(inputs, attrs, ctx):
         q_bias = k_bias = v_bias = None
         if bias is not None:
             q_bias, k_bias, v_bias = bias[:d], bias[d : 2 * d], bias[2 * d :]
-        q = _split_heads(
+        q = split_heads(
             query if q_bias is None else query + q_bias,
             heads,
             "query",
@@ -294,10 +294,10 @@ def multi_head_attention(inputs, attrs, ctx):
         elif jnp.ndim(key) == 4:  # already (B, N, L, h): cross-attention cache, no bias
             k, v = key, value
         else:
-            k = _split_heads(
+            k = split_heads(
                 key if k_bias is None else key + k_bias, heads, "key", "num_heads", ctx
             )
-            v = _split_heads(
+            v = split_heads(
                 value if v_bias is None else value + v_bias,
                 heads,
                 "value",
@@ -472,9 +472,9 @@ def group_query_attention(inputs, attrs, ctx):
         query, key, value = query[..., :d], query[..., d : d + dk], query[..., d + dk :]
     else:
         head = width // heads
-    q = _split_heads(query, heads, "query", "num_heads", ctx)
-    k = _split_heads(key, kv_heads, "key", "kv_num_heads", ctx)
-    v = _split_heads(value, kv_heads, "value", "kv_num_heads", ctx)
+    q = split_heads(query, heads, "query", "num_heads", ctx)
+    k = split_heads(key, kv_heads, "key", "kv_num_heads", ctx)
+    v = split_heads(value, kv_heads, "value", "kv_num_heads", ctx)
 
     lengths = jnp.reshape(jnp.asarray(seqlens_k), (batch,)).astype(jnp.int32) + 1
     past_lens = jnp.maximum(

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jonnx.ops._util import dtype_of, normalize_axis
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.microsoft.activation import fast_gelu
-from jonnx.ops.nn import _gemm, convolve
+from jonnx.ops.nn import gemm_core, convolve
 from jonnx.ops.shape import trilu
 
 from jonnx._registry import register
@@ -88,7 +88,7 @@ _GEMM_ATTRS = {
 def fused_gemm(inputs, attrs, ctx):
     """com.microsoft ``FusedGemm``: ``activation(Gemm(A, B, C))`` with ``activation_alpha/beta``."""
     a, b, c = inputs
-    y = _gemm(a, b, c, attrs, ctx)
+    y = gemm_core(a, b, c, attrs, ctx)
     params = (
         attrs["activation_alpha"],
         attrs["activation_beta"],

@@ -13,9 +13,9 @@ import numpy as np
 from jonnx.ops._util import dtype_of, normalize_axis
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.normalization import (
-    _moments,
-    _rsqrt_eps,
-    _stash_dtype,
+    moments,
+    rsqrt_eps,
+    stash_dtype,
     layer_normalization,
 )
 
@@ -35,15 +35,15 @@ def _rms_norm(x, axis: int, epsilon: float, stash_dtype):
     """``x / sqrt(mean(x**2) + eps)`` over the axes from ``axis`` on, and the inverse RMS."""
     xs = x.astype(stash_dtype)
     axes = tuple(range(axis, jnp.ndim(x)))
-    inv = _rsqrt_eps(jnp.mean(xs * xs, axis=axes, keepdims=True), epsilon)
+    inv = rsqrt_eps(jnp.mean(xs * xs, axis=axes, keepdims=True), epsilon)
     return xs * inv, inv
 
 
 def _layer_norm(x, epsilon: float, stash_dtype):
     """Normalise over the last axis; returns the normalised value, mean and inverse std."""
     xs = x.astype(stash_dtype)
-    mean, var = _moments(xs, (jnp.ndim(x) - 1,))
-    inv = _rsqrt_eps(var, epsilon)
+    mean, var = moments(xs, (jnp.ndim(x) - 1,))
+    inv = rsqrt_eps(var, epsilon)
     return (xs - mean) * inv, mean, inv
 
 
@@ -63,7 +63,7 @@ def simplified_layer_normalization(inputs, attrs, ctx):
     x, scale = inputs
     axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
     normed, inv = _rms_norm(
-        x, axis, attrs["epsilon"], _stash_dtype(x, attrs["stash_type"])
+        x, axis, attrs["epsilon"], stash_dtype(x, attrs["stash_type"])
     )
     return (normed.astype(dtype_of(x)) * scale).astype(dtype_of(x)), inv
 

@@ -23,8 +23,8 @@ from jonnx.ops.activation import _softmax_2d, _softmax_axis
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.nn import average_pool as _average_pool
 from jonnx.ops.quantize import (
-    _dequantize_linear,
-    _quantize_linear,
+    dequantize_linear,
+    quantize_linear,
     dynamic_quantize_linear,
     integer_matmul,
 )
@@ -244,13 +244,13 @@ def matmul_integer_to_float(inputs, attrs, ctx):
 
 
 def _dq(x, scale, zero, ctx=None):
-    return _dequantize_linear((x, scale, zero), {}, ctx)[0].astype(jnp.float32)
+    return dequantize_linear((x, scale, zero), {}, ctx)[0].astype(jnp.float32)
 
 
 def _q(y, scale, zero, like):
     if zero is None:  # the output type follows the quantized input's
         zero = np.zeros((), dtype_of(like))
-    return _quantize_linear(
+    return quantize_linear(
         (y, jnp.asarray(scale).astype(jnp.float32), zero), {}, None
     )[0]
 
@@ -340,11 +340,11 @@ def qlinear_concat(inputs, attrs, ctx):
 
 # The com.microsoft forms predate onnx's int16/int4 and blocked versions; same arithmetic.
 register("QuantizeLinear", since=1, domain=DOMAIN, attributes={"axis": 1}, n_inputs=3)(
-    _quantize_linear
+    quantize_linear
 )
 register(
     "DequantizeLinear", since=1, domain=DOMAIN, attributes={"axis": 1}, n_inputs=3
-)(_dequantize_linear)
+)(dequantize_linear)
 
 
 # ---------------------------------------------------------------------------------------------
