@@ -86,7 +86,7 @@ def schema_defaults(schema: onnx.defs.OpSchema | None) -> dict[str, Any]:
     return dict(_defaults(schema.domain, schema.name, schema.since_version))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _defaults(domain: str, op_type: str, since_version: int) -> Mapping[str, Any]:
     schema = onnx.defs.get_schema(op_type, since_version, domain)
     return {

@@ -441,7 +441,7 @@ def check_text(message: Message, where: str) -> None:
         msg, path = stack.pop()
         for field, value in msg.ListFields():
             here = f"{path}.{field.name}"
-            repeated = _is_repeated(field)
+            repeated = field_is_repeated(field)
             if field.type == field.TYPE_STRING:
                 for i, text in enumerate(value if repeated else (value,)):
                     if not isinstance(text, str):
@@ -454,7 +454,7 @@ def check_text(message: Message, where: str) -> None:
                     stack.append((value, here))
 
 
-def _is_repeated(field: Any) -> bool:
+def field_is_repeated(field: Any) -> bool:
     # protobuf >= 5 has ``is_repeated``; older releases only ``label``.
     is_repeated = getattr(field, "is_repeated", None)
     return bool(is_repeated) if is_repeated is not None else field.label == field.LABEL_REPEATED

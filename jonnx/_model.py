@@ -52,7 +52,7 @@ def load(
     mesh: Mesh | None = None,
     rules: Rules = None,
     size_bounds: Mapping[str, int | None] | None = None,
-) -> "Model":
+) -> Model:
     """Load an ONNX model as a :class:`Model`.
 
     Args:
@@ -115,7 +115,7 @@ def load(
     if isinstance(f, onnx.ModelProto):
         return Model(f, base_dir=base_dir, **options)
     if isinstance(f, (bytes, bytearray, memoryview)):
-        return Model(_parse(bytes(f), "<bytes>"), base_dir=base_dir, _owned=True, **options)
+        return Model(parse_model(bytes(f), "<bytes>"), base_dir=base_dir, _owned=True, **options)
     if not isinstance(f, (str, os.PathLike)):
         raise TypeError(f"jonnx.load takes a path, bytes or onnx.ModelProto, not {type(f).__name__}")
     path = os.fspath(f)
@@ -138,7 +138,7 @@ def load(
                 data = fh.read()
         except OSError as e:
             raise errors.LoadError(f"cannot read model file {path!r}: {e.strerror}") from e
-        proto = _parse(data, repr(path))
+        proto = parse_model(data, repr(path))
         del data
     try:
         return Model(proto, base_dir=base_dir, _owned=True, _inline=inline, **options)
@@ -147,7 +147,7 @@ def load(
             inline.close()
 
 
-def _parse(data: bytes, what: str) -> onnx.ModelProto:
+def parse_model(data: bytes, what: str) -> onnx.ModelProto:
     if not data:
         raise errors.LoadError(f"{what} is empty, not an ONNX model")
     proto = onnx.ModelProto()

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import onnx_dtype
 
 # ---------------------------------------------------------------------------------------
@@ -156,20 +156,20 @@ def _attention(q, k, v, mask, past_k, past_v, nonpad, attrs, ctx, window=None):
 
 
 @register("Attention", since=23)
-def attention_23(inputs, attrs, ctx):
+def attention_23(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Attention``-23."""
     q, k, v, mask, past_k, past_v = inputs
     return _attention(q, k, v, mask, past_k, past_v, None, attrs, ctx)
 
 
 @register("Attention", since=24)
-def attention(inputs, attrs, ctx):
+def attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Attention``-24: adds the ``nonpad_kv_seqlen`` input."""
     return _attention(*inputs, attrs, ctx)
 
 
 @register("Attention", since=25)
-def attention_windowed(inputs, attrs, ctx):
+def attention_windowed(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Attention``, opsets 25+: adds ``left_window_size``/``right_window_size``."""
     window = (attrs["left_window_size"], attrs["right_window_size"])
     return _attention(*inputs, attrs, ctx, window=window)
@@ -181,7 +181,7 @@ def attention_windowed(inputs, attrs, ctx):
 
 
 @register("RotaryEmbedding", since=23)
-def rotary_embedding(inputs, attrs, ctx):
+def rotary_embedding(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RotaryEmbedding``, opsets 23+."""
     x, cos, sin, position_ids = (tuple(inputs) + (None,))[:4]
     shape = jnp.shape(x)
@@ -229,7 +229,7 @@ def rotary_embedding(inputs, attrs, ctx):
 
 
 @register("SwiGLU", since=28)
-def swiglu(inputs, attrs, ctx):
+def swiglu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SwiGLU``, opsets 28+: ``A * sigmoid(alpha * A) * B``, no broadcasting."""
     a, b = inputs
     if jnp.shape(a) != jnp.shape(b):
@@ -250,7 +250,7 @@ def _compute_dtype(dtype):
 
 
 @register("CausalConvWithState", since=27)
-def causal_conv_with_state(inputs, attrs, ctx):
+def causal_conv_with_state(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``CausalConvWithState``, opsets 27+ (depthwise causal 1-D conv with carry state)."""
     x, w, bias, past = (tuple(inputs) + (None, None))[:4]
     if jnp.ndim(x) != 3 or jnp.ndim(w) != 3 or jnp.shape(w)[1] != 1:
@@ -286,7 +286,7 @@ def causal_conv_with_state(inputs, attrs, ctx):
 
 
 @register("LinearAttention", since=27)
-def linear_attention(inputs, attrs, ctx):
+def linear_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LinearAttention``, opsets 27+: the recurrence runs as a ``lax.scan`` over time.
 
     Computed in float32 (float16/bfloat16 inputs are widened, like the reference);
@@ -378,7 +378,7 @@ def _run_modifier(graph, value, ctx, dtype):
 
 
 @register("FlexAttention", since=1, domain="ai.onnx.preview")
-def flex_attention(inputs, attrs, ctx):
+def flex_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """``ai.onnx.preview`` ``FlexAttention``, version 1 (``score_mod``/``prob_mod`` subgraphs)."""
     q, k, v = inputs
     if not jnp.ndim(q) == jnp.ndim(k) == jnp.ndim(v) == 4:

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import canonical, onnx_dtype
 
 _SATURATING_F8 = {
@@ -176,7 +176,7 @@ def _target_dtype(elem_type: int, ctx) -> np.dtype:
 
 
 @register("Cast", since=1, host=lambda attrs: str(attrs["to"]).upper() == "STRING")
-def cast_1(inputs, attrs, ctx):
+def cast_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Cast``, opset 1: ``to`` is a type name such as ``"FLOAT"``."""
     name = str(attrs["to"]).upper()
     try:
@@ -188,13 +188,13 @@ def cast_1(inputs, attrs, ctx):
 
 @register("Cast", since=(6, 9, 13, 19, 21, 23, 24, 25, 28),
           host=lambda attrs: attrs["to"] == onnx.TensorProto.STRING)
-def cast(inputs, attrs, ctx):
+def cast(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Cast``, opsets 6+ (``saturate`` from 19, ``round_mode`` from 24)."""
     return (_cast(inputs[0], _target_dtype(attrs["to"], ctx), attrs, ctx),)
 
 
 @register("CastLike", since=(15, 19, 21, 23, 24, 25))
-def cast_like(inputs, attrs, ctx):
+def cast_like(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``CastLike``, opsets 15+: casts to the dtype of the second input."""
     x, like = inputs
     target = np.dtype(like.dtype)
@@ -202,7 +202,7 @@ def cast_like(inputs, attrs, ctx):
 
 
 @register("BitCast", since=26)
-def bit_cast(inputs, attrs, ctx):
+def bit_cast(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BitCast``, opset 26: reinterprets the bits as another type of the same width."""
     (x,) = inputs
     target = _target_dtype(attrs["to"], ctx)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import index_dtype, static_ints
 
 # --------------------------------------------------------------------------- layout
@@ -154,14 +154,14 @@ def convolve(x, w, b, attrs, ctx):
 
 
 @register("Conv", since=(1, 11, 22))
-def conv(inputs, attrs, ctx):
+def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Conv``, all opsets (1-D, 2-D, 3-D, grouped, dilated, any auto_pad)."""
     x, w, b = (tuple(inputs) + (None,))[:3]
     return (convolve(x, w, b, attrs, ctx),)
 
 
 @register("ConvTranspose", since=(1, 11, 22))
-def conv_transpose(inputs, attrs, ctx):
+def conv_transpose(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ConvTranspose``, all opsets: one dilated-input convolution with the flipped kernel."""
     x, w, b = (tuple(inputs) + (None,))[:3]
     if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x):
@@ -330,13 +330,13 @@ def _max_pool(x, attrs, ctx, with_indices: bool):
 
 
 @register("MaxPool", since=1)
-def max_pool_1(inputs, attrs, ctx):
+def max_pool_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MaxPool``-1 (no Indices output)."""
     return _max_pool(inputs[0], attrs, ctx, with_indices=False)
 
 
 @register("MaxPool", since=(8, 10, 11, 12, 22))
-def max_pool(inputs, attrs, ctx):
+def max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MaxPool``, opsets 8+: Y and the flattened int64 Indices (``storage_order``).
 
     Indices are computed only when the model reads them (XLA drops them otherwise under jit).
@@ -356,7 +356,7 @@ def _window_count(spatial, kernel, strides, dilations, lo, hi, extra, include_pa
 
 
 @register("AveragePool", since=(1, 7, 10, 11, 19, 22))
-def average_pool(inputs, attrs, ctx):
+def average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``AveragePool``, all opsets (pads excluded from the divisor before opset 7)."""
     x = inputs[0]
     kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx)
@@ -383,7 +383,7 @@ def _abs_pow(x, p):
 
 
 @register("LpPool", since=(1, 2, 11, 18, 22))
-def lp_pool(inputs, attrs, ctx):
+def lp_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LpPool``, all opsets (``p`` is a float in opset 1, an int after)."""
     x = inputs[0]
     p = attrs["p"]
@@ -403,21 +403,21 @@ def _spatial_axes(x, ctx):
 
 
 @register("GlobalAveragePool", since=(1, 22))
-def global_average_pool(inputs, attrs, ctx):
+def global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalAveragePool``, all opsets."""
     x = inputs[0]
     return (jnp.mean(x, axis=_spatial_axes(x, ctx), keepdims=True),)
 
 
 @register("GlobalMaxPool", since=(1, 22))
-def global_max_pool(inputs, attrs, ctx):
+def global_max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalMaxPool``, all opsets."""
     x = inputs[0]
     return (jnp.max(x, axis=_spatial_axes(x, ctx), keepdims=True),)
 
 
 @register("GlobalLpPool", since=(1, 2, 22))
-def global_lp_pool(inputs, attrs, ctx):
+def global_lp_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalLpPool``, all opsets (``p`` is a float in opset 1, an int after)."""
     x = inputs[0]
     p = attrs["p"]
@@ -428,7 +428,7 @@ def global_lp_pool(inputs, attrs, ctx):
 
 
 @register("MaxUnpool", since=(9, 11, 22), static_inputs=(2,))
-def max_unpool(inputs, attrs, ctx):
+def max_unpool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MaxUnpool``, all opsets: scatters X to the flat positions I of the output.
 
     With ``output_shape``, I indexes the flattened ``output_shape`` tensor (the MaxPool input
@@ -487,7 +487,7 @@ def gemm_core(a, b, c, attrs, ctx):
 
 
 @register("Gemm", since=(1, 6))
-def gemm_1(inputs, attrs, ctx):
+def gemm_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Gemm``-1/6: C must match (M, N) unless ``broadcast=1``."""
     a, b, c = inputs
     if not attrs["broadcast"] and c is not None:
@@ -499,14 +499,14 @@ def gemm_1(inputs, attrs, ctx):
 
 
 @register("Gemm", since=(7, 9, 11, 13))
-def gemm(inputs, attrs, ctx):
+def gemm(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Gemm``, opsets 7+: C broadcasts unidirectionally (optional from opset 11)."""
     a, b, c = (tuple(inputs) + (None,))[:3]
     return (gemm_core(a, b, c, attrs, ctx),)
 
 
 @register("MatMul", since=(1, 9, 13))
-def matmul(inputs, attrs, ctx):
+def matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MatMul``, all opsets (numpy ``matmul`` semantics, 1-D operands included)."""
     a, b = inputs
     if jnp.ndim(a) == 0 or jnp.ndim(b) == 0:
@@ -515,7 +515,7 @@ def matmul(inputs, attrs, ctx):
 
 
 @register("Einsum", since=(12, 28))
-def einsum(inputs, attrs, ctx):
+def einsum(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Einsum``, all opsets (explicit and implicit output, ellipsis)."""
     equation = attrs["equation"]
     equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
@@ -532,7 +532,7 @@ def einsum(inputs, attrs, ctx):
 
 
 @register("Col2Im", since=18, static_inputs=(1, 2))
-def col2im(inputs, attrs, ctx):
+def col2im(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Col2Im``-18: sums column blocks back into an image (the adjoint of im2col)."""
     x, image_shape, block_shape = inputs
     image, block = static_ints(image_shape), static_ints(block_shape)
@@ -619,7 +619,7 @@ def _deform_core(x, w, offset, mask, *, group, offset_group, strides, dilations,
 
 
 @register("DeformConv", since=(19, 22))
-def deform_conv(inputs, attrs, ctx):
+def deform_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``DeformConv``, all opsets: bilinear (multilinear in N-D) sampling at offset positions."""
     x, w, offset, b, mask = inputs
     if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x) or jnp.ndim(offset) != jnp.ndim(x):

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
-from jonnx._registry import register
 from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype
 
 
@@ -123,7 +123,7 @@ _RUNNING_STATS = {1: 3, 2: 4}  # outputs 1 and 2 are the new running mean and va
     "BatchNormalization", since=(1, 6), state_updates=_RUNNING_STATS,
     trains=lambda attrs: not attrs["is_test"],
 )
-def batch_normalization_1(inputs, attrs, ctx):
+def batch_normalization_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``-1/6: ``is_test=0`` (the default) is training mode.
 
     ``saved_var`` is the batch variance; ``consumed_inputs`` is ignored.
@@ -133,13 +133,13 @@ def batch_normalization_1(inputs, attrs, ctx):
 
 
 @register("BatchNormalization", since=7, state_updates=_RUNNING_STATS)
-def batch_normalization_7(inputs, attrs, ctx):
+def batch_normalization_7(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``-7: inference unless the run is in training mode."""
     return _bn_legacy(inputs, attrs, ctx.training(False), bool(attrs["spatial"]))
 
 
 @register("BatchNormalization", since=9, state_updates=_RUNNING_STATS)
-def batch_normalization_9(inputs, attrs, ctx):
+def batch_normalization_9(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``-9: per-channel statistics; training only with ``train``."""
     return _bn_legacy(inputs, attrs, ctx.training(False), True)
 
@@ -148,7 +148,7 @@ def batch_normalization_9(inputs, attrs, ctx):
     "BatchNormalization", since=(14, 15), state_updates=_RUNNING_STATS,
     trains=lambda attrs: bool(attrs["training_mode"]),
 )
-def batch_normalization(inputs, attrs, ctx):
+def batch_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``, opsets 14+: ``training_mode`` attribute or ``train``.
 
     In training mode, outputs 1 and 2 (the updated running statistics) are returned even
@@ -168,7 +168,7 @@ def batch_normalization(inputs, attrs, ctx):
 
 
 @register("InstanceNormalization", since=(1, 6, 22))
-def instance_normalization(inputs, attrs, ctx):
+def instance_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``InstanceNormalization``, all opsets (``consumed_inputs`` of opset 1 ignored)."""
     x, scale, bias = inputs
     rank = jnp.ndim(x)
@@ -181,7 +181,7 @@ def instance_normalization(inputs, attrs, ctx):
 
 
 @register("LayerNormalization", since=17)
-def layer_normalization(inputs, attrs, ctx):
+def layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LayerNormalization``-17, with the optional ``Mean`` and ``InvStdDev`` outputs."""
     x, scale, bias = inputs
     rank = jnp.ndim(x)
@@ -224,21 +224,21 @@ def _group_norm(x, scale, bias, attrs, ctx, per_channel: bool):
 
 
 @register("GroupNormalization", since=18)
-def group_normalization_18(inputs, attrs, ctx):
+def group_normalization_18(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GroupNormalization``-18: ``scale`` and ``bias`` have one entry per group."""
     x, scale, bias = inputs
     return _group_norm(x, scale, bias, attrs, ctx, per_channel=False)
 
 
 @register("GroupNormalization", since=21)
-def group_normalization_21(inputs, attrs, ctx):
+def group_normalization_21(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GroupNormalization``-21: per-channel ``scale``/``bias``, ``stash_type``."""
     x, scale, bias = inputs
     return _group_norm(x, scale, bias, attrs, ctx, per_channel=True)
 
 
 @register("RMSNormalization", since=23)
-def rms_normalization(inputs, attrs, ctx):
+def rms_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RMSNormalization``-23: the output takes ``scale``'s type."""
     x, scale = inputs
     rank = jnp.ndim(x)
@@ -250,7 +250,7 @@ def rms_normalization(inputs, attrs, ctx):
 
 
 @register("LpNormalization", since=(1, 22))
-def lp_normalization(inputs, attrs, ctx):
+def lp_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LpNormalization``, all opsets; an all-zero slice gives zeros (not NaN)."""
     (x,) = inputs
     axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
@@ -268,7 +268,7 @@ def lp_normalization(inputs, attrs, ctx):
 
 
 @register("MeanVarianceNormalization", since=(9, 13))
-def mean_variance_normalization(inputs, attrs, ctx):
+def mean_variance_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MeanVarianceNormalization``, all opsets: ``(X - E[X]) / (sqrt(Var[X]) + 1e-9)``.
 
     The variance is computed as ``E[(X - E[X])^2]`` rather than the function body's
@@ -283,7 +283,7 @@ def mean_variance_normalization(inputs, attrs, ctx):
 
 
 @register("LRN", since=(1, 13))
-def lrn(inputs, attrs, ctx):
+def lrn(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LRN``, all opsets: the square sum runs over a window of ``size`` channels."""
     (x,) = inputs
     size = attrs["size"]
@@ -322,7 +322,7 @@ def _dropout(x, ratio, active, ctx, mask_dtype):
 
 
 @register("Dropout", since=(1, 6), random=True)
-def dropout_1(inputs, attrs, ctx):
+def dropout_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Dropout``-1/6: ``is_test=0`` (the default) is training mode; the mask is float.
 
     ``consumed_inputs`` is ignored.
@@ -333,7 +333,7 @@ def dropout_1(inputs, attrs, ctx):
 
 
 @register("Dropout", since=(7, 10), random=True)
-def dropout_7(inputs, attrs, ctx):
+def dropout_7(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Dropout``-7/10: active only when the run is in training mode.
 
     The mask has the input's type in opset 7 and is bool from opset 10.
@@ -347,7 +347,7 @@ def dropout_7(inputs, attrs, ctx):
 # input feeding them directly is passed to jit as static, so ratio=0 (or training_mode=0)
 # runs without a PRNG key, as onnxruntime and the node suite's callers expect.
 @register("Dropout", since=(12, 13, 22), random=True, prefer_static=(1, 2))
-def dropout(inputs, attrs, ctx):
+def dropout(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Dropout``, opsets 12+: optional ``ratio`` and ``training_mode`` inputs.
 
     Active when ``training_mode`` is true or the run is in training mode. The ``seed``

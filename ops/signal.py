@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import onnx_dtype, static_ints
 
 # -- DFT -------------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ def _optional_length(value, ctx, what: str) -> int | None:
 
 
 @register("DFT", since=17, static_inputs=(1,))
-def dft_17(inputs, attrs, ctx):
+def dft_17(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``DFT``-17: ``axis`` attribute (default 1); ``onesided`` with ``inverse`` is IRFFT."""
     x, length = inputs
     length = _optional_length(length, ctx, "dft_length")
@@ -94,7 +94,7 @@ def dft_17(inputs, attrs, ctx):
 
 
 @register("DFT", since=20, static_inputs=(1, 2))
-def dft_20(inputs, attrs, ctx):
+def dft_20(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``DFT``-20: ``axis`` is an optional static input (default -2)."""
     x, length, axis = inputs
     length = _optional_length(length, ctx, "dft_length")
@@ -107,7 +107,7 @@ def dft_20(inputs, attrs, ctx):
 
 
 @register("STFT", since=17, static_inputs=(1, 3))
-def stft(inputs, attrs, ctx):
+def stft(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``STFT``-17: frames of ``frame_length`` every ``frame_step`` samples, windowed.
 
     The window, when given, must have ``frame_length`` entries (the reference evaluator pads
@@ -155,19 +155,19 @@ def _window(size_input, attrs, ctx, coefficients: tuple[float, ...]):
 
 
 @register("HannWindow", since=17, static_inputs=(0,))
-def hann_window(inputs, attrs, ctx):
+def hann_window(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``HannWindow``-17."""
     return _window(inputs[0], attrs, ctx, (0.5, 0.5))
 
 
 @register("HammingWindow", since=17, static_inputs=(0,))
-def hamming_window(inputs, attrs, ctx):
+def hamming_window(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``HammingWindow``-17 (alpha = 25/46, as the spec's function body)."""
     return _window(inputs[0], attrs, ctx, (25 / 46, 21 / 46))
 
 
 @register("BlackmanWindow", since=17, static_inputs=(0,))
-def blackman_window(inputs, attrs, ctx):
+def blackman_window(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BlackmanWindow``-17."""
     return _window(inputs[0], attrs, ctx, (0.42, 0.5, 0.08))
 
@@ -176,7 +176,7 @@ def blackman_window(inputs, attrs, ctx):
 
 
 @register("MelWeightMatrix", since=17, static_inputs=(0, 1, 2, 3, 4))
-def mel_weight_matrix(inputs, attrs, ctx):
+def mel_weight_matrix(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MelWeightMatrix``-17: triangular filters of peak 1 on FFT bins.
 
     Band edges are rounded down to FFT bins as the spec's reference does:

@@ -12,13 +12,13 @@ import numpy as np
 
 import jonnx
 from jonnx._model import Model
-from jonnx.training._step import TrainState, split_loss, model_inputs
+from jonnx.training._step import TrainState, model_inputs, split_loss
 
 __all__ = ["evaluate", "predict"]
 
 # Compiled inference functions per model, keyed by what they close over. Weak on the model, so
 # a model's compiled functions go away with it.
-_COMPILED: "weakref.WeakKeyDictionary[Model, dict[Any, Callable]]" = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary[Model, dict[Any, Callable]] = weakref.WeakKeyDictionary()
 
 
 def _compiled(model: Model, key: tuple, make: Callable[[], Callable]) -> Callable:

@@ -28,13 +28,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx._values import is_concrete
 from jonnx.ops._util import dtype_of
-from jonnx.ops.attention import split_heads, rotary_embedding
+from jonnx.ops.attention import rotary_embedding, split_heads
 from jonnx.ops.microsoft._common import DOMAIN, reject_inputs, reject_unsupported
 from jonnx.ops.quantize import integer_matmul
-
-from jonnx._values import is_concrete
-from jonnx._registry import register
 
 
 def _wide(dtype) -> np.dtype:
@@ -187,7 +187,7 @@ def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
 
 
 @register("Attention", since=1, domain=DOMAIN, attributes=_ATTENTION_ATTRS, n_inputs=7)
-def attention(inputs, attrs, ctx):
+def attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``Attention``: self-attention with merged Q/K/V projection weights.
 
     ``do_rotary`` and ``past_present_share_buffer`` are not supported.
@@ -216,7 +216,7 @@ _QATTENTION_ATTRS = {
 @register(
     "QAttention", since=1, domain=DOMAIN, attributes=_QATTENTION_ATTRS, n_inputs=9
 )
-def qattention(inputs, attrs, ctx):
+def qattention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QAttention`` (quantize_dynamic on an optimized BERT): Attention whose
     projection multiplies the 8-bit input and weights in int32, scaled back to float."""
     x, weights, bias, x_scale, w_scale, mask, x_zero, w_zero, past = inputs
@@ -252,7 +252,7 @@ _MHA_ATTRS = {
 @register(
     "MultiHeadAttention", since=1, domain=DOMAIN, attributes=_MHA_ATTRS, n_inputs=10
 )
-def multi_head_attention(inputs, attrs, ctx):
+def multi_head_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``MultiHeadAttention``: projected Q/K/V (separate, packed KV or packed QKV),
     optional bias, key padding mask, attention bias and past K/V.
 
@@ -355,7 +355,7 @@ _ROTARY_ATTRS = {
 @register(
     "RotaryEmbedding", since=1, domain=DOMAIN, attributes=_ROTARY_ATTRS, n_inputs=4
 )
-def rotary_embedding_ms(inputs, attrs, ctx):
+def rotary_embedding_ms(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``RotaryEmbedding``: inputs ``(input, position_ids, cos_cache, sin_cache)``;
     ``position_ids`` is (batch, sequence) or a one-element start position."""
     x, position_ids, cos, sin = inputs
@@ -427,7 +427,7 @@ def _write_cache(buffer, new, starts):
     n_inputs=17,
     prefer_static=(6,),
 )
-def group_query_attention(inputs, attrs, ctx):
+def group_query_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``GroupQueryAttention`` (see the module docstring for the cache layout).
 
     Quantized caches, ``output_qk``, Q/K norms and ``query_seqlens`` are not supported.
