@@ -246,7 +246,7 @@ def label_encoder_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 def _pick(attrs, side: str):
     """The one set ``keys_*``/``values_*`` attribute: ``(array, kind)``."""
     found = []
-    for kind, name in (("float", f"{side}_floats"), ("int", f"{side}_int64s"), ("string", f"{side}as_strings")):
+    for kind, name in (("float", f"{side}_floats"), ("int", f"{side}_int64s"), ("string", f"{side}_strings")):
         if attrs.get(name):
             arr = np.asarray(attrs[name], {"float": np.float32, "int": np.int64, "string": object}[kind])
             found.append((arr, kind))
