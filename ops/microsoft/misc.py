@@ -13,13 +13,13 @@ from jonnx.ops.indexing import gather_nd_11
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.shape import pad, range_
 
-register(
-    "Range", since=1, domain=DOMAIN, static_inputs=(0, 1, 2), attributes={}, n_inputs=3
-)(
-    lambda inputs, attrs, ctx: range_(
-        (inputs[0], inputs[1], 1 if inputs[2] is None else inputs[2]), attrs, ctx
-    )
-)
+
+@register("Range", since=1, domain=DOMAIN, static_inputs=(0, 1, 2), attributes={}, n_inputs=3)
+def range_ms(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """com.microsoft ``Range``: the default domain's Range, with ``delta`` optional (default 1)."""
+    start, limit, delta = inputs
+    return range_((start, limit, 1 if delta is None else delta), attrs, ctx)
+
 register("GatherND", since=1, domain=DOMAIN, attributes={}, n_inputs=2)(gather_nd_11)
 
 
