@@ -36,7 +36,6 @@ def _inputs(name: str, batch: int) -> dict[str, np.ndarray]:
 
 def _hand_written_cnn(model: jonnx.Model):
     """small_cnn written directly in JAX with the model's weights (what jonnx should match)."""
-    import jax
     import jax.numpy as jnp
     from jax import lax
 
@@ -91,18 +90,19 @@ def main() -> None:
                 out.block_until_ready()
             compile_s = time.perf_counter() - start
 
+            # The closures below run within this iteration, so late binding of loop variables is fine.
             def run_jonnx():
-                for out in model(**feeds):
+                for out in model(**feeds):  # noqa: B023
                     out.block_until_ready()
 
             jonnx_s = _median_seconds(run_jonnx, args.repeats)
-            ort_s = _median_seconds(lambda: session.run(None, feeds), args.repeats)
+            ort_s = _median_seconds(lambda: session.run(None, feeds), args.repeats)  # noqa: B023
             jax_s = None
             if name == "small_cnn":
                 forward = _hand_written_cnn(model)
                 np.testing.assert_allclose(np.asarray(forward(feeds["image"])),
                                            np.asarray(model(**feeds)[0]), rtol=1e-4, atol=1e-5)
-                jax_s = _median_seconds(lambda: forward(feeds["image"]).block_until_ready(), args.repeats)
+                jax_s = _median_seconds(lambda: forward(feeds["image"]).block_until_ready(), args.repeats)  # noqa: B023
             rows.append((name, batch, compile_s, jonnx_s, ort_s, jax_s))
 
     header = (f"{'model':<18}{'batch':>6}{'compile ms':>12}{'jonnx ms':>11}{'ort ms':>10}"

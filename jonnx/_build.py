@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import heapq
-import math
 import os
 import types
 import warnings
@@ -18,14 +16,15 @@ import onnx.numpy_helper
 from google.protobuf.message import Message
 
 from jonnx import errors
+from jonnx._attributes import decode_attribute, schema_defaults
 from jonnx._functions import FunctionKey, check_recursion, function_key, function_opsets, inline_call
 from jonnx._ir import Graph, Node, ValueInfo
 from jonnx._progress import Progress
 from jonnx._registry import arity, float_groups, lookup, normalize_domain, schema_for
-from jonnx._tensors import inline_tensor_to_numpy, np_dtype, tensor_to_numpy
+from jonnx._tensors import inline_tensor_to_numpy, np_dtype, sparse_to_numpy, tensor_to_numpy
 from jonnx._wire import InlineData
 
-__all__ = ["GraphBuilder", "schema_defaults", "value_info"]
+__all__ = ["GraphBuilder", "value_info"]
 
 _A = onnx.AttributeProto
 
@@ -238,7 +237,7 @@ class GraphBuilder:
             ordered = nodes
         else:
             ordered = _topological(nodes, local, outer, proto.name)
-        reads = {name for n in ordered for name in _reads(n)} | {o.name for o in outputs}
+        reads = {name for n in ordered for name in n.reads} | {o.name for o in outputs}
         outer_names = frozenset(n for n in reads if n not in local and n not in produced)
         for out in outputs:
             if not self.unsupported and out.name not in local | produced | outer:
@@ -256,43 +255,7 @@ class GraphBuilder:
         )
 
     def _sparse(self, sparse: onnx.SparseTensorProto) -> np.ndarray:
-        what = f"sparse tensor {sparse.values.name!r}"
-        values = tensor_to_numpy(sparse.values, self.base_dir, memory_limit=self.memory_limit)
-        indices = tensor_to_numpy(sparse.indices, self.base_dir, memory_limit=self.memory_limit)
-        dims = tuple(int(d) for d in sparse.dims)
-        if any(d < 0 for d in dims):
-            raise errors.LoadError(f"{what} has negative dims {list(dims)}")
-        if values.ndim != 1:
-            raise errors.LoadError(f"{what}: values must be 1-D, not of shape {values.shape}")
-        if indices.dtype.kind not in "iu":
-            raise errors.LoadError(f"{what}: indices must be integers, not {indices.dtype}")
-        nnz = values.shape[0]
-        if indices.shape not in ((nnz,), (nnz, len(dims))):
-            raise errors.LoadError(
-                f"{what}: indices of shape {indices.shape} do not fit {nnz} values of a "
-                f"rank-{len(dims)} tensor (want ({nnz},) or ({nnz}, {len(dims)}))"
-            )
-        size = math.prod(dims)
-        nbytes = size * values.dtype.itemsize
-        if self.memory_limit is not None and nbytes > self.memory_limit:
-            raise errors.MemoryLimitError(
-                f"{what} with dims {list(dims)} would take {nbytes:,} bytes when densified, over "
-                f"the model's memory limit of {self.memory_limit:,} bytes; pass a larger "
-                "memory_limit to jonnx.load if this is intended"
-            )
-        indices = indices.astype(np.int64)
-        bounds = np.array([size] if indices.ndim == 1 else dims, dtype=object)
-        if indices.size and (indices.min() < 0 or np.any(indices.max(axis=0).astype(object) >= bounds)):
-            raise errors.LoadError(f"{what} has out-of-range indices for dims {list(dims)}")
-        try:
-            dense = np.zeros(dims, dtype=values.dtype)
-        except (MemoryError, ValueError) as e:
-            raise errors.LoadError(f"{what} with dims {list(dims)} cannot be densified: {e}") from e
-        if indices.ndim == 1:
-            dense.reshape(-1)[indices] = values
-        else:
-            dense[tuple(indices.T)] = values
-        return dense
+        return sparse_to_numpy(sparse, self.base_dir, memory_limit=self.memory_limit)
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -450,57 +413,10 @@ class GraphBuilder:
         return attrs
 
     def _attribute(self, attr: onnx.AttributeProto, node: str, visible: frozenset[str]) -> Any:
-        kind = attr.type
-        if kind == _A.FLOAT:
-            return float(attr.f)
-        if kind == _A.INT:
-            return int(attr.i)
-        if kind == _A.STRING:
-            return attr.s.decode("utf-8", errors="surrogateescape")
-        if kind == _A.TENSOR:
-            return tensor_to_numpy(attr.t, self.base_dir, memory_limit=self.memory_limit)
-        if kind == _A.SPARSE_TENSOR:
-            return self._sparse(attr.sparse_tensor)
-        if kind == _A.GRAPH:
-            return self.graph(attr.g, visible)
-        if kind == _A.FLOATS:
-            return tuple(float(v) for v in attr.floats)
-        if kind == _A.INTS:
-            return tuple(int(v) for v in attr.ints)
-        if kind == _A.STRINGS:
-            return tuple(s.decode("utf-8", errors="surrogateescape") for s in attr.strings)
-        if kind == _A.TENSORS:
-            return tuple(tensor_to_numpy(t, self.base_dir, memory_limit=self.memory_limit) for t in attr.tensors)
-        if kind == _A.GRAPHS:
-            return tuple(self.graph(g, visible) for g in attr.graphs)
-        if kind == _A.SPARSE_TENSORS:
-            return tuple(self._sparse(t) for t in attr.sparse_tensors)
-        if kind == _A.TYPE_PROTO:
-            return attr.tp
-        if kind == _A.TYPE_PROTOS:
-            return tuple(attr.type_protos)
-        raise errors.ModelStructureError(
-            f"node {node!r}: attribute {attr.name!r} has no valid type (AttributeProto.type {kind})"
+        return decode_attribute(
+            attr, node, base_dir=self.base_dir, memory_limit=self.memory_limit,
+            graph=lambda g: self.graph(g, visible),
         )
-
-
-def schema_defaults(schema: onnx.defs.OpSchema | None) -> dict[str, Any]:
-    """Every attribute of ``schema`` with its decoded default (None where it has none)."""
-    if schema is None:
-        return {}
-    return dict(_defaults(schema.domain, schema.name, schema.since_version))
-
-
-@functools.lru_cache(maxsize=None)
-def _defaults(domain: str, op_type: str, since_version: int) -> Mapping[str, Any]:
-    schema = onnx.defs.get_schema(op_type, since_version, domain)
-    decoder = GraphBuilder({}, None)
-    return {
-        name: decoder._attribute(spec.default_value, "<defaults>", frozenset())
-        if spec.default_value.type != _A.UNDEFINED
-        else None
-        for name, spec in schema.attributes.items()
-    }
 
 
 def _check_opset(domain: str, version: int, where: str) -> None:
@@ -525,7 +441,7 @@ def check_text(message: Message, where: str) -> None:
         msg, path = stack.pop()
         for field, value in msg.ListFields():
             here = f"{path}.{field.name}"
-            repeated = _is_repeated(field)
+            repeated = field_is_repeated(field)
             if field.type == field.TYPE_STRING:
                 for i, text in enumerate(value if repeated else (value,)):
                     if not isinstance(text, str):
@@ -538,7 +454,7 @@ def check_text(message: Message, where: str) -> None:
                     stack.append((value, here))
 
 
-def _is_repeated(field: Any) -> bool:
+def field_is_repeated(field: Any) -> bool:
     # protobuf >= 5 has ``is_repeated``; older releases only ``label``.
     is_repeated = getattr(field, "is_repeated", None)
     return bool(is_repeated) if is_repeated is not None else field.label == field.LABEL_REPEATED
@@ -547,17 +463,6 @@ def _is_repeated(field: Any) -> bool:
 def _unique(name: str, seen: Collection[str], graph: str, what: str) -> None:
     if name in seen:
         raise errors.ModelStructureError(f"graph {graph!r}: {what} {name!r} is listed twice")
-
-
-def _reads(node: Node) -> set[str]:
-    """Every value ``node`` reads: its inputs and what its subgraphs read from outside."""
-    names = {i for i in node.inputs if i}
-    for value in node.attrs.values():
-        graphs = value if isinstance(value, tuple) else (value,)
-        for g in graphs:
-            if isinstance(g, Graph):
-                names |= g.outer_names
-    return names
 
 
 def _topological(
@@ -578,7 +483,7 @@ def _topological(
     dependents: dict[int, list[int]] = {}
     for i, node in enumerate(nodes):
         deps = set()
-        for name in _reads(node):
+        for name in sorted(node.reads):
             if name in producer:
                 deps.add(producer[name])
             elif name not in local and name not in outer:

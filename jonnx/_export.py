@@ -14,7 +14,7 @@ import onnx.helper
 import onnx.numpy_helper
 
 from jonnx import errors
-from jonnx._build import _is_repeated
+from jonnx._build import field_is_repeated
 from jonnx._inference_graph import to_inference
 from jonnx._ir import Graph
 from jonnx._state import StateSlot
@@ -311,12 +311,12 @@ def copy_except(src: Any, dst: Any, *skip: str) -> None:
     for field, value in src.ListFields():
         if field.name in skip:
             continue
-        if _is_repeated(field) and field.type == field.TYPE_MESSAGE:
+        if field_is_repeated(field) and field.type == field.TYPE_MESSAGE:
             # add().CopyFrom, not extend: extend round-trips through the parser, which refuses
             # deeply nested (but legal) subgraphs.
             for item in value:
                 getattr(dst, field.name).add().CopyFrom(item)
-        elif _is_repeated(field):
+        elif field_is_repeated(field):
             getattr(dst, field.name).extend(value)
         elif field.type == field.TYPE_MESSAGE:
             getattr(dst, field.name).CopyFrom(value)

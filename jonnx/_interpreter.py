@@ -27,8 +27,9 @@ from jonnx import errors
 from jonnx._ir import Graph, Node
 from jonnx._progress import Progress
 from jonnx._registry import OpContext, promote_floats
+from jonnx._values import is_concrete
 
-__all__ = ["RunOptions", "run_graph", "run_nodes", "is_concrete"]
+__all__ = ["RunOptions", "run_graph", "run_nodes"]
 
 #: The nodes of the current top-level run that read a 64-bit constant too large for the 32-bit
 #: type JAX holds it in (x64 off); warned about once, together, when the run ends.
@@ -56,15 +57,6 @@ class RunOptions:
     state: frozenset[str] = frozenset()
     memory_limit: int | None = None
     checked: bool = False
-
-
-def is_concrete(value: Any) -> bool:
-    """True for values known at trace time: numpy arrays, None, and lists of them."""
-    if value is None or isinstance(value, (np.ndarray, np.generic)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(is_concrete(v) for v in value)
-    return False
 
 
 def _to_numpy(value: Any) -> Any:
@@ -151,7 +143,7 @@ def _step(graph: Graph, index: int, node: Node, env: dict[str, Any], options: Ru
     """Run ``node`` (position ``index``) and store its outputs and state updates."""
     args = node.padded(tuple(env[name] if name else None for name in node.inputs))
     key = None
-    if options.key is not None and (node.op.random or _has_subgraph(node)):
+    if options.key is not None and (node.op.random or node.subgraphs):
         key = jax.random.fold_in(options.key, index if node.seed_index is None else node.seed_index)
     outputs = _run_node(graph, node, args, env, options, key)
     if len(outputs) < sum(1 for o in node.outputs if o):
@@ -406,20 +398,8 @@ def _constant_size(shape: Sequence[Any]) -> int | None:
     return size
 
 
-def _has_subgraph(node: Node) -> bool:
-    return any(
-        isinstance(g, Graph)
-        for value in node.attrs.values()
-        for g in (value if isinstance(value, tuple) else (value,))
-    )
-
-
 def _reads_dynamic_outer(node: Node, env: Mapping[str, Any]) -> bool:
-    for value in node.attrs.values():
-        for g in value if isinstance(value, tuple) else (value,):
-            if isinstance(g, Graph) and not all(is_concrete(env.get(n)) for n in g.outer_names):
-                return True
-    return False
+    return any(not is_concrete(env.get(n)) for g in node.subgraphs for n in g.outer_names)
 
 
 def _static_message(graph: Graph, node: Node, index: int, env: Mapping[str, Any]) -> str:

@@ -86,6 +86,24 @@ class Node:
         """``args`` with omitted trailing optional inputs filled in as None, up to ``arity``."""
         return args + (None,) * (self.arity - len(args)) if len(args) < self.arity else args
 
+    @property
+    def subgraphs(self) -> tuple[Graph, ...]:
+        """The graphs among the node's attributes (If's branches, Loop's and Scan's bodies)."""
+        return tuple(
+            g
+            for value in self.attrs.values()
+            for g in (value if isinstance(value, tuple) else (value,))
+            if isinstance(g, Graph)
+        )
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """Every value the node reads: its inputs and what its subgraphs read from outside."""
+        names = {i for i in self.inputs if i}
+        for g in self.subgraphs:
+            names |= g.outer_names
+        return frozenset(names)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Graph:

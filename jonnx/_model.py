@@ -54,7 +54,7 @@ def load(
     rules: Rules = None,
     size_bounds: Mapping[str, int | None] | None = None,
     optimize: bool | Mapping[str, bool] = True,
-) -> "Model":
+) -> Model:
     """Load an ONNX model as a :class:`Model`.
 
     Args:
@@ -124,7 +124,7 @@ def load(
     if isinstance(f, onnx.ModelProto):
         return Model(f, base_dir=base_dir, **options)
     if isinstance(f, (bytes, bytearray, memoryview)):
-        return Model(_parse(bytes(f), "<bytes>"), base_dir=base_dir, _owned=True, **options)
+        return Model(parse_model(bytes(f), "<bytes>"), base_dir=base_dir, _owned=True, **options)
     if not isinstance(f, (str, os.PathLike)):
         raise TypeError(f"jonnx.load takes a path, bytes or onnx.ModelProto, not {type(f).__name__}")
     path = os.fspath(f)
@@ -147,7 +147,7 @@ def load(
                 data = fh.read()
         except OSError as e:
             raise errors.LoadError(f"cannot read model file {path!r}: {e.strerror}") from e
-        proto = _parse(data, repr(path))
+        proto = parse_model(data, repr(path))
         del data
     try:
         return Model(proto, base_dir=base_dir, _owned=True, _inline=inline, **options)
@@ -156,7 +156,7 @@ def load(
             inline.close()
 
 
-def _parse(data: bytes, what: str) -> onnx.ModelProto:
+def parse_model(data: bytes, what: str) -> onnx.ModelProto:
     if not data:
         raise errors.LoadError(f"{what} is empty, not an ONNX model")
     proto = onnx.ModelProto()
@@ -795,11 +795,7 @@ def _read_names(graph: Graph) -> set[str]:
     """Every value a node of ``graph`` reads (subgraphs' outer reads included), and its outputs."""
     names = set(graph.output_names)
     for node in graph.nodes:
-        names.update(i for i in node.inputs if i)
-        for value in node.attrs.values():
-            for g in value if isinstance(value, tuple) else (value,):
-                if isinstance(g, Graph):
-                    names |= g.outer_names
+        names |= node.reads
     return names
 
 
@@ -868,12 +864,7 @@ def _host_copy(value: Any) -> Any:
 
 
 def _outer_reads(node: Any) -> tuple[str, ...]:
-    names: set[str] = set()
-    for value in node.attrs.values():
-        for g in value if isinstance(value, tuple) else (value,):
-            if isinstance(g, Graph):
-                names |= g.outer_names
-    return tuple(sorted(names))
+    return tuple(sorted({n for g in node.subgraphs for n in g.outer_names}))
 
 
 def _signature(dynamic: Any) -> tuple:

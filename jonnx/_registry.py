@@ -14,8 +14,9 @@ An implementation is a pure function ``fn(inputs, attrs, ctx) -> tuple of output
 
 Lookup follows ONNX's versioning: the model's opset for the node's domain selects the
 schema's ``since_version`` (``onnx.defs.get_schema(op, max_inclusive_version=opset)``), and
-that exact key must be registered. Domains onnx does not know (custom ops) use the newest
-registered version not above the model's opset.
+the implementation registered at that key runs (else the newest registered between it and
+the opset, such as a user's override; never one older than the schema). Domains onnx does not
+know (custom ops) use the newest registered version not above the model's opset.
 """
 
 from __future__ import annotations
@@ -30,20 +31,40 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
-from jax.experimental import checkify
 import onnx.defs
+from jax.experimental import checkify
 
 from jonnx import errors
 
 __all__ = [
-    "OpDef", "OpContext", "arity", "float_groups", "promote_floats", "register", "lookup", "registered",
-    "schema_for", "ONNX_DOMAINS",
+    "ONNX_DOMAINS",
+    "Attrs",
+    "Inputs",
+    "OpContext",
+    "OpDef",
+    "OpFn",
+    "Outputs",
+    "arity",
+    "float_groups",
+    "lookup",
+    "promote_floats",
+    "register",
+    "registered",
+    "schema_for",
 ]
 
 #: Domains whose schemas the installed onnx package defines.
 ONNX_DOMAINS = frozenset(s.domain for s in onnx.defs.get_all_schemas_with_history())
 
-OpFn = Callable[[tuple, Mapping[str, Any], "OpContext"], tuple]
+#: An op body's inputs: one per formal input of the schema (None for an omitted optional
+#: one), each a numpy array (known at trace time) or a ``jax.Array`` (possibly a tracer).
+Inputs = tuple[Any, ...]
+#: An op body's attributes: every attribute of the schema, decoded, defaults filled in.
+Attrs = Mapping[str, Any]
+#: What an op body returns: one value per output, in order.
+Outputs = tuple[Any, ...]
+#: The signature of every op body.
+OpFn = Callable[[Inputs, Attrs, "OpContext"], Outputs]
 
 
 def normalize_domain(domain: str) -> str:
@@ -384,7 +405,9 @@ def lookup(domain: str, op_type: str, opset: int) -> OpDef | None:
         d for (dom, op, v), d in _REGISTRY.items() if dom == domain and op == op_type and v <= opset
     ]
     if schema is not None:
-        # onnx knows this op: only an exact match is right, a user override included.
+        # onnx knows this op but jonnx registered no implementation at the schema's own
+        # since_version: one registered between it and the opset (a user's override) still
+        # has the semantics in force; one older than the schema would run superseded ones.
         candidates = [d for d in candidates if d.since_version >= schema.since_version]
     return max(candidates, key=lambda d: d.since_version, default=None)
 

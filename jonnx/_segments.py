@@ -69,16 +69,9 @@ class SegmentPlan:
         return len(self.stages) > 1 or bool(self.host_nodes)
 
 
-def _subgraphs(node: Node) -> Iterable[Graph]:
-    for value in node.attrs.values():
-        for g in value if isinstance(value, tuple) else (value,):
-            if isinstance(g, Graph):
-                yield g
-
-
 def _reads(node: Node, known: dict) -> list[str]:
     names = [i for i in node.inputs if i]
-    for sub in _subgraphs(node):
+    for sub in node.subgraphs:
         names += sorted(n for n in sub.outer_names if n in known)
     return list(dict.fromkeys(names))
 
@@ -89,7 +82,7 @@ def _static_reads(node: Node, graph_inputs: set[str]) -> set[str]:
         for i in node.static_inputs
         if i < len(node.inputs) and node.inputs[i]
     }
-    for sub in _subgraphs(node):
+    for sub in node.subgraphs:
         names |= static_values(sub) & sub.outer_names
     # A graph input that drives control flow directly (If's condition, Loop's trip count) is
     # better static: one compilation per value of a scalar, and no lax.cond over both branches.

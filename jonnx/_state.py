@@ -93,7 +93,7 @@ def plan_state(graph: Graph) -> StatePlan:
     slots: list[StateSlot] = []
     reasons: dict[str, list[str]] = {}
     for node in graph.nodes:
-        inner = sorted({n for sub in _subgraphs(node) for n in _stateful_nodes(sub)})
+        inner = sorted({n for sub in node.subgraphs for n in _stateful_nodes(sub)})
         if inner:
             reasons.setdefault(node.name, []).append(
                 f"its subgraph runs stateful node(s) {inner}, whose running statistics jonnx "
@@ -144,7 +144,7 @@ def _uses(graph: Graph) -> dict[str, list[tuple[str, int | str]]]:
         for i, name in enumerate(node.inputs):
             if name:
                 uses.setdefault(name, []).append((node.name, i))
-        for name in {n for sub in _subgraphs(node) for n in sub.outer_names}:
+        for name in {n for sub in node.subgraphs for n in sub.outer_names}:
             uses.setdefault(name, []).append((node.name, "subgraph"))
     return uses
 
@@ -159,19 +159,12 @@ def _describe(uses: list[tuple[str, int | str]]) -> str:
     return ", ".join(parts)
 
 
-def _subgraphs(node: Node):
-    for value in node.attrs.values():
-        for g in value if isinstance(value, tuple) else (value,):
-            if isinstance(g, Graph):
-                yield g
-
-
 def _stateful_nodes(graph: Graph):
     """Names of the stateful nodes in ``graph`` and, recursively, its subgraphs."""
     for node in graph.nodes:
         if node.op.state_updates:
             yield node.name
-        for sub in _subgraphs(node):
+        for sub in node.subgraphs:
             yield from _stateful_nodes(sub)
 
 

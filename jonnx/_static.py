@@ -9,18 +9,9 @@ parameter) or a graph input (which ``Model.__call__`` and the backend treat as s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from jonnx._ir import Graph, Node
+from jonnx._ir import Graph
 
 __all__ = ["preferred_static_inputs", "static_values"]
-
-
-def _subgraphs(node: Node) -> Iterable[Graph]:
-    for value in node.attrs.values():
-        for g in value if isinstance(value, tuple) else (value,):
-            if isinstance(g, Graph):
-                yield g
 
 
 def _seeds(graph: Graph, segmented: bool) -> set[str]:
@@ -31,7 +22,7 @@ def _seeds(graph: Graph, segmented: bool) -> set[str]:
         for i in node.static_inputs:
             if i < len(node.inputs) and node.inputs[i]:
                 seeds.add(node.inputs[i])
-        for sub in _subgraphs(node):
+        for sub in node.subgraphs:
             # A subgraph's static needs that it reads from this scope become ours.
             seeds |= static_values(sub) & sub.outer_names
     return seeds
@@ -53,10 +44,7 @@ def static_values(graph: Graph, *, segmented: bool = False) -> frozenset[str]:
         node = producers.get(stack.pop())
         if node is None or node.op.shape_only:
             continue
-        upstream = {i for i in node.inputs if i}
-        for sub in _subgraphs(node):
-            upstream |= sub.outer_names
-        for name in upstream - need:
+        for name in node.reads - need:
             need.add(name)
             stack.append(name)
     return frozenset(need)

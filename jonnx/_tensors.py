@@ -17,7 +17,7 @@ import onnx.numpy_helper
 from jonnx import errors
 from jonnx._wire import InlineData, aligned_empty, pread_into
 
-__all__ = ["inline_tensor_to_numpy", "np_dtype", "tensor_to_numpy"]
+__all__ = ["inline_tensor_to_numpy", "np_dtype", "sparse_to_numpy", "tensor_to_numpy"]
 
 _FOUR_BIT = {
     onnx.TensorProto.INT4,
@@ -327,3 +327,56 @@ def inline_tensor_to_numpy(
     except OSError as e:
         raise errors.LoadError(f"{what}: cannot read its data from the model file: {e}") from e
     return _view(buffer, tensor)
+
+
+def sparse_to_numpy(
+    sparse: onnx.SparseTensorProto, base_dir: str | None = None, *, memory_limit: int | None = None
+) -> np.ndarray:
+    """Decode ``sparse`` to a dense numpy array, checking its indices and dense size.
+
+    Args:
+        sparse: the ONNX sparse tensor (an initializer or an attribute value).
+        base_dir, memory_limit: as for :func:`tensor_to_numpy`; the dense array also counts
+            against ``memory_limit``.
+
+    Raises:
+        jonnx.errors.LoadError: the values or indices do not fit the dims.
+        jonnx.errors.MemoryLimitError: the dense array would be larger than ``memory_limit``.
+    """
+    what = f"sparse tensor {sparse.values.name!r}"
+    values = tensor_to_numpy(sparse.values, base_dir, memory_limit=memory_limit)
+    indices = tensor_to_numpy(sparse.indices, base_dir, memory_limit=memory_limit)
+    dims = tuple(int(d) for d in sparse.dims)
+    if any(d < 0 for d in dims):
+        raise errors.LoadError(f"{what} has negative dims {list(dims)}")
+    if values.ndim != 1:
+        raise errors.LoadError(f"{what}: values must be 1-D, not of shape {values.shape}")
+    if indices.dtype.kind not in "iu":
+        raise errors.LoadError(f"{what}: indices must be integers, not {indices.dtype}")
+    nnz = values.shape[0]
+    if indices.shape not in ((nnz,), (nnz, len(dims))):
+        raise errors.LoadError(
+            f"{what}: indices of shape {indices.shape} do not fit {nnz} values of a "
+            f"rank-{len(dims)} tensor (want ({nnz},) or ({nnz}, {len(dims)}))"
+        )
+    size = math.prod(dims)
+    nbytes = size * values.dtype.itemsize
+    if memory_limit is not None and nbytes > memory_limit:
+        raise errors.MemoryLimitError(
+            f"{what} with dims {list(dims)} would take {nbytes:,} bytes when densified, over "
+            f"the model's memory limit of {memory_limit:,} bytes; pass a larger "
+            "memory_limit to jonnx.load if this is intended"
+        )
+    indices = indices.astype(np.int64)
+    bounds = np.array([size] if indices.ndim == 1 else dims, dtype=object)
+    if indices.size and (indices.min() < 0 or np.any(indices.max(axis=0).astype(object) >= bounds)):
+        raise errors.LoadError(f"{what} has out-of-range indices for dims {list(dims)}")
+    try:
+        dense = np.zeros(dims, dtype=values.dtype)
+    except (MemoryError, ValueError) as e:
+        raise errors.LoadError(f"{what} with dims {list(dims)} cannot be densified: {e}") from e
+    if indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense

@@ -59,7 +59,7 @@ RuleSet = Callable[[Any, Mesh], Mapping[str, PartitionSpec]]
 #: What ``jonnx.load(..., rules=)`` accepts: a rule set, the name of a built-in one
 #: (``"replicated"``; ``"fsdp"`` over the mesh's first axis; ``"tensor_parallel"`` over its last
 #: axis), ``(pattern, PartitionSpec)`` pairs (:func:`from_patterns`), or None (replicated).
-Rules = Union[RuleSet, str, Sequence[tuple[Any, PartitionSpec]], None]
+Rules = Union[RuleSet, str, Sequence[tuple[Any, PartitionSpec]], None]  # noqa: UP007 -- a runtime alias
 
 
 def replicated() -> RuleSet:

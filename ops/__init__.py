@@ -20,9 +20,17 @@ import numpy as np
 import onnx.defs
 
 from jonnx import errors
-from jonnx._build import schema_defaults
+from jonnx._attributes import schema_defaults
 from jonnx._registry import (
-    OpContext, arity, float_groups, lookup, normalize_domain, promote_floats, register, registered, schema_for,
+    OpContext,
+    arity,
+    float_groups,
+    lookup,
+    normalize_domain,
+    promote_floats,
+    register,
+    registered,
+    schema_for,
 )
 
 # Each module registers one op family on import.
@@ -40,8 +48,8 @@ from jonnx.ops import (  # noqa: F401
     microsoft,
     ml,
     nn,
-    optimizers,
     normalization,
+    optimizers,
     quantize,
     random,
     reduce,
@@ -126,10 +134,21 @@ def call(
 
 
 def __getattr__(name: str) -> Any:
-    """``jonnx.ops.Celu(x, alpha=2.0)``: any registered ai.onnx op by name."""
-    if any(o == name for (_, o, _) in registered()):
-        fn = functools.partial(call, name)
-        functools.update_wrapper(fn, call)
-        fn.__doc__ = f"ONNX ``{name}`` as a JAX function; see :func:`jonnx.ops.call`."
-        return fn
-    raise AttributeError(f"module 'jonnx.ops' has no attribute {name!r} (no op of that name)")
+    """``jonnx.ops.Celu(x, alpha=2.0)``: a registered op by name, in its domain.
+
+    An ai.onnx op wins over a same-named op of another domain; an op registered only in other
+    domains resolves to its one domain (``jonnx.ops.LinearRegressor`` is ai.onnx.ml's), and a
+    name several other domains share must go through :func:`call` with ``domain=``.
+    """
+    domains = sorted({d for (d, o, _) in registered() if o == name})
+    if not domains:
+        raise AttributeError(f"module 'jonnx.ops' has no attribute {name!r} (no op of that name)")
+    if "" not in domains and len(domains) > 1:
+        raise AttributeError(
+            f"{name} is registered in domains {domains}; use jonnx.ops.call({name!r}, ..., domain=...)"
+        )
+    domain = "" if "" in domains else domains[0]
+    fn = functools.partial(call, name, domain=domain)
+    functools.update_wrapper(fn, call)
+    fn.__doc__ = f"ONNX ``{name}`` (domain {domain or 'ai.onnx'!r}) as a JAX function; see :func:`jonnx.ops.call`."
+    return fn

@@ -20,12 +20,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import dtype_of, is_integer, normalize_axis
 
 
 def _unary(fn):
-    def apply(inputs, attrs, ctx):
+    def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         return (fn(inputs[0], attrs),)
 
     return apply
@@ -76,7 +76,7 @@ def _celu(x, alpha):
 
 
 @register("Celu", since=(12, 28))
-def celu(inputs, attrs, ctx):
+def celu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Celu``, opsets 12+."""
     if attrs["alpha"] == 0:
         raise ctx.error("alpha must be nonzero")
@@ -116,7 +116,7 @@ register("Tanh", since=(1, 6, 13))(_unary(lambda x, attrs: jnp.tanh(x)))
 
 
 @register("Gelu", since=20)
-def gelu(inputs, attrs, ctx):
+def gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Gelu``, opset 20: exact (erf) or ``approximate="tanh"``."""
     (x,) = inputs
     approximate = attrs["approximate"]
@@ -136,7 +136,7 @@ register("ThresholdedRelu", since=(10, 22))(_unary(_thresholded_relu))
 
 
 @register("Shrink", since=9)
-def shrink(inputs, attrs, ctx):
+def shrink(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Shrink``, opset 9. Integer inputs are computed in floating point and truncated
     back to their type, as the reference implementation does."""
     (x,) = inputs
@@ -166,7 +166,7 @@ def _prelu(x, slope):
 
 
 @register("PRelu", since=(1, 6))
-def prelu_legacy(inputs, attrs, ctx):
+def prelu_legacy(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``PRelu``, opsets 1 and 6: ``slope`` is one value shared by every channel, or one
     value per channel (dim 1, as Caffe2 implemented these versions), or else a shape that
     broadcasts unidirectionally to X."""
@@ -194,7 +194,7 @@ def _unidirectional_slope(x, slope, ctx):
 
 
 @register("PRelu", since=(7, 9, 16))
-def prelu(inputs, attrs, ctx):
+def prelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``PRelu``, opsets 7+: ``slope`` broadcasts unidirectionally to X."""
     x, slope = inputs
     return (_prelu(x, _unidirectional_slope(x, slope, ctx)),)
@@ -216,10 +216,10 @@ _SOFTMAX = {
 }
 
 
-def _softmax_2d(name):
+def softmax_2d(name):
     fn = _SOFTMAX[name]
 
-    def apply(inputs, attrs, ctx):
+    def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         (x,) = inputs
         shape = jnp.shape(x)
         rank = len(shape)
@@ -238,10 +238,10 @@ def _softmax_2d(name):
     return apply
 
 
-def _softmax_axis(name):
+def softmax_axis(name):
     fn = _SOFTMAX[name]
 
-    def apply(inputs, attrs, ctx):
+    def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         (x,) = inputs
         axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
         if jnp.size(x) == 0:
@@ -253,8 +253,8 @@ def _softmax_axis(name):
 
 
 for _name in _SOFTMAX:
-    register(_name, since=(1, 11))(_softmax_2d(_name))
-    register(_name, since=13)(_softmax_axis(_name))
+    register(_name, since=(1, 11))(softmax_2d(_name))
+    register(_name, since=13)(softmax_axis(_name))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,23 +270,21 @@ def _clip(x, lo, hi):
 
 
 @register("Clip", since=1)
-def clip_1(inputs, attrs, ctx):
+def clip_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Clip``, opset 1: ``min``/``max`` attributes, unbounded where absent."""
     return (_clip(inputs[0], attrs["min"], attrs["max"]),)
 
 
 @register("Clip", since=6)
-def clip_6(inputs, attrs, ctx):
+def clip_6(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Clip``, opset 6: ``min``/``max`` attributes (defaults +-3.402823e38)."""
     return (_clip(inputs[0], attrs["min"], attrs["max"]),)
 
 
 @register("Clip", since=(11, 12, 13))
-def clip(inputs, attrs, ctx):
+def clip(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Clip``, opsets 11+: optional scalar ``min``/``max`` inputs."""
-    x = inputs[0]
-    lo = inputs[1] if len(inputs) > 1 else None
-    hi = inputs[2] if len(inputs) > 2 else None
+    x, lo, hi = inputs
     dtype = dtype_of(x)
     for name, bound in (("min", lo), ("max", hi)):
         if bound is not None and jnp.size(bound) != 1:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import onnx_dtype
 
 # ---------------------------------------------------------------------------------------
@@ -27,7 +27,7 @@ from jonnx.ops._util import onnx_dtype
 # ---------------------------------------------------------------------------------------
 
 
-def _split_heads(x, num_heads, what, attr, ctx):
+def split_heads(x, num_heads, what, attr, ctx):
     """(batch, seq, heads * size) -> (batch, heads, seq, size)."""
     b, s, hidden = jnp.shape(x)
     if num_heads is None or num_heads <= 0 or hidden % num_heads:
@@ -69,9 +69,8 @@ def _attention_bias(mask, dtype, *, q_len, kv_len, causal_offset, causal, window
     return bias
 
 
-def _attention(inputs, attrs, ctx, window=None):
+def _attention(q, k, v, mask, past_k, past_v, nonpad, attrs, ctx, window=None):
     """Attention with an optional (left, right) sliding window (opset 25; None before)."""
-    q, k, v, mask, past_k, past_v, nonpad = (tuple(inputs) + (None,) * 7)[:7]
     rank = jnp.ndim(q)
     if not (rank == jnp.ndim(k) == jnp.ndim(v)) or rank not in (3, 4):
         raise ctx.error(
@@ -84,9 +83,9 @@ def _attention(inputs, attrs, ctx, window=None):
         raise ctx.error("nonpad_kv_seqlen cannot be combined with past_key/past_value")
     q_heads, kv_heads = attrs["q_num_heads"], attrs["kv_num_heads"]
     if rank == 3:
-        q = _split_heads(q, q_heads, "Q", "q_num_heads", ctx)
-        k = _split_heads(k, kv_heads, "K", "kv_num_heads", ctx)
-        v = _split_heads(v, kv_heads, "V", "kv_num_heads", ctx)
+        q = split_heads(q, q_heads, "Q", "q_num_heads", ctx)
+        k = split_heads(k, kv_heads, "K", "kv_num_heads", ctx)
+        v = split_heads(v, kv_heads, "V", "kv_num_heads", ctx)
     elif window is not None and (q_heads is not None or kv_heads is not None):
         raise ctx.error("q_num_heads and kv_num_heads must not be set for 4-D inputs (opset 25)")
     dtype = jnp.result_type(q)
@@ -156,16 +155,24 @@ def _attention(inputs, attrs, ctx, window=None):
     return y, present_k, present_v, jnp.broadcast_to(qk_out, (batch, hq, q_len, kv_len)).astype(dtype)
 
 
-@register("Attention", since=(23, 24))
-def attention(inputs, attrs, ctx):
-    """ONNX ``Attention``, opsets 23 and 24 (``nonpad_kv_seqlen`` from 24)."""
-    return _attention(inputs, attrs, ctx)
+@register("Attention", since=23)
+def attention_23(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``Attention``-23."""
+    q, k, v, mask, past_k, past_v = inputs
+    return _attention(q, k, v, mask, past_k, past_v, None, attrs, ctx)
+
+
+@register("Attention", since=24)
+def attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``Attention``-24: adds the ``nonpad_kv_seqlen`` input."""
+    return _attention(*inputs, attrs, ctx)
 
 
 @register("Attention", since=25)
-def attention_windowed(inputs, attrs, ctx):
+def attention_windowed(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Attention``, opsets 25+: adds ``left_window_size``/``right_window_size``."""
-    return _attention(inputs, attrs, ctx, window=(attrs["left_window_size"], attrs["right_window_size"]))
+    window = (attrs["left_window_size"], attrs["right_window_size"])
+    return _attention(*inputs, attrs, ctx, window=window)
 
 
 # ---------------------------------------------------------------------------------------
@@ -174,7 +181,7 @@ def attention_windowed(inputs, attrs, ctx):
 
 
 @register("RotaryEmbedding", since=23)
-def rotary_embedding(inputs, attrs, ctx):
+def rotary_embedding(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RotaryEmbedding``, opsets 23+."""
     x, cos, sin, position_ids = (tuple(inputs) + (None,))[:4]
     shape = jnp.shape(x)
@@ -222,7 +229,7 @@ def rotary_embedding(inputs, attrs, ctx):
 
 
 @register("SwiGLU", since=28)
-def swiglu(inputs, attrs, ctx):
+def swiglu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SwiGLU``, opsets 28+: ``A * sigmoid(alpha * A) * B``, no broadcasting."""
     a, b = inputs
     if jnp.shape(a) != jnp.shape(b):
@@ -243,7 +250,7 @@ def _compute_dtype(dtype):
 
 
 @register("CausalConvWithState", since=27)
-def causal_conv_with_state(inputs, attrs, ctx):
+def causal_conv_with_state(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``CausalConvWithState``, opsets 27+ (depthwise causal 1-D conv with carry state)."""
     x, w, bias, past = (tuple(inputs) + (None, None))[:4]
     if jnp.ndim(x) != 3 or jnp.ndim(w) != 3 or jnp.shape(w)[1] != 1:
@@ -279,13 +286,13 @@ def causal_conv_with_state(inputs, attrs, ctx):
 
 
 @register("LinearAttention", since=27)
-def linear_attention(inputs, attrs, ctx):
+def linear_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LinearAttention``, opsets 27+: the recurrence runs as a ``lax.scan`` over time.
 
     Computed in float32 (float16/bfloat16 inputs are widened, like the reference);
     ``chunk_size`` is a tuning hint without effect here.
     """
-    q, k, v, past, decay, beta = (tuple(inputs) + (None,) * 6)[:6]
+    q, k, v, past, decay, beta = inputs
     rule = attrs["update_rule"]
     if rule not in ("linear", "gated", "delta", "gated_delta"):
         raise ctx.error(f"update_rule must be linear, gated, delta or gated_delta, got {rule!r}")
@@ -371,7 +378,7 @@ def _run_modifier(graph, value, ctx, dtype):
 
 
 @register("FlexAttention", since=1, domain="ai.onnx.preview")
-def flex_attention(inputs, attrs, ctx):
+def flex_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """``ai.onnx.preview`` ``FlexAttention``, version 1 (``score_mod``/``prob_mod`` subgraphs)."""
     q, k, v = inputs
     if not jnp.ndim(q) == jnp.ndim(k) == jnp.ndim(v) == 4:

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import canonical, onnx_dtype
 
 _SATURATING_F8 = {
@@ -87,13 +87,13 @@ def _from_string(x: np.ndarray, target: np.dtype, saturate: bool, round_mode: st
         return x
     if _is_float(target):
         parsed = np.array([_parse_string(s, target) for s in x.reshape(-1)], np.float64)
-        return _cast_numeric(parsed.reshape(x.shape), target, saturate, round_mode, ctx)
+        return cast_numeric(parsed.reshape(x.shape), target, saturate, round_mode, ctx)
     parsed = [_parse_string(s, target) for s in x.reshape(-1)]
     if target == np.bool_:
         return np.array(parsed, np.bool_).reshape(x.shape)
     # Wide Python ints wrap into the target like an integer cast would.
     wide = np.array(parsed, np.uint64 if target.kind == "u" else np.int64).reshape(x.shape)
-    return _cast_numeric(wide, target, saturate, round_mode, ctx)
+    return cast_numeric(wide, target, saturate, round_mode, ctx)
 
 
 def _to_string(x) -> np.ndarray:
@@ -119,7 +119,10 @@ def _f64_to_f32_round_to_odd(x):
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def _cast_numeric(x, target: np.dtype, saturate: bool, round_mode: str, ctx):
+def cast_numeric(x, target: np.dtype, saturate: bool, round_mode: str, ctx):
+    """``x`` as numeric ``target`` by Cast's rules: float8 ``saturate``, ``round_mode`` for
+    float8e8m0, 4-/2-bit integers keeping the low bits. QuantizeLinear shares it.
+    """
     source = jnp.result_type(x)
     if source == target:
         return jnp.asarray(x) if not isinstance(x, np.ndarray) else x
@@ -160,7 +163,7 @@ def _cast(x, target: np.dtype, attrs, ctx):
         if source == _STRING:
             return _from_string(x, target, saturate, round_mode, ctx)
         return _to_string(x)
-    return _cast_numeric(x, target, saturate, round_mode, ctx)
+    return cast_numeric(x, target, saturate, round_mode, ctx)
 
 
 def _target_dtype(elem_type: int, ctx) -> np.dtype:
@@ -173,7 +176,7 @@ def _target_dtype(elem_type: int, ctx) -> np.dtype:
 
 
 @register("Cast", since=1, host=lambda attrs: str(attrs["to"]).upper() == "STRING")
-def cast_1(inputs, attrs, ctx):
+def cast_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Cast``, opset 1: ``to`` is a type name such as ``"FLOAT"``."""
     name = str(attrs["to"]).upper()
     try:
@@ -185,13 +188,13 @@ def cast_1(inputs, attrs, ctx):
 
 @register("Cast", since=(6, 9, 13, 19, 21, 23, 24, 25, 28),
           host=lambda attrs: attrs["to"] == onnx.TensorProto.STRING)
-def cast(inputs, attrs, ctx):
+def cast(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Cast``, opsets 6+ (``saturate`` from 19, ``round_mode`` from 24)."""
     return (_cast(inputs[0], _target_dtype(attrs["to"], ctx), attrs, ctx),)
 
 
 @register("CastLike", since=(15, 19, 21, 23, 24, 25))
-def cast_like(inputs, attrs, ctx):
+def cast_like(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``CastLike``, opsets 15+: casts to the dtype of the second input."""
     x, like = inputs
     target = np.dtype(like.dtype)
@@ -199,7 +202,7 @@ def cast_like(inputs, attrs, ctx):
 
 
 @register("BitCast", since=26)
-def bit_cast(inputs, attrs, ctx):
+def bit_cast(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BitCast``, opset 26: reinterprets the bits as another type of the same width."""
     (x,) = inputs
     target = _target_dtype(attrs["to"], ctx)

@@ -16,7 +16,6 @@ so bodies may read outer values at any nesting depth.
 from __future__ import annotations
 
 import functools
-
 from typing import Any
 
 import jax
@@ -24,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._interpreter import is_concrete
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._static import static_values
+from jonnx._values import is_concrete
 from jonnx.ops._util import index_dtype, normalize_axis
 
 # Loops unrolled at trace time (sequence-carrying or fully static ones) stop with an error
@@ -44,10 +43,6 @@ def _is_true(value: Any) -> bool:
     return bool(np.asarray(value).reshape(-1)[0])
 
 
-def _structure(values) -> Any:
-    return jax.tree_util.tree_map(lambda v: (jnp.shape(v), jnp.result_type(v)), list(values))
-
-
 def _check_if(attrs, n_inputs: int, n_outputs: int) -> str | None:
     then_n, else_n = len(attrs["then_branch"].outputs), len(attrs["else_branch"].outputs)
     if then_n != else_n:
@@ -58,7 +53,7 @@ def _check_if(attrs, n_inputs: int, n_outputs: int) -> str | None:
 
 
 @register("If", since=_SUBGRAPH_VERSIONS, prefer_static=(0,), validate=_check_if)
-def if_(inputs, attrs, ctx):
+def if_(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``If``, all opsets: a static choice when the condition is known, else ``lax.cond``."""
     (cond,) = inputs
     then_branch, else_branch = attrs["then_branch"], attrs["else_branch"]
@@ -104,7 +99,7 @@ def _loop_static(attrs) -> tuple[int, ...]:
 
 
 @register("Loop", since=_SUBGRAPH_VERSIONS, static_inputs=_loop_static, prefer_static=(0, 1))
-def loop(inputs, attrs, ctx):
+def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Loop``, all opsets: ``lax.scan`` for a static trip count, else ``lax.while_loop``."""
     trip, cond, *state = inputs
     body = attrs["body"]
@@ -283,7 +278,7 @@ def _scan_core(state, scan_inputs, attrs, ctx):
 
 
 @register("Scan", since=(9, 11, 16, 19, 21, 23, 24, 25))
-def scan(inputs, attrs, ctx):
+def scan(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Scan``, opsets 9+: ``lax.scan`` over the scan axes."""
     n_in = attrs["num_scan_inputs"]
     n_state = len(inputs) - n_in
@@ -291,7 +286,7 @@ def scan(inputs, attrs, ctx):
 
 
 @register("Scan", since=8)
-def scan_8(inputs, attrs, ctx):
+def scan_8(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Scan``-8: a leading batch axis and optional per-batch ``sequence_lens``.
 
     A sequence shorter than the scan axis stops updating its states after its length; its

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import index_dtype
 
 
@@ -49,7 +49,7 @@ def _suppressed(box: np.ndarray, kept: np.ndarray, iou_threshold) -> np.ndarray:
 
 
 @register("NonMaxSuppression", since=(10, 11), static_inputs=(0, 1, 2, 3, 4), host=True)
-def non_max_suppression(inputs, attrs, ctx):
+def non_max_suppression(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``NonMaxSuppression``, opsets 10+.
 
     The output's length depends on the box values, so every input is static: the op runs in
@@ -57,7 +57,7 @@ def non_max_suppression(inputs, attrs, ctx):
     ``jax.grad``) raise :class:`jonnx.errors.StaticValueError`; feed them as concrete arrays
     (``Model.__call__`` treats them as static arguments) or run the model eagerly.
     """
-    boxes, scores, max_out, iou_threshold, score_threshold = (tuple(inputs) + (None,) * 3)[:5]
+    boxes, scores, max_out, iou_threshold, score_threshold = inputs
     boxes, scores = np.asarray(boxes), np.asarray(scores)
     if boxes.ndim != 3 or boxes.shape[2] != 4:
         raise ctx.error(f"boxes must have shape [num_batches, num_boxes, 4], got {boxes.shape}")
@@ -98,7 +98,7 @@ def non_max_suppression(inputs, attrs, ctx):
 
 
 @register("Det", since=(11, 22))
-def det(inputs, attrs, ctx):
+def det(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Det``, opsets 11+: determinants of ``[*, M, M]`` matrices.
 
     float16/bfloat16 inputs are factorized in float32 (XLA's LU has no half-precision
@@ -123,7 +123,7 @@ def non_max_suppression_bounded(inputs, attrs, ctx, max_rows: int | None = None)
     number of valid rows is ``(selected[:, 0] >= 0).sum()``. ``max_output_boxes_per_class``
     must be known at trace time; the thresholds may be traced.
     """
-    boxes, scores, max_out, iou_threshold, score_threshold = (tuple(inputs) + (None,) * 3)[:5]
+    boxes, scores, max_out, iou_threshold, score_threshold = inputs
     boxes, scores = jnp.asarray(boxes), jnp.asarray(scores)
     if boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3 or scores.shape[2] != boxes.shape[1]:
         raise ctx.error(f"boxes {boxes.shape} and scores {scores.shape} do not match ONNX's layout")

@@ -13,7 +13,7 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import is_integer, legacy_broadcast
 
 
@@ -35,7 +35,7 @@ def _pow(x, y):
 
 
 def _binary(fn, legacy: bool):
-    def apply(inputs, attrs, ctx):
+    def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         a, b = inputs
         if legacy:
             a, b = legacy_broadcast(a, b, attrs, ctx)
@@ -59,7 +59,7 @@ register("Pow", since=(7, 12, 13, 15))(_binary(_plain(_pow), legacy=False))
 
 
 @register("Mod", since=(10, 13, 28))
-def mod(inputs, attrs, ctx):
+def mod(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Mod``, opsets 10+: sign of the divisor (``fmod=0``) or of the dividend (``fmod=1``).
 
     Floats with ``fmod=0`` (numpy's ``mod``) are defined from opset 28 on.
@@ -75,7 +75,7 @@ def mod(inputs, attrs, ctx):
 
 
 def _variadic(fn):
-    def apply(inputs, attrs, ctx):
+    def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         values = [x for x in inputs if x is not None]
         if not values:
             raise ctx.error("needs at least one input")
@@ -136,7 +136,7 @@ _UNARY = {
 
 
 def _unary(fn):
-    def apply(inputs, attrs, ctx):
+    def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         (x,) = inputs
         return (fn(x),)
 

@@ -11,13 +11,13 @@ import io
 
 import numpy as np
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 
 _MODES = {"RGB": "RGB", "BGR": "RGB", "Grayscale": "L"}
 
 
 @register("ImageDecoder", since=20, static_inputs=(0,), host=True)
-def image_decoder(inputs, attrs, ctx):
+def image_decoder(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ImageDecoder``-20 (any format Pillow reads; output ``[H, W, 3]`` or ``[H, W, 1]``).
 
     Lossless formats decode exactly; lossy ones (JPEG, WebP) give the pixels of the installed

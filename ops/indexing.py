@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import index_dtype, normalize_axis, static_ints
 
 # --------------------------------------------------------------------------------------
@@ -76,7 +76,7 @@ def _as_int_indices(indices):
 
 
 @register("Gather", since=(1, 11, 13))
-def gather(inputs, attrs, ctx):
+def gather(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Gather``, all opsets (negative indices wrap, as opset 11+ defines)."""
     data, indices = inputs
     axis = normalize_axis(attrs["axis"], np.ndim(data), ctx)
@@ -103,7 +103,7 @@ def _elements_index(data_shape, indices, axis):
 
 
 @register("GatherElements", since=(11, 13))
-def gather_elements(inputs, attrs, ctx):
+def gather_elements(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GatherElements``, opsets 11+."""
     data, indices = inputs
     rank = np.ndim(data)
@@ -166,13 +166,13 @@ def _gather_nd(inputs, batch_dims, ctx):
 
 
 @register("GatherND", since=11)
-def gather_nd_11(inputs, attrs, ctx):
+def gather_nd_11(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GatherND``-11 (no ``batch_dims``)."""
     return _gather_nd(inputs, 0, ctx)
 
 
 @register("GatherND", since=(12, 13))
-def gather_nd(inputs, attrs, ctx):
+def gather_nd(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GatherND``, opsets 12+."""
     return _gather_nd(inputs, attrs["batch_dims"], ctx)
 
@@ -280,13 +280,13 @@ def _scatter_nd(inputs, reduction, ctx):
 
 
 @register("ScatterND", since=(11, 13))
-def scatter_nd_11(inputs, attrs, ctx):
+def scatter_nd_11(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ScatterND``, opsets 11-15 (no ``reduction``)."""
     return _scatter_nd(inputs, "none", ctx)
 
 
 @register("ScatterND", since=(16, 18))
-def scatter_nd(inputs, attrs, ctx):
+def scatter_nd(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ScatterND``, opsets 16+ (``reduction`` none/add/mul; max/min from 18)."""
     return _scatter_nd(inputs, attrs["reduction"], ctx)
 
@@ -307,25 +307,25 @@ def _scatter_elements(inputs, axis, reduction, ctx):
 
 
 @register("ScatterElements", since=(11, 13))
-def scatter_elements_11(inputs, attrs, ctx):
+def scatter_elements_11(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ScatterElements``, opsets 11-15 (no ``reduction``)."""
     return _scatter_elements(inputs, attrs["axis"], "none", ctx)
 
 
 @register("ScatterElements", since=(16, 18))
-def scatter_elements(inputs, attrs, ctx):
+def scatter_elements(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ScatterElements``, opsets 16+ (``reduction`` none/add/mul; max/min from 18)."""
     return _scatter_elements(inputs, attrs["axis"], attrs["reduction"], ctx)
 
 
 @register("Scatter", since=(9, 11))
-def scatter(inputs, attrs, ctx):
+def scatter(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Scatter``, opsets 9-10 (deprecated at 11): ``ScatterElements`` without reduction."""
     return _scatter_elements(inputs, attrs["axis"], "none", ctx)
 
 
 @register("TensorScatter", since=24)
-def tensor_scatter(inputs, attrs, ctx):
+def tensor_scatter(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``TensorScatter``, opsets 24+: writes ``update`` into a KV cache along ``axis``."""
     cache, update, write_indices = inputs
     rank = np.ndim(cache)
@@ -384,20 +384,20 @@ def _top_k(x, k: int, axis: int, largest: bool, ctx):
 
 
 @register("TopK", since=1)
-def top_k_1(inputs, attrs, ctx):
+def top_k_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``TopK``-1: ``k`` is an attribute; always the largest, sorted."""
     return _top_k(inputs[0], attrs["k"], attrs["axis"], True, ctx)
 
 
 @register("TopK", since=10, static_inputs=(1,))
-def top_k_10(inputs, attrs, ctx):
+def top_k_10(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``TopK``-10: ``k`` is a static input; always the largest, sorted."""
     (k,) = static_ints(inputs[1])
     return _top_k(inputs[0], k, attrs["axis"], True, ctx)
 
 
 @register("TopK", since=(11, 24), static_inputs=(1,))
-def top_k(inputs, attrs, ctx):
+def top_k(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``TopK``, opsets 11+. ``sorted=0`` returns sorted results too (ONNX leaves the
     order unspecified)."""
     (k,) = static_ints(inputs[1])
@@ -409,7 +409,7 @@ def top_k(inputs, attrs, ctx):
 
 
 @register("NonZero", since=(9, 13), static_inputs=(0,), host=True)
-def non_zero(inputs, attrs, ctx):
+def non_zero(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``NonZero``, opsets 9+. The input must be known at trace time (the output shape
     depends on its values)."""
     x = np.asarray(inputs[0])
@@ -434,7 +434,7 @@ def non_zero_bounded(inputs, attrs, ctx, max_rows: int | None = None):
 
 
 @register("Compress", since=(9, 11, 28), static_inputs=(1,), host=True)
-def compress(inputs, attrs, ctx):
+def compress(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Compress``, all opsets. ``condition`` must be known at trace time."""
     x, condition = inputs
     condition = np.asarray(condition).reshape(-1).astype(bool)
@@ -454,7 +454,7 @@ def compress(inputs, attrs, ctx):
 
 
 @register("Unique", since=(11, 28), static_inputs=(0,), host=True)
-def unique(inputs, attrs, ctx):
+def unique(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Unique``, opsets 11+. The input must be known at trace time."""
     x = np.asarray(inputs[0])
     axis = attrs["axis"]
@@ -496,13 +496,13 @@ def _cumulative(x, axis_input, attrs, ctx, op, identity):
 
 
 @register("CumSum", since=(11, 14), static_inputs=(1,))
-def cum_sum(inputs, attrs, ctx):
+def cum_sum(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``CumSum``, opsets 11+ (``exclusive``, ``reverse``). ``axis`` is static."""
     return _cumulative(inputs[0], inputs[1], attrs, ctx, jax.lax.cumsum, 0)
 
 
 @register("CumProd", since=26, static_inputs=(1,))
-def cum_prod(inputs, attrs, ctx):
+def cum_prod(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``CumProd``, opsets 26+ (``exclusive``, ``reverse``). ``axis`` is static."""
     return _cumulative(inputs[0], inputs[1], attrs, ctx, jax.lax.cumprod, 1)
 
@@ -536,19 +536,19 @@ def _one_hot(inputs, attrs, ctx, wrap_negative: bool):
 
 
 @register("OneHot", since=9, static_inputs=(1,))
-def one_hot_9(inputs, attrs, ctx):
+def one_hot_9(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``OneHot``-9: indices outside ``[0, depth)`` (negative ones too) give all off."""
     return _one_hot(inputs, attrs, ctx, wrap_negative=False)
 
 
 @register("OneHot", since=(11, 28), static_inputs=(1,))
-def one_hot(inputs, attrs, ctx):
+def one_hot(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``OneHot``, opsets 11+: indices in ``[-depth, -1]`` count from the end."""
     return _one_hot(inputs, attrs, ctx, wrap_negative=True)
 
 
 @register("ReverseSequence", since=(10, 28))
-def reverse_sequence(inputs, attrs, ctx):
+def reverse_sequence(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ReverseSequence``, opsets 10+."""
     x, lens = inputs
     rank = np.ndim(x)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import legacy_broadcast
 
 
@@ -21,7 +21,7 @@ def _is_string(x) -> bool:
 
 
 def _binary(fn, legacy: bool, np_fn=None):
-    def apply(inputs, attrs, ctx):
+    def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         a, b = inputs
         if legacy:
             a, b = legacy_broadcast(a, b, attrs, ctx)
@@ -59,19 +59,19 @@ for _name, (_fn, _np_fn, _legacy, _modern) in _COMPARISONS.items():
 
 
 @register("Not", since=1)
-def not_(inputs, attrs, ctx):
+def not_(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Not``, opset 1."""
     return (jnp.logical_not(inputs[0]),)
 
 
 @register("BitwiseNot", since=18)
-def bitwise_not(inputs, attrs, ctx):
+def bitwise_not(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BitwiseNot``, opset 18."""
     return (jnp.bitwise_not(inputs[0]),)
 
 
 @register("Where", since=(9, 16))
-def where(inputs, attrs, ctx):
+def where(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Where``, opsets 9+ (string tensors only when every input is static)."""
     cond, x, y = inputs
     if _is_string(x) or _is_string(y):
@@ -82,13 +82,13 @@ def where(inputs, attrs, ctx):
 
 
 @register("IsNaN", since=(9, 13, 20))
-def isnan(inputs, attrs, ctx):
+def isnan(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``IsNaN``, opsets 9+."""
     return (jnp.isnan(inputs[0]),)
 
 
 @register("IsInf", since=(10, 20))
-def isinf(inputs, attrs, ctx):
+def isinf(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``IsInf``, opsets 10+ (``detect_negative``/``detect_positive``)."""
     (x,) = inputs
     detect_neg, detect_pos = attrs["detect_negative"], attrs["detect_positive"]
@@ -102,7 +102,7 @@ def isinf(inputs, attrs, ctx):
 
 
 @register("BitShift", since=(11, 28))
-def bitshift(inputs, attrs, ctx):
+def bitshift(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BitShift``, opsets 11+: right shifts of signed types are arithmetic; a shift
     amount that is negative or at least the bit width gives the sign fill (0 or -1)."""
     x, y = inputs

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 
 _REDUCTIONS = ("none", "sum", "mean")
 
@@ -69,7 +69,7 @@ def _nll(logp, target, weight, attrs, ctx):
 
 
 @register("NegativeLogLikelihoodLoss", since=(12, 13, 22))
-def negative_log_likelihood_loss(inputs, attrs, ctx):
+def negative_log_likelihood_loss(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``NegativeLogLikelihoodLoss``, opsets 12+ (13 and 22 only widen types)."""
     x, target, weight = (tuple(inputs) + (None,))[:3]
     _check(x, target, weight, "input", ctx)
@@ -77,7 +77,7 @@ def negative_log_likelihood_loss(inputs, attrs, ctx):
 
 
 @register("SoftmaxCrossEntropyLoss", since=(12, 13))
-def softmax_cross_entropy_loss(inputs, attrs, ctx):
+def softmax_cross_entropy_loss(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SoftmaxCrossEntropyLoss``, opsets 12+ (13 only widens types).
 
     The optional second output ``log_prob`` is produced when the node declares it.

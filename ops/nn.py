@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import index_dtype, static_ints
 
 # --------------------------------------------------------------------------- layout
@@ -242,14 +242,14 @@ _LOWERINGS = {"matmul": _conv_matmul, "depthwise": _conv_depthwise, "im2col": _c
 
 
 @register("Conv", since=(1, 11, 22))
-def conv(inputs, attrs, ctx):
+def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Conv``, all opsets (1-D, 2-D, 3-D, grouped, dilated, any auto_pad)."""
     x, w, b = (tuple(inputs) + (None,))[:3]
     return (convolve(x, w, b, attrs, ctx),)
 
 
 @register("ConvTranspose", since=(1, 11, 22))
-def conv_transpose(inputs, attrs, ctx):
+def conv_transpose(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ConvTranspose``, all opsets: one dilated-input convolution with the flipped kernel."""
     x, w, b = (tuple(inputs) + (None,))[:3]
     if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x):
@@ -418,13 +418,13 @@ def _max_pool(x, attrs, ctx, with_indices: bool):
 
 
 @register("MaxPool", since=1)
-def max_pool_1(inputs, attrs, ctx):
+def max_pool_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MaxPool``-1 (no Indices output)."""
     return _max_pool(inputs[0], attrs, ctx, with_indices=False)
 
 
 @register("MaxPool", since=(8, 10, 11, 12, 22))
-def max_pool(inputs, attrs, ctx):
+def max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MaxPool``, opsets 8+: Y and the flattened int64 Indices (``storage_order``).
 
     Indices are computed only when the model reads them (XLA drops them otherwise under jit).
@@ -444,7 +444,7 @@ def _window_count(spatial, kernel, strides, dilations, lo, hi, extra, include_pa
 
 
 @register("AveragePool", since=(1, 7, 10, 11, 19, 22))
-def average_pool(inputs, attrs, ctx):
+def average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``AveragePool``, all opsets (pads excluded from the divisor before opset 7)."""
     x = inputs[0]
     kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx)
@@ -471,7 +471,7 @@ def _abs_pow(x, p):
 
 
 @register("LpPool", since=(1, 2, 11, 18, 22))
-def lp_pool(inputs, attrs, ctx):
+def lp_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LpPool``, all opsets (``p`` is a float in opset 1, an int after)."""
     x = inputs[0]
     p = attrs["p"]
@@ -491,21 +491,21 @@ def _spatial_axes(x, ctx):
 
 
 @register("GlobalAveragePool", since=(1, 22))
-def global_average_pool(inputs, attrs, ctx):
+def global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalAveragePool``, all opsets."""
     x = inputs[0]
     return (jnp.mean(x, axis=_spatial_axes(x, ctx), keepdims=True),)
 
 
 @register("GlobalMaxPool", since=(1, 22))
-def global_max_pool(inputs, attrs, ctx):
+def global_max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalMaxPool``, all opsets."""
     x = inputs[0]
     return (jnp.max(x, axis=_spatial_axes(x, ctx), keepdims=True),)
 
 
 @register("GlobalLpPool", since=(1, 2, 22))
-def global_lp_pool(inputs, attrs, ctx):
+def global_lp_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalLpPool``, all opsets (``p`` is a float in opset 1, an int after)."""
     x = inputs[0]
     p = attrs["p"]
@@ -516,7 +516,7 @@ def global_lp_pool(inputs, attrs, ctx):
 
 
 @register("MaxUnpool", since=(9, 11, 22), static_inputs=(2,))
-def max_unpool(inputs, attrs, ctx):
+def max_unpool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MaxUnpool``, all opsets: scatters X to the flat positions I of the output.
 
     With ``output_shape``, I indexes the flattened ``output_shape`` tensor (the MaxPool input
@@ -547,7 +547,7 @@ def max_unpool(inputs, attrs, ctx):
 # --------------------------------------------------------------------------- products
 
 
-def _gemm(a, b, c, attrs, ctx):
+def gemm_core(a, b, c, attrs, ctx):
     if jnp.ndim(a) != 2 or jnp.ndim(b) != 2:
         raise ctx.error(f"A and B must be matrices, got shapes {jnp.shape(a)} and {jnp.shape(b)}")
     if attrs["transA"]:
@@ -575,7 +575,7 @@ def _gemm(a, b, c, attrs, ctx):
 
 
 @register("Gemm", since=(1, 6))
-def gemm_1(inputs, attrs, ctx):
+def gemm_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Gemm``-1/6: C must match (M, N) unless ``broadcast=1``."""
     a, b, c = inputs
     if not attrs["broadcast"] and c is not None:
@@ -583,18 +583,18 @@ def gemm_1(inputs, attrs, ctx):
         nn = jnp.shape(b)[0 if attrs["transB"] else 1]
         if tuple(jnp.shape(c)) != (m, nn):
             raise ctx.error(f"C has shape {jnp.shape(c)}, not {(m, nn)}; before opset 7 this needs broadcast=1")
-    return (_gemm(a, b, c, attrs, ctx),)
+    return (gemm_core(a, b, c, attrs, ctx),)
 
 
 @register("Gemm", since=(7, 9, 11, 13))
-def gemm(inputs, attrs, ctx):
+def gemm(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Gemm``, opsets 7+: C broadcasts unidirectionally (optional from opset 11)."""
     a, b, c = (tuple(inputs) + (None,))[:3]
-    return (_gemm(a, b, c, attrs, ctx),)
+    return (gemm_core(a, b, c, attrs, ctx),)
 
 
 @register("MatMul", since=(1, 9, 13))
-def matmul(inputs, attrs, ctx):
+def matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MatMul``, all opsets (numpy ``matmul`` semantics, 1-D operands included)."""
     a, b = inputs
     if jnp.ndim(a) == 0 or jnp.ndim(b) == 0:
@@ -603,7 +603,7 @@ def matmul(inputs, attrs, ctx):
 
 
 @register("Einsum", since=(12, 28))
-def einsum(inputs, attrs, ctx):
+def einsum(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Einsum``, all opsets (explicit and implicit output, ellipsis)."""
     equation = attrs["equation"]
     equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
@@ -620,7 +620,7 @@ def einsum(inputs, attrs, ctx):
 
 
 @register("Col2Im", since=18, static_inputs=(1, 2))
-def col2im(inputs, attrs, ctx):
+def col2im(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Col2Im``-18: sums column blocks back into an image (the adjoint of im2col)."""
     x, image_shape, block_shape = inputs
     image, block = static_ints(image_shape), static_ints(block_shape)
@@ -707,9 +707,9 @@ def _deform_core(x, w, offset, mask, *, group, offset_group, strides, dilations,
 
 
 @register("DeformConv", since=(19, 22))
-def deform_conv(inputs, attrs, ctx):
+def deform_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``DeformConv``, all opsets: bilinear (multilinear in N-D) sampling at offset positions."""
-    x, w, offset, b, mask = (tuple(inputs) + (None,) * 5)[:5]
+    x, w, offset, b, mask = inputs
     if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x) or jnp.ndim(offset) != jnp.ndim(x):
         raise ctx.error(
             f"X {jnp.shape(x)}, W {jnp.shape(w)} and offset {jnp.shape(offset)} need the same rank, at least 3"

@@ -29,22 +29,22 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._interpreter import is_concrete
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx._values import is_concrete
 from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype
 
 
-def _rsqrt_eps(v, eps):
+def rsqrt_eps(v, eps):
     return lax.rsqrt(v + jnp.asarray(eps, dtype_of(v)))
 
 
-def _stash_dtype(x, stash_type) -> np.dtype:
+def stash_dtype(x, stash_type) -> np.dtype:
     """The dtype statistics are computed in: ``stash_type``, widened to ``x``'s if wider."""
     stash = onnx_dtype(stash_type) if stash_type is not None else dtype_of(x)
     return np.dtype(jnp.promote_types(stash, dtype_of(x)))
 
 
-def _moments(x, axes):
+def moments(x, axes):
     """Mean and population variance over ``axes`` (kept as size-1 dims)."""
     mean = jnp.mean(x, axis=axes, keepdims=True)
     centered = x - mean
@@ -72,13 +72,13 @@ def _bn_axes(x, spatial: bool) -> tuple[int, ...]:
 def _bn_inference(x, scale, bias, mean, var, eps, spatial=True):
     dtype = dtype_of(x)
     s, b, m, v = (_bn_param(p, x, spatial) for p in (scale, bias, mean, var))
-    y = (x - m) * _rsqrt_eps(v, eps) * s + b
+    y = (x - m) * rsqrt_eps(v, eps) * s + b
     return y.astype(dtype)
 
 
 def _bn_batch_stats(x, spatial: bool):
     """The batch's mean and population variance, shaped like the running statistics."""
-    mean, var = _moments(x, _bn_axes(x, spatial))
+    mean, var = moments(x, _bn_axes(x, spatial))
     return jnp.squeeze(mean, 0), jnp.squeeze(var, 0)
 
 
@@ -123,7 +123,7 @@ _RUNNING_STATS = {1: 3, 2: 4}  # outputs 1 and 2 are the new running mean and va
     "BatchNormalization", since=(1, 6), state_updates=_RUNNING_STATS,
     trains=lambda attrs: not attrs["is_test"],
 )
-def batch_normalization_1(inputs, attrs, ctx):
+def batch_normalization_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``-1/6: ``is_test=0`` (the default) is training mode.
 
     ``saved_var`` is the batch variance; ``consumed_inputs`` is ignored.
@@ -133,13 +133,13 @@ def batch_normalization_1(inputs, attrs, ctx):
 
 
 @register("BatchNormalization", since=7, state_updates=_RUNNING_STATS)
-def batch_normalization_7(inputs, attrs, ctx):
+def batch_normalization_7(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``-7: inference unless the run is in training mode."""
     return _bn_legacy(inputs, attrs, ctx.training(False), bool(attrs["spatial"]))
 
 
 @register("BatchNormalization", since=9, state_updates=_RUNNING_STATS)
-def batch_normalization_9(inputs, attrs, ctx):
+def batch_normalization_9(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``-9: per-channel statistics; training only with ``train``."""
     return _bn_legacy(inputs, attrs, ctx.training(False), True)
 
@@ -148,7 +148,7 @@ def batch_normalization_9(inputs, attrs, ctx):
     "BatchNormalization", since=(14, 15), state_updates=_RUNNING_STATS,
     trains=lambda attrs: bool(attrs["training_mode"]),
 )
-def batch_normalization(inputs, attrs, ctx):
+def batch_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``, opsets 14+: ``training_mode`` attribute or ``train``.
 
     In training mode, outputs 1 and 2 (the updated running statistics) are returned even
@@ -168,29 +168,28 @@ def batch_normalization(inputs, attrs, ctx):
 
 
 @register("InstanceNormalization", since=(1, 6, 22))
-def instance_normalization(inputs, attrs, ctx):
+def instance_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``InstanceNormalization``, all opsets (``consumed_inputs`` of opset 1 ignored)."""
     x, scale, bias = inputs
     rank = jnp.ndim(x)
     if rank < 3:
         raise ctx.error(f"input must have rank >= 3 (N, C, D1, ...), got rank {rank}")
-    mean, var = _moments(x, tuple(range(2, rank)))
-    y = (x - mean) * _rsqrt_eps(var, attrs["epsilon"])
+    mean, var = moments(x, tuple(range(2, rank)))
+    y = (x - mean) * rsqrt_eps(var, attrs["epsilon"])
     shape = (-1,) + (1,) * (rank - 2)
     return ((y * jnp.reshape(scale, shape) + jnp.reshape(bias, shape)).astype(dtype_of(x)),)
 
 
 @register("LayerNormalization", since=17)
-def layer_normalization(inputs, attrs, ctx):
+def layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LayerNormalization``-17, with the optional ``Mean`` and ``InvStdDev`` outputs."""
-    x, scale = inputs[:2]
-    bias = inputs[2] if len(inputs) > 2 else None
+    x, scale, bias = inputs
     rank = jnp.ndim(x)
     axis = normalize_axis(attrs["axis"], rank, ctx)
     dtype = dtype_of(x)
-    xs = x.astype(_stash_dtype(x, attrs["stash_type"]))
-    mean, var = _moments(xs, tuple(range(axis, rank)))
-    inv_std = _rsqrt_eps(var, attrs["epsilon"])
+    xs = x.astype(stash_dtype(x, attrs["stash_type"]))
+    mean, var = moments(xs, tuple(range(axis, rank)))
+    inv_std = rsqrt_eps(var, attrs["epsilon"])
     y = ((xs - mean) * inv_std).astype(dtype) * scale
     if bias is not None:
         y = y + bias
@@ -209,10 +208,10 @@ def _group_norm(x, scale, bias, attrs, ctx, per_channel: bool):
     if num_groups <= 0 or c % num_groups:
         raise ctx.error(f"num_groups={num_groups} does not divide the {c} channels")
     dtype = dtype_of(x)
-    xs = x.astype(_stash_dtype(x, attrs.get("stash_type")))
+    xs = x.astype(stash_dtype(x, attrs.get("stash_type")))
     grouped = jnp.reshape(xs, (n, num_groups, -1))
-    mean, var = _moments(grouped, (2,))
-    normed = ((grouped - mean) * _rsqrt_eps(var, attrs["epsilon"])).astype(dtype)
+    mean, var = moments(grouped, (2,))
+    normed = ((grouped - mean) * rsqrt_eps(var, attrs["epsilon"])).astype(dtype)
     trailing = (1,) * (len(shape) - 2)
     if per_channel:
         normed = jnp.reshape(normed, shape)
@@ -225,33 +224,33 @@ def _group_norm(x, scale, bias, attrs, ctx, per_channel: bool):
 
 
 @register("GroupNormalization", since=18)
-def group_normalization_18(inputs, attrs, ctx):
+def group_normalization_18(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GroupNormalization``-18: ``scale`` and ``bias`` have one entry per group."""
     x, scale, bias = inputs
     return _group_norm(x, scale, bias, attrs, ctx, per_channel=False)
 
 
 @register("GroupNormalization", since=21)
-def group_normalization_21(inputs, attrs, ctx):
+def group_normalization_21(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GroupNormalization``-21: per-channel ``scale``/``bias``, ``stash_type``."""
     x, scale, bias = inputs
     return _group_norm(x, scale, bias, attrs, ctx, per_channel=True)
 
 
 @register("RMSNormalization", since=23)
-def rms_normalization(inputs, attrs, ctx):
+def rms_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RMSNormalization``-23: the output takes ``scale``'s type."""
     x, scale = inputs
     rank = jnp.ndim(x)
     axis = normalize_axis(attrs["axis"], rank, ctx)
-    xs = x.astype(_stash_dtype(x, attrs["stash_type"]))
+    xs = x.astype(stash_dtype(x, attrs["stash_type"]))
     mean_square = jnp.mean(xs * xs, axis=tuple(range(axis, rank)), keepdims=True)
-    normed = (xs * _rsqrt_eps(mean_square, attrs["epsilon"])).astype(dtype_of(x))
+    normed = (xs * rsqrt_eps(mean_square, attrs["epsilon"])).astype(dtype_of(x))
     return ((normed * scale).astype(dtype_of(scale)),)
 
 
 @register("LpNormalization", since=(1, 22))
-def lp_normalization(inputs, attrs, ctx):
+def lp_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LpNormalization``, all opsets; an all-zero slice gives zeros (not NaN)."""
     (x,) = inputs
     axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
@@ -269,7 +268,7 @@ def lp_normalization(inputs, attrs, ctx):
 
 
 @register("MeanVarianceNormalization", since=(9, 13))
-def mean_variance_normalization(inputs, attrs, ctx):
+def mean_variance_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MeanVarianceNormalization``, all opsets: ``(X - E[X]) / (sqrt(Var[X]) + 1e-9)``.
 
     The variance is computed as ``E[(X - E[X])^2]`` rather than the function body's
@@ -277,14 +276,14 @@ def mean_variance_normalization(inputs, attrs, ctx):
     """
     (x,) = inputs
     axes = normalize_axes(attrs["axes"], jnp.ndim(x), ctx)
-    mean, var = _moments(x, axes)
+    mean, var = moments(x, axes)
     positive = var > 0
     std = jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1)), 0)
     return (((x - mean) / (std + jnp.asarray(1e-9, dtype_of(x)))).astype(dtype_of(x)),)
 
 
 @register("LRN", since=(1, 13))
-def lrn(inputs, attrs, ctx):
+def lrn(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LRN``, all opsets: the square sum runs over a window of ``size`` channels."""
     (x,) = inputs
     size = attrs["size"]
@@ -323,7 +322,7 @@ def _dropout(x, ratio, active, ctx, mask_dtype):
 
 
 @register("Dropout", since=(1, 6), random=True)
-def dropout_1(inputs, attrs, ctx):
+def dropout_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Dropout``-1/6: ``is_test=0`` (the default) is training mode; the mask is float.
 
     ``consumed_inputs`` is ignored.
@@ -334,7 +333,7 @@ def dropout_1(inputs, attrs, ctx):
 
 
 @register("Dropout", since=(7, 10), random=True)
-def dropout_7(inputs, attrs, ctx):
+def dropout_7(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Dropout``-7/10: active only when the run is in training mode.
 
     The mask has the input's type in opset 7 and is bool from opset 10.
@@ -348,15 +347,14 @@ def dropout_7(inputs, attrs, ctx):
 # input feeding them directly is passed to jit as static, so ratio=0 (or training_mode=0)
 # runs without a PRNG key, as onnxruntime and the node suite's callers expect.
 @register("Dropout", since=(12, 13, 22), random=True, prefer_static=(1, 2))
-def dropout(inputs, attrs, ctx):
+def dropout(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Dropout``, opsets 12+: optional ``ratio`` and ``training_mode`` inputs.
 
     Active when ``training_mode`` is true or the run is in training mode. The ``seed``
     attribute is ignored: the mask comes from the node's PRNG key (``ctx.rng()``).
     """
-    x = inputs[0]
-    ratio = inputs[1] if len(inputs) > 1 and inputs[1] is not None else np.float32(0.5)
-    training = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    x, ratio, training = inputs
+    ratio = np.float32(0.5) if ratio is None else ratio
     if ctx.train is not None:
         active = ctx.train
     elif training is None:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jonnx._ir import Graph, Node, ValueInfo
-from jonnx._registry import OpContext, register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 
 TRAINING = "ai.onnx.preview.training"
 
@@ -56,7 +56,7 @@ def _required(attrs, names: Sequence[str], ctx: OpContext) -> list[float]:
 
 
 @register("Adagrad", since=1, domain=TRAINING)
-def adagrad(inputs, attrs, ctx):
+def adagrad(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Adagrad`` (ai.onnx.preview.training), opset 1."""
     r, t, (xs, gs, hs) = _groups(inputs, 3, ctx)
     norm, decay, eps = attrs["norm_coefficient"], attrs["decay_factor"], attrs["epsilon"]
@@ -72,7 +72,7 @@ def adagrad(inputs, attrs, ctx):
 
 
 @register("Adam", since=1, domain=TRAINING)
-def adam(inputs, attrs, ctx):
+def adam(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Adam`` (ai.onnx.preview.training), opset 1."""
     r, t, (xs, gs, vs, hs) = _groups(inputs, 4, ctx)
     alpha, beta = attrs["alpha"], attrs["beta"]
@@ -99,7 +99,7 @@ def adam(inputs, attrs, ctx):
 
 
 @register("Momentum", since=1, domain=TRAINING)
-def momentum(inputs, attrs, ctx):
+def momentum(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Momentum`` (ai.onnx.preview.training), opset 1: ``mode`` standard or nesterov."""
     r, t, (xs, gs, vs) = _groups(inputs, 3, ctx)
     alpha, beta, norm, mode = _required(attrs, ("alpha", "beta", "norm_coefficient", "mode"), ctx)
@@ -143,12 +143,7 @@ def _slice(graph: Graph, y: str, boundary: frozenset[str]) -> tuple[Node, ...]:
         seen.add((name, stop))
         node = producers[name]
         keep.add(index[id(node)])
-        reads = [i for i in node.inputs if i]
-        for value in node.attrs.values():
-            for sub in value if isinstance(value, tuple) else (value,):
-                if isinstance(sub, Graph):
-                    reads.extend(sub.outer_names)
-        stack.extend((i, stop) for i in reads)
+        stack.extend((i, stop) for i in node.reads)
         if _is_gradient(node):
             inner = frozenset(node.attrs["xs"] or ()) | frozenset(node.attrs["zs"] or ())
             stack.append((node.attrs["y"], inner))
@@ -156,7 +151,7 @@ def _slice(graph: Graph, y: str, boundary: frozenset[str]) -> tuple[Node, ...]:
 
 
 @register("Gradient", since=1, domain=TRAINING, reads_graph=True)
-def gradient(inputs, attrs, ctx):
+def gradient(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Gradient`` (ai.onnx.preview.training), opset 1: ``dy/dx`` for each name in ``xs``.
 
     The derivative is taken through the enclosing graph's nodes between ``xs``/``zs`` and

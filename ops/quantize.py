@@ -20,9 +20,9 @@ import numpy as np
 import onnx
 from jax import lax
 
-from jonnx._registry import OpContext, register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import canonical, dtype_of, normalize_axis, onnx_dtype
-from jonnx.ops.cast import _cast_numeric
+from jonnx.ops.cast import cast_numeric
 from jonnx.ops.nn import convolve  # Conv's geometry (pads, auto_pad, groups) lives there
 
 _INT_RANGES = {
@@ -99,13 +99,13 @@ def _saturate_round(q, zero_point, target: np.dtype, saturate: bool, ctx):
     if target in _FLOAT_TARGETS:
         if zero_point is not None:
             q = q + jnp.asarray(zero_point).astype(dtype_of(q))
-        return _cast_numeric(q, target, saturate, "up", ctx)
+        return cast_numeric(q, target, saturate, "up", ctx)
     raise ctx.error(f"{target} is not a quantized type (uint8/int8/uint16/int16/4-bit/2-bit/float8)")
 
 
-def _quantize_linear(inputs, attrs, ctx):
+def quantize_linear(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``QuantizeLinear``, opsets 10+: ``y = saturate(round(x / y_scale) + y_zero_point)``."""
-    x, scale, zero_point = (tuple(inputs) + (None,) * 3)[:3]
+    x, scale, zero_point = inputs
     output_dtype = attrs.get("output_dtype") or 0
     if zero_point is not None:
         target = dtype_of(zero_point)
@@ -129,12 +129,12 @@ def _quantize_linear(inputs, attrs, ctx):
     return (_saturate_round(q, zero_point, target, True if saturate is None else bool(saturate), ctx),)
 
 
-register("QuantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(_quantize_linear)
+register("QuantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(quantize_linear)
 
 
-def _dequantize_linear(inputs, attrs, ctx):
+def dequantize_linear(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``DequantizeLinear``, opsets 10+: ``y = (x - x_zero_point) * x_scale``."""
-    x, scale, zero_point = (tuple(inputs) + (None,) * 3)[:3]
+    x, scale, zero_point = inputs
     output_dtype = attrs.get("output_dtype") or 0
     out = onnx_dtype(output_dtype) if output_dtype else dtype_of(scale)
     shape = jnp.shape(x)
@@ -149,11 +149,11 @@ def _dequantize_linear(inputs, attrs, ctx):
     return ((dx * jnp.asarray(scale).astype(compute)).astype(out),)
 
 
-register("DequantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(_dequantize_linear)
+register("DequantizeLinear", since=(10, 13, 19, 21, 23, 24, 25, 28))(dequantize_linear)
 
 
 @register("DynamicQuantizeLinear", since=11)
-def dynamic_quantize_linear(inputs, attrs, ctx):
+def dynamic_quantize_linear(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``DynamicQuantizeLinear``, opset 11: uint8 with a scale and zero point from x's range."""
     (x,) = inputs
     x = jnp.asarray(x)
@@ -235,7 +235,7 @@ def _int32_sum(x, axis: int):
 
 
 @register("MatMulInteger", since=10)
-def matmul_integer(inputs, attrs, ctx):
+def matmul_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MatMulInteger``, opset 10: ``(A - a_zero_point) @ (B - b_zero_point)`` in int32."""
     a, b, a_zero, b_zero = inputs
     return (integer_matmul(a, b, a_zero, b_zero),)
@@ -246,7 +246,7 @@ def _row_scale(scale):
 
 
 @register("QLinearMatMul", since=(10, 21))
-def qlinear_matmul(inputs, attrs, ctx):
+def qlinear_matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``QLinearMatMul``, opsets 10 and 21 (21 adds float8 and float16/bfloat16 scales)."""
     a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero = inputs
     acc = integer_matmul(a, b, a_zero, b_zero)
@@ -294,14 +294,14 @@ def integer_conv(x, w, bias, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Ar
 
 
 @register("ConvInteger", since=10)
-def conv_integer(inputs, attrs, ctx):
+def conv_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ConvInteger``, opset 10: Conv of zero-point-centered integers, int32 output."""
     x, w, x_zero, w_zero = inputs
     return (integer_conv(_centered(x, x_zero, False), _centered_weights(w, w_zero), None, attrs, ctx),)
 
 
 @register("QLinearConv", since=10)
-def qlinear_conv(inputs, attrs, ctx):
+def qlinear_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``QLinearConv``, opset 10: quantized Conv with an int32 bias, requantized to y's type."""
     x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = inputs
     acc = integer_conv(_centered(x, x_zero, False), _centered_weights(w, w_zero), bias, attrs, ctx)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import canonical, onnx_dtype, static_ints
 
 
@@ -43,35 +43,35 @@ def _uniform(shape, dtype, attrs, ctx):
 
 
 @register("RandomNormal", since=(1, 22), random=True)
-def random_normal(inputs, attrs, ctx):
+def random_normal(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RandomNormal``, all opsets; ``seed`` is ignored (see the module docstring)."""
     dtype = _float_dtype(onnx_dtype(attrs["dtype"]), ctx)
     return _normal(static_ints(attrs["shape"]), dtype, attrs, ctx)
 
 
 @register("RandomUniform", since=(1, 22), random=True)
-def random_uniform(inputs, attrs, ctx):
+def random_uniform(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RandomUniform``, all opsets; ``seed`` is ignored (see the module docstring)."""
     dtype = _float_dtype(onnx_dtype(attrs["dtype"]), ctx)
     return _uniform(static_ints(attrs["shape"]), dtype, attrs, ctx)
 
 
 @register("RandomNormalLike", since=(1, 22), random=True)
-def random_normal_like(inputs, attrs, ctx):
+def random_normal_like(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RandomNormalLike``, all opsets; ``seed`` is ignored (see the module docstring)."""
     (x,) = inputs
     return _normal(jnp.shape(x), _like_dtype(x, attrs, ctx), attrs, ctx)
 
 
 @register("RandomUniformLike", since=(1, 22), random=True)
-def random_uniform_like(inputs, attrs, ctx):
+def random_uniform_like(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RandomUniformLike``, all opsets; ``seed`` is ignored (see the module docstring)."""
     (x,) = inputs
     return _uniform(jnp.shape(x), _like_dtype(x, attrs, ctx), attrs, ctx)
 
 
 @register("Bernoulli", since=(15, 22), random=True)
-def bernoulli(inputs, attrs, ctx):
+def bernoulli(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Bernoulli``, all opsets; ``seed`` is ignored (see the module docstring)."""
     (p,) = inputs
     dtype = canonical(p.dtype) if attrs["dtype"] is None else onnx_dtype(attrs["dtype"])
@@ -80,7 +80,7 @@ def bernoulli(inputs, attrs, ctx):
 
 
 @register("Multinomial", since=(7, 22), random=True)
-def multinomial(inputs, attrs, ctx):
+def multinomial(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Multinomial``, all opsets; ``seed`` is ignored (see the module docstring).
 
     The input holds unnormalized log-probabilities, shape ``(batch, classes)``; the output

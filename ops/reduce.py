@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import index_dtype, normalize_axes, normalize_axis, static_ints
 
 
@@ -135,7 +135,7 @@ def _reduce(fn, x, axes, keepdims, noop, ctx):
 
 
 def _reduce_attr_axes(fn):
-    def apply(inputs, attrs, ctx):
+    def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         x = inputs[0]
         axes = attrs["axes"]
         return (_reduce(fn, x, tuple(axes) if axes is not None else (), attrs["keepdims"], False, ctx),)
@@ -145,9 +145,9 @@ def _reduce_attr_axes(fn):
 
 
 def _reduce_input_axes(fn):
-    def apply(inputs, attrs, ctx):
-        x = inputs[0]
-        axes = static_ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else ()
+    def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+        x, axes = inputs
+        axes = () if axes is None else static_ints(axes)
         return (_reduce(fn, x, axes, attrs["keepdims"], attrs["noop_with_empty_axes"], ctx),)
 
     apply.__doc__ = (
@@ -192,12 +192,12 @@ def _arg(find, inputs, attrs, ctx):
 
 
 @register("ArgMax", since=(1, 11, 12, 13))
-def argmax(inputs, attrs, ctx):
+def argmax(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ArgMax``, all opsets (negative axis from 11, ``select_last_index`` from 12)."""
     return _arg(jnp.argmax, inputs, attrs, ctx)
 
 
 @register("ArgMin", since=(1, 11, 12, 13))
-def argmin(inputs, attrs, ctx):
+def argmin(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ArgMin``, all opsets (negative axis from 11, ``select_last_index`` from 12)."""
     return _arg(jnp.argmin, inputs, attrs, ctx)

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._registry import register
-from jonnx.ops._util import normalize_axes, normalize_axis, static_ints
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx.ops._util import normalize_axes, static_ints
 
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 _CTM_13 = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize")
@@ -254,7 +254,7 @@ def _legacy_options(mode, ctx):
 
 
 @register("Resize", since=10, static_inputs=(1,))
-def resize_10(inputs, attrs, ctx):
+def resize_10(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Resize``, opset 10: ``scales`` only, asymmetric coordinates.
 
     The changelog leaves opset 10's coordinate mapping unstated; like onnxruntime, jonnx uses
@@ -266,8 +266,8 @@ def resize_10(inputs, attrs, ctx):
 
 
 def _resize_with_modes(ctms):
-    def resize(inputs, attrs, ctx):
-        x, roi, scales, sizes = (tuple(inputs) + (None,) * 4)[:4]
+    def resize(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+        x, roi, scales, sizes = inputs
         opt = _options(attrs, ctx, ctms)
         axes = attrs.get("axes")
         return _resize(x, scales, sizes, roi, None if axes is None else list(axes), opt, ctx)
@@ -292,7 +292,7 @@ def _upsample_scales(scales, ctx):
 
 
 @register("Upsample", since=1)
-def upsample_1(inputs, attrs, ctx):
+def upsample_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Upsample``, opset 1 (experimental): 4-D, ``height_scale``/``width_scale``."""
     (x,) = inputs
     if jnp.ndim(x) != 4:
@@ -302,7 +302,7 @@ def upsample_1(inputs, attrs, ctx):
 
 
 @register("Upsample", since=7)
-def upsample_7(inputs, attrs, ctx):
+def upsample_7(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Upsample``, opset 7: ``scales`` attribute; asymmetric coordinates as in Resize-10."""
     (x,) = inputs
     scales = _upsample_scales(attrs["scales"], ctx)
@@ -310,7 +310,7 @@ def upsample_7(inputs, attrs, ctx):
 
 
 @register("Upsample", since=(9, 10), static_inputs=(1,))
-def upsample_9(inputs, attrs, ctx):
+def upsample_9(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Upsample``, opsets 9-10 (deprecated at 10): static ``scales`` input."""
     x, scales = inputs
     scales = _upsample_scales(scales, ctx)
@@ -409,7 +409,7 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners, ctx):
 
 
 @register("GridSample", since=16)
-def grid_sample_16(inputs, attrs, ctx):
+def grid_sample_16(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GridSample``, opset 16: 4-D input, modes bilinear/nearest/bicubic."""
     x, grid = inputs
     if jnp.ndim(x) != 4:
@@ -422,7 +422,7 @@ def grid_sample_16(inputs, attrs, ctx):
 
 
 @register("GridSample", since=(20, 22))
-def grid_sample_20(inputs, attrs, ctx):
+def grid_sample_20(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GridSample``, opsets 20+: N-D input, modes linear/nearest/cubic."""
     x, grid = inputs
     mode = _str(attrs["mode"])
@@ -434,7 +434,7 @@ def grid_sample_20(inputs, attrs, ctx):
 
 
 @register("AffineGrid", since=20, static_inputs=(1,))
-def affine_grid(inputs, attrs, ctx):
+def affine_grid(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``AffineGrid``, opset 20: 2-D (theta (N, 2, 3)) and 3-D (theta (N, 3, 4)) grids."""
     theta, size = inputs
     size = static_ints(size)
@@ -630,14 +630,14 @@ def _roi_align(x, rois, batch_indices, attrs, half_pixel, ctx):
 
 
 @register("RoiAlign", since=10)
-def roi_align_10(inputs, attrs, ctx):
+def roi_align_10(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RoiAlign``, opset 10: no half-pixel shift (rois at least 1x1)."""
     x, rois, batch_indices = inputs
     return _roi_align(x, rois, batch_indices, attrs, False, ctx)
 
 
 @register("RoiAlign", since=(16, 22))
-def roi_align_16(inputs, attrs, ctx):
+def roi_align_16(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RoiAlign``, opsets 16+: ``coordinate_transformation_mode`` half_pixel/output_half_pixel.
 
     With traced ``rois`` and ``sampling_ratio=0`` the adaptive sample count per bin is capped
@@ -651,7 +651,7 @@ def roi_align_16(inputs, attrs, ctx):
 
 
 @register("MaxRoiPool", since=(1, 22))
-def max_roi_pool(inputs, attrs, ctx):
+def max_roi_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MaxRoiPool``, opsets 1+: Caffe-style RoI max pooling (empty bins give 0)."""
     x, rois = inputs
     pooled = attrs["pooled_shape"]

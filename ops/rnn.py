@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 
 # name (lower case) -> (function of x, alpha, beta; default alpha; default beta). The defaults
 # are onnxruntime's and Keras's; an activation consumes an alpha/beta only if it takes one.
@@ -127,10 +127,8 @@ def _cell(kind: str, acts: Sequence[_Act], r, rb, p, clip, linear_before_reset, 
 
 
 def _recurrent(kind: str, inputs, attrs, ctx):
-    x, w, r = inputs[:3]
-    b, lens, h0 = (inputs[i] if len(inputs) > i else None for i in (3, 4, 5))
-    c0 = inputs[6] if kind == "LSTM" and len(inputs) > 6 else None
-    p = inputs[7] if kind == "LSTM" and len(inputs) > 7 else None
+    # RNN and GRU stop at initial_h; LSTM adds initial_c and the peepholes P.
+    x, w, r, b, lens, h0, c0, p = (*inputs, None, None) if kind != "LSTM" else inputs
     layout = attrs.get("layout") or 0
     direction = _text(attrs["direction"])
     if direction == "foward":  # opset 1's schema default has this typo
@@ -192,19 +190,19 @@ def _recurrent(kind: str, inputs, attrs, ctx):
 
 
 @register("RNN", since=(1, 7, 14, 22))
-def rnn(inputs, attrs, ctx):
+def rnn(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RNN``, all opsets (``layout`` from 14; opset 1's ``output_sequence`` is moot:
     ``Y`` is produced whenever the node asks for it)."""
     return _recurrent("RNN", inputs, attrs, ctx)
 
 
 @register("GRU", since=(1, 3, 7, 14, 22))
-def gru(inputs, attrs, ctx):
+def gru(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GRU``, all opsets (``linear_before_reset`` from 3, ``layout`` from 14)."""
     return _recurrent("GRU", inputs, attrs, ctx)
 
 
 @register("LSTM", since=(1, 7, 14, 22))
-def lstm(inputs, attrs, ctx):
+def lstm(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``LSTM``, all opsets (``layout`` from 14)."""
     return _recurrent("LSTM", inputs, attrs, ctx)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import normalize_axis, static_ints
 
 
@@ -30,19 +30,19 @@ def _as_list(seq, ctx) -> list:
 
 
 @register("SequenceEmpty", since=11)
-def sequence_empty(inputs, attrs, ctx):
+def sequence_empty(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SequenceEmpty``, opset 11."""
     return ([],)
 
 
 @register("SequenceConstruct", since=11)
-def sequence_construct(inputs, attrs, ctx):
+def sequence_construct(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SequenceConstruct``, opset 11."""
     return (list(inputs),)
 
 
 @register("SequenceAt", since=11, static_inputs=(1,))
-def sequence_at(inputs, attrs, ctx):
+def sequence_at(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SequenceAt``, opset 11 (the position must be known at trace time)."""
     seq, position = inputs
     seq = _as_list(seq, ctx)
@@ -50,7 +50,7 @@ def sequence_at(inputs, attrs, ctx):
 
 
 @register("SequenceInsert", since=11, static_inputs=(2,))
-def sequence_insert(inputs, attrs, ctx):
+def sequence_insert(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SequenceInsert``, opset 11."""
     seq, tensor, position = (*inputs, None)[:3]
     seq = list(_as_list(seq, ctx))
@@ -59,7 +59,7 @@ def sequence_insert(inputs, attrs, ctx):
 
 
 @register("SequenceErase", since=11, static_inputs=(1,))
-def sequence_erase(inputs, attrs, ctx):
+def sequence_erase(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SequenceErase``, opset 11."""
     seq, position = (*inputs, None)[:2]
     seq = list(_as_list(seq, ctx))
@@ -68,13 +68,13 @@ def sequence_erase(inputs, attrs, ctx):
 
 
 @register("SequenceLength", since=11, shape_only=True)
-def sequence_length(inputs, attrs, ctx):
+def sequence_length(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SequenceLength``, opset 11 (static: the length is structure)."""
     return (np.asarray(len(_as_list(inputs[0], ctx)), np.int64),)
 
 
 @register("SplitToSequence", since=(11, 24), static_inputs=(1,))
-def split_to_sequence(inputs, attrs, ctx):
+def split_to_sequence(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SplitToSequence``, opsets 11+."""
     x, split = (*inputs, None)[:2]
     axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
@@ -95,7 +95,7 @@ def split_to_sequence(inputs, attrs, ctx):
 
 
 @register("ConcatFromSequence", since=11)
-def concat_from_sequence(inputs, attrs, ctx):
+def concat_from_sequence(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ConcatFromSequence``, opset 11."""
     seq = _as_list(inputs[0], ctx)
     if not seq:
@@ -108,7 +108,7 @@ def concat_from_sequence(inputs, attrs, ctx):
 
 
 @register("SequenceMap", since=17)
-def sequence_map(inputs, attrs, ctx):
+def sequence_map(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SequenceMap``, opset 17: the body runs once per element, at trace time."""
     body = attrs["body"]
     sequences = [i for i, v in enumerate(inputs) if isinstance(v, list)]
@@ -125,20 +125,20 @@ def sequence_map(inputs, attrs, ctx):
 
 
 @register("Optional", since=(15, 28))
-def optional(inputs, attrs, ctx):
+def optional(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Optional``, opsets 15+: the value itself, or None when empty."""
     return (inputs[0] if inputs else None,)
 
 
 @register("OptionalHasElement", since=(15, 18, 28), shape_only=True)
-def optional_has_element(inputs, attrs, ctx):
+def optional_has_element(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``OptionalHasElement``, opsets 15+ (static: presence is structure)."""
     value = inputs[0] if inputs else None
     return (np.asarray(value is not None),)
 
 
 @register("OptionalGetElement", since=(15, 18, 28))
-def optional_get_element(inputs, attrs, ctx):
+def optional_get_element(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``OptionalGetElement``, opsets 15+."""
     if not inputs or inputs[0] is None:
         raise ctx.error("the optional is empty")

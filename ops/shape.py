@@ -13,18 +13,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import canonical, normalize_axes, normalize_axis, onnx_dtype, static_ints
 
 
 @register("Identity", since=(1, 13, 14, 16, 19, 21, 23, 24, 25))
-def identity(inputs, attrs, ctx):
+def identity(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Identity``, all opsets (tensors, sequences and optionals alike)."""
     return (inputs[0],)
 
 
 @register("Constant", since=(1, 9, 11, 12, 13, 19, 21, 23, 24, 25))
-def constant(inputs, attrs, ctx):
+def constant(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Constant``, all opsets: ``value`` or (opset 12+) one of the ``value_*`` forms."""
     given = {k: v for k, v in attrs.items() if v is not None}
     if len(given) != 1:
@@ -37,7 +37,7 @@ def constant(inputs, attrs, ctx):
     return (np.asarray(value, dtype=dtypes[name]),)
 
 
-def _shape(inputs, attrs, ctx):
+def _shape(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Shape``, all opsets (``start``/``end`` from opset 15)."""
     shape = jnp.shape(inputs[0])
     # Symbolic dims (jax.export) stay symbolic in an object array: the interpreter folds the
@@ -73,14 +73,14 @@ def _reshape_target(shape, data_shape, allowzero: bool, ctx):
 
 
 @register("Reshape", since=1)
-def reshape_1(inputs, attrs, ctx):
+def reshape_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Reshape``-1: the target shape is the ``shape`` attribute."""
     (x,) = inputs[:1]
     return (jnp.reshape(x, _reshape_target(attrs["shape"] or (), jnp.shape(x), False, ctx)),)
 
 
 @register("Reshape", since=(5, 13, 14, 19, 21, 23, 24, 25), static_inputs=(1,))
-def reshape(inputs, attrs, ctx):
+def reshape(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Reshape``, opsets 5+: the target shape is a static input (``allowzero`` from 14)."""
     x, shape = inputs
     target = _reshape_target(static_ints(shape), jnp.shape(x), bool(attrs.get("allowzero")), ctx)
@@ -112,7 +112,7 @@ def _dims(x) -> tuple[int, ...]:
 
 
 @register("Flatten", since=(1, 9, 11, 13, 21, 23, 24, 25))
-def flatten(inputs, attrs, ctx):
+def flatten(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Flatten``, all opsets (negative ``axis`` from opset 11)."""
     (x,) = inputs
     dims = jnp.shape(x)
@@ -136,16 +136,16 @@ def _squeeze(x, axes, ctx):
 
 
 @register("Squeeze", since=(1, 11))
-def squeeze_1(inputs, attrs, ctx):
+def squeeze_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Squeeze``-1/11: ``axes`` attribute (all size-1 dims when absent)."""
     return _squeeze(inputs[0], attrs["axes"], ctx)
 
 
 @register("Squeeze", since=(13, 21, 23, 24, 25), static_inputs=(1,))
-def squeeze(inputs, attrs, ctx):
+def squeeze(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Squeeze``, opsets 13+: ``axes`` is an optional static input."""
-    axes = inputs[1] if len(inputs) > 1 else None
-    return _squeeze(inputs[0], None if axes is None else static_ints(axes), ctx)
+    x, axes = inputs
+    return _squeeze(x, None if axes is None else static_ints(axes), ctx)
 
 
 def _unsqueeze(x, axes, ctx):
@@ -159,19 +159,19 @@ def _unsqueeze(x, axes, ctx):
 
 
 @register("Unsqueeze", since=(1, 11))
-def unsqueeze_1(inputs, attrs, ctx):
+def unsqueeze_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Unsqueeze``-1/11: ``axes`` attribute, positions in the output."""
     return _unsqueeze(inputs[0], attrs["axes"], ctx)
 
 
 @register("Unsqueeze", since=(13, 21, 23, 24, 25), static_inputs=(1,))
-def unsqueeze(inputs, attrs, ctx):
+def unsqueeze(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Unsqueeze``, opsets 13+: ``axes`` is a static input."""
     return _unsqueeze(inputs[0], static_ints(inputs[1]), ctx)
 
 
 @register("Transpose", since=(1, 13, 21, 23, 24, 25))
-def transpose(inputs, attrs, ctx):
+def transpose(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Transpose``, all opsets (no ``perm``: reverse the axes)."""
     (x,) = inputs
     rank = jnp.ndim(x)
@@ -187,7 +187,7 @@ def transpose(inputs, attrs, ctx):
 
 
 @register("Concat", since=(1, 4, 11, 13))
-def concat(inputs, attrs, ctx):
+def concat(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Concat``, all opsets (opset 1: ``axis`` defaults to 1; negative from 11)."""
     values = [x for x in inputs if x is not None]
     if not values:
@@ -241,21 +241,21 @@ def _even_split(x, axis, ctx):
 
 
 @register("Split", since=1, static_inputs=(1,))
-def split_1(inputs, attrs, ctx):
+def split_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Split``-1: sizes from the ``split`` attribute or the optional second input.
 
     Split-1 documents no default ``axis``; jonnx uses 0, the default Split-2 wrote down.
     """
-    x = inputs[0]
+    x, split = inputs
     axis = 0 if attrs["axis"] is None else attrs["axis"]
     sizes = attrs["split"]
-    if len(inputs) > 1 and inputs[1] is not None:
-        sizes = static_ints(inputs[1])
+    if split is not None:
+        sizes = static_ints(split)
     return _split(x, axis, sizes, None, ctx) if sizes else _even_split(x, axis, ctx)
 
 
 @register("Split", since=(2, 11))
-def split_2(inputs, attrs, ctx):
+def split_2(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Split``-2/11: sizes from the ``split`` attribute, else equal parts."""
     sizes = attrs["split"]
     if sizes:
@@ -264,27 +264,27 @@ def split_2(inputs, attrs, ctx):
 
 
 @register("Split", since=13, static_inputs=(1,))
-def split_13(inputs, attrs, ctx):
+def split_13(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Split``-13: sizes from the optional static ``split`` input, else equal parts."""
-    sizes = inputs[1] if len(inputs) > 1 else None
+    x, sizes = inputs
     if sizes is not None:
-        return _split(inputs[0], attrs["axis"], static_ints(sizes), None, ctx)
-    return _even_split(inputs[0], attrs["axis"], ctx)
+        return _split(x, attrs["axis"], static_ints(sizes), None, ctx)
+    return _even_split(x, attrs["axis"], ctx)
 
 
 @register("Split", since=18, static_inputs=(1,))
-def split_18(inputs, attrs, ctx):
+def split_18(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Split``, opsets 18+: ``split`` input or ``num_outputs`` (last part may be smaller)."""
-    sizes = inputs[1] if len(inputs) > 1 else None
+    x, sizes = inputs
     num = attrs["num_outputs"]
     if sizes is not None and num is not None:
         raise ctx.error("give either the split input or num_outputs, not both")
     if sizes is not None:
-        return _split(inputs[0], attrs["axis"], static_ints(sizes), None, ctx)
+        return _split(x, attrs["axis"], static_ints(sizes), None, ctx)
     declared = _output_count(ctx, required=num is None)
     if num is not None and declared is not None and num != declared:
         raise ctx.error(f"num_outputs={num} but the node has {declared} outputs")
-    return _split(inputs[0], attrs["axis"], None, num, ctx)
+    return _split(x, attrs["axis"], None, num, ctx)
 
 
 # -- Slice -----------------------------------------------------------------------------------
@@ -320,15 +320,15 @@ def _slice(x, starts, ends, axes, steps, ctx):
 
 
 @register("Slice", since=1)
-def slice_1(inputs, attrs, ctx):
+def slice_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Slice``-1: ``starts``/``ends``/``axes`` attributes, step 1."""
     return _slice(inputs[0], attrs["starts"], attrs["ends"], attrs["axes"], None, ctx)
 
 
 @register("Slice", since=(10, 11, 13), static_inputs=(1, 2, 3, 4))
-def slice_(inputs, attrs, ctx):
+def slice_(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Slice``, opsets 10+: static ``starts``/``ends``/``axes``/``steps`` inputs."""
-    x, starts, ends, axes, steps = (tuple(inputs) + (None,) * 5)[:5]
+    x, starts, ends, axes, steps = inputs
     return _slice(
         x, static_ints(starts), static_ints(ends),
         None if axes is None else static_ints(axes),
@@ -340,7 +340,7 @@ def slice_(inputs, attrs, ctx):
 
 
 @register("Expand", since=(8, 13), static_inputs=(1,))
-def expand(inputs, attrs, ctx):
+def expand(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Expand``, all opsets: bidirectional broadcast to the static ``shape``."""
     x, shape = inputs
     try:
@@ -351,7 +351,7 @@ def expand(inputs, attrs, ctx):
 
 
 @register("Tile", since=1, static_inputs=(1, 2))
-def tile_1(inputs, attrs, ctx):
+def tile_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Tile``-1: ``tiles`` copies along the one ``axis`` (both static inputs)."""
     x, tiles, axis = inputs
     (tiles,), (axis,) = static_ints(tiles), static_ints(axis)
@@ -361,7 +361,7 @@ def tile_1(inputs, attrs, ctx):
 
 
 @register("Tile", since=(6, 13), static_inputs=(1,))
-def tile(inputs, attrs, ctx):
+def tile(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Tile``, opsets 6+: static ``repeats``, one per axis."""
     x, repeats = inputs
     return _tile(x, static_ints(repeats), ctx)
@@ -402,7 +402,7 @@ def _pad(x, pads, mode, value, axes, ctx):
 
 
 @register("Pad", since=1)
-def pad_1(inputs, attrs, ctx):
+def pad_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Pad``-1: ``paddings`` attribute laid out ``[x1_begin, x2_begin, ..., x1_end, ...]``.
 
     The changelog's text gives this layout (the same as Pad-2's ``pads``); its example
@@ -413,25 +413,32 @@ def pad_1(inputs, attrs, ctx):
 
 
 @register("Pad", since=2)
-def pad_2(inputs, attrs, ctx):
+def pad_2(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Pad``-2: ``pads`` and ``value`` attributes."""
     value = np.asarray(attrs["value"], jnp.result_type(inputs[0]))
     return _pad(inputs[0], attrs["pads"], attrs["mode"], value, None, ctx)
 
 
-@register("Pad", since=(11, 13, 18, 19, 21, 23, 24, 25), static_inputs=(1, 3))
-def pad(inputs, attrs, ctx):
-    """ONNX ``Pad``, opsets 11+: static ``pads`` (and, from 18, ``axes``) inputs; ``wrap`` from 19.
+@register("Pad", since=(11, 13), static_inputs=(1,))
+def pad_11(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``Pad``-11/13: a static ``pads`` input; ``constant_value`` may be a runtime value."""
+    x, pads, value = inputs
+    return _pad(x, static_ints(pads), attrs["mode"], value, None, ctx)
+
+
+@register("Pad", since=(18, 19, 21, 23, 24, 25), static_inputs=(1, 3))
+def pad(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``Pad``, opsets 18+: static ``pads`` and ``axes`` inputs; ``wrap`` from 19.
 
     ``constant_value`` may be a runtime value.
     """
-    x, pads, value, axes = (tuple(inputs) + (None,) * 4)[:4]
+    x, pads, value, axes = inputs
     axes = None if axes is None else static_ints(axes)
     return _pad(x, static_ints(pads), attrs["mode"], value, axes, ctx)
 
 
 @register("CenterCropPad", since=18, static_inputs=(1,))
-def center_crop_pad(inputs, attrs, ctx):
+def center_crop_pad(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``CenterCropPad``-18: crop or zero-pad ``axes`` to ``shape``, centred."""
     x, shape = inputs
     dims = _dims(x)
@@ -459,7 +466,7 @@ def center_crop_pad(inputs, attrs, ctx):
 
 
 @register("ConstantOfShape", since=(9, 20, 21, 23, 24, 25), static_inputs=(0,))
-def constant_of_shape(inputs, attrs, ctx):
+def constant_of_shape(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ConstantOfShape``, all opsets (default value: float32 0)."""
     shape = static_ints(inputs[0])
     if any(d < 0 for d in shape):
@@ -479,7 +486,7 @@ def _range_value(x, what, ctx):
 
 
 @register("Range", since=(11, 27), static_inputs=(0, 1, 2))
-def range_(inputs, attrs, ctx):
+def range_(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Range``, all opsets: ``start + i * delta`` for ``max(ceil((limit-start)/delta), 0)`` steps.
 
     Float16/bfloat16 compute in float64 and round once (at least as exact as ``stash_type``).
@@ -514,13 +521,13 @@ def range_(inputs, attrs, ctx):
 
 
 @register("Size", since=(1, 13, 19, 21, 23, 24, 25), shape_only=True)
-def size(inputs, attrs, ctx):
+def size(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Size``, all opsets."""
     return (np.asarray(int(np.prod(_dims(inputs[0]), dtype=np.int64)), np.int64),)
 
 
 @register("EyeLike", since=(9, 22), shape_only=True)
-def eye_like(inputs, attrs, ctx):
+def eye_like(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``EyeLike``, all opsets: ones on diagonal ``k``, dtype ``dtype`` or the input's."""
     (x,) = inputs
     if jnp.ndim(x) != 2:
@@ -531,13 +538,12 @@ def eye_like(inputs, attrs, ctx):
 
 
 @register("Trilu", since=14, static_inputs=(1,))
-def trilu(inputs, attrs, ctx):
+def trilu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Trilu``-14: keep the upper (``upper=1``) or lower triangle from diagonal ``k``."""
-    x = inputs[0]
-    k = inputs[1] if len(inputs) > 1 else None
+    x, k = inputs
     k = 0 if k is None else static_ints(k)[0]
     if jnp.ndim(x) < 2:
-        raise ctx.error(f"needs rank >= 2, got shape {_dims(x)}")
+        raise ctx.error(f"needs rank >= 2, got shape {jnp.shape(x)}")
     return ((jnp.triu if attrs["upper"] else jnp.tril)(x, k),)
 
 
@@ -569,13 +575,13 @@ def _depth_to_space(x, blocksize, mode, ctx):
 
 
 @register("DepthToSpace", since=1)
-def depth_to_space_1(inputs, attrs, ctx):
+def depth_to_space_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``DepthToSpace``-1: DCR order."""
     return _depth_to_space(inputs[0], attrs["blocksize"], "DCR", ctx)
 
 
 @register("DepthToSpace", since=(11, 13, 28))
-def depth_to_space(inputs, attrs, ctx):
+def depth_to_space(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``DepthToSpace``, opsets 11+: ``mode`` DCR or CRD."""
     return _depth_to_space(inputs[0], attrs["blocksize"], attrs["mode"], ctx)
 
@@ -596,12 +602,12 @@ def _space_to_depth(x, blocksize, mode, ctx):
 
 
 @register("SpaceToDepth", since=(1, 13))
-def space_to_depth_1(inputs, attrs, ctx):
+def space_to_depth_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SpaceToDepth``-1/13: DCR order."""
     return _space_to_depth(inputs[0], attrs["blocksize"], "DCR", ctx)
 
 
 @register("SpaceToDepth", since=28)
-def space_to_depth(inputs, attrs, ctx):
+def space_to_depth(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``SpaceToDepth``-28: ``mode`` DCR or CRD."""
     return _space_to_depth(inputs[0], attrs["blocksize"], attrs["mode"], ctx)

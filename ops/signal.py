@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import onnx_dtype, static_ints
 
 # -- DFT -------------------------------------------------------------------------------------
@@ -79,43 +79,43 @@ def _dft(x, dft_length: int | None, axis: int, inverse: bool, onesided: bool, ct
     return jnp.stack([jnp.real(out), jnp.imag(out)], axis=-1).astype(jnp.result_type(x))
 
 
-def _optional_length(inputs, index: int, ctx, what: str) -> int | None:
-    value = inputs[index] if len(inputs) > index else None
+def _optional_length(value, ctx, what: str) -> int | None:
     if value is None or np.size(value) == 0:
         return None
     return _scalar(value, ctx, what)
 
 
 @register("DFT", since=17, static_inputs=(1,))
-def dft_17(inputs, attrs, ctx):
+def dft_17(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``DFT``-17: ``axis`` attribute (default 1); ``onesided`` with ``inverse`` is IRFFT."""
-    length = _optional_length(inputs, 1, ctx, "dft_length")
-    return (_dft(inputs[0], length, attrs["axis"], bool(attrs["inverse"]), bool(attrs["onesided"]), ctx),)
+    x, length = inputs
+    length = _optional_length(length, ctx, "dft_length")
+    return (_dft(x, length, attrs["axis"], bool(attrs["inverse"]), bool(attrs["onesided"]), ctx),)
 
 
 @register("DFT", since=20, static_inputs=(1, 2))
-def dft_20(inputs, attrs, ctx):
+def dft_20(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``DFT``-20: ``axis`` is an optional static input (default -2)."""
-    length = _optional_length(inputs, 1, ctx, "dft_length")
-    axis = _optional_length(inputs, 2, ctx, "axis")
+    x, length, axis = inputs
+    length = _optional_length(length, ctx, "dft_length")
+    axis = _optional_length(axis, ctx, "axis")
     axis = -2 if axis is None else axis
-    return (_dft(inputs[0], length, axis, bool(attrs["inverse"]), bool(attrs["onesided"]), ctx),)
+    return (_dft(x, length, axis, bool(attrs["inverse"]), bool(attrs["onesided"]), ctx),)
 
 
 # -- STFT ------------------------------------------------------------------------------------
 
 
 @register("STFT", since=17, static_inputs=(1, 3))
-def stft(inputs, attrs, ctx):
+def stft(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``STFT``-17: frames of ``frame_length`` every ``frame_step`` samples, windowed.
 
     The window, when given, must have ``frame_length`` entries (the reference evaluator pads
     or cuts frames to the window instead; the spec defines no such case).
     """
-    signal, step = inputs[0], inputs[1]
-    window = inputs[2] if len(inputs) > 2 else None
+    signal, step, window, frame_length = inputs
     step = _scalar(step, ctx, "frame_step")
-    frame_length = _optional_length(inputs, 3, ctx, "frame_length")
+    frame_length = _optional_length(frame_length, ctx, "frame_length")
     if jnp.ndim(signal) < 2:
         raise ctx.error(f"signal must have shape [batch, length, 1 or 2], got {jnp.shape(signal)}")
     if window is not None:
@@ -155,19 +155,19 @@ def _window(size_input, attrs, ctx, coefficients: tuple[float, ...]):
 
 
 @register("HannWindow", since=17, static_inputs=(0,))
-def hann_window(inputs, attrs, ctx):
+def hann_window(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``HannWindow``-17."""
     return _window(inputs[0], attrs, ctx, (0.5, 0.5))
 
 
 @register("HammingWindow", since=17, static_inputs=(0,))
-def hamming_window(inputs, attrs, ctx):
+def hamming_window(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``HammingWindow``-17 (alpha = 25/46, as the spec's function body)."""
     return _window(inputs[0], attrs, ctx, (25 / 46, 21 / 46))
 
 
 @register("BlackmanWindow", since=17, static_inputs=(0,))
-def blackman_window(inputs, attrs, ctx):
+def blackman_window(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BlackmanWindow``-17."""
     return _window(inputs[0], attrs, ctx, (0.42, 0.5, 0.08))
 
@@ -176,7 +176,7 @@ def blackman_window(inputs, attrs, ctx):
 
 
 @register("MelWeightMatrix", since=17, static_inputs=(0, 1, 2, 3, 4))
-def mel_weight_matrix(inputs, attrs, ctx):
+def mel_weight_matrix(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MelWeightMatrix``-17: triangular filters of peak 1 on FFT bins.
 
     Band edges are rounded down to FFT bins as the spec's reference does:

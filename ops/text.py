@@ -14,7 +14,7 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-from jonnx._registry import register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import index_dtype
 
 
@@ -42,7 +42,7 @@ def _map_strings(fn, *arrays, otype=object) -> np.ndarray:
 
 
 @register("StringNormalizer", since=10, static_inputs=(0,), host=True)
-def string_normalizer(inputs, attrs, ctx):
+def string_normalizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``StringNormalizer``-10: drop stopword elements, then change case.
 
     As the spec and onnxruntime define it, a stopword removes a whole element equal to it
@@ -80,7 +80,7 @@ def string_normalizer(inputs, attrs, ctx):
 
 
 @register("StringConcat", since=20, static_inputs=(0, 1), host=True)
-def string_concat(inputs, attrs, ctx):
+def string_concat(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``StringConcat``-20 (numpy broadcasting)."""
     x, y = _strings(inputs[0], ctx, "X"), _strings(inputs[1], ctx, "Y")
     try:
@@ -91,7 +91,7 @@ def string_concat(inputs, attrs, ctx):
 
 
 @register("StringSplit", since=20, static_inputs=(0,), host=True)
-def string_split(inputs, attrs, ctx):
+def string_split(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``StringSplit``-20: substrings padded with "" to the longest split, and counts.
 
     Without a delimiter (or with ""), runs of whitespace separate and leading/trailing
@@ -113,7 +113,7 @@ def string_split(inputs, attrs, ctx):
 
 
 @register("RegexFullMatch", since=20, static_inputs=(0,), host=True)
-def regex_full_match(inputs, attrs, ctx):
+def regex_full_match(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``RegexFullMatch``-20, with Python's ``re.fullmatch``.
 
     The spec names RE2 syntax. Python's ``re`` reads the common subset the same way; it
@@ -210,7 +210,7 @@ def _int_grams(grams: dict, dtype) -> dict:
 
 
 @register("TfIdfVectorizer", since=9)
-def tfidf_vectorizer(inputs, attrs, ctx):
+def tfidf_vectorizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``TfIdfVectorizer``-9 (TF, IDF, TFIDF over n-grams with skips).
 
     ``weights[i]`` weighs output column ``i``, as onnxruntime and the reference read it.

@@ -767,7 +767,7 @@ def test_empty_reduction_has_zero_tangent():
         model = _model([node], {"x": x}, ["y"], opset=18, initializers={"axes": np.array([1])})
         with jax.enable_x64(True):
             m = jonnx.load(model)
-            _, tangent = jax.jvp(lambda v: m.apply(m.params, v)[0], (jnp.asarray(x),), (jnp.ones_like(x),))
+            _, tangent = jax.jvp(lambda v: m.apply(m.params, v)[0], (jnp.asarray(x),), (jnp.ones_like(x),))  # noqa: B023
         np.testing.assert_array_equal(tangent, np.zeros((2, 1, 4)), err_msg=op)
 
 

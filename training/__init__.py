@@ -17,6 +17,7 @@ state; :func:`make_train_step` compiles one step; :func:`fit` loops over batches
 """
 
 from jonnx.training._inference import evaluate as evaluate, predict as predict
+from jonnx.training._loop import History as History, fit as fit
 from jonnx.training._losses import (
     LossFn as LossFn,
     classification_loss as classification_loss,
@@ -24,7 +25,6 @@ from jonnx.training._losses import (
     output_index as output_index,
     supervised_loss as supervised_loss,
 )
-from jonnx.training._loop import History as History, fit as fit
 from jonnx.training._params import (
     ParamSelector as ParamSelector,
     mask_frozen as mask_frozen,

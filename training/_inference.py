@@ -12,13 +12,13 @@ import numpy as np
 
 import jonnx
 from jonnx._model import Model
-from jonnx.training._step import TrainState, _split_loss, model_inputs
+from jonnx.training._step import TrainState, model_inputs, split_loss
 
 __all__ = ["evaluate", "predict"]
 
 # Compiled inference functions per model, keyed by what they close over. Weak on the model, so
 # a model's compiled functions go away with it.
-_COMPILED: "weakref.WeakKeyDictionary[Model, dict[Any, Callable]]" = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary[Model, dict[Any, Callable]] = weakref.WeakKeyDictionary()
 
 
 def _compiled(model: Model, key: tuple, make: Callable[[], Callable]) -> Callable:
@@ -181,7 +181,7 @@ def evaluate(
             result = metric_fn(outputs, batch)
             if isinstance(result, Mapping):
                 return {k: jnp.asarray(v) for k, v in result.items()}
-            loss, aux = _split_loss(result)
+            loss, aux = split_loss(result)
             return {"loss": loss, **aux}
 
         return run

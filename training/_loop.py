@@ -10,9 +10,9 @@ from typing import Any
 
 import jax
 import numpy as np
-from jonnx.training._step import TrainState
 
 from jonnx._progress import ProgressLine
+from jonnx.training._step import TrainState
 
 __all__ = ["History", "fit"]
 

@@ -70,7 +70,7 @@ def _cast_floats(tree: Any, dtype: Any) -> Any:
     return jax.tree.map(cast, tree)
 
 
-def _split_loss(result: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+def split_loss(result: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
     if isinstance(result, tuple):
         if len(result) != 2 or not isinstance(result[1], Mapping):
             raise TypeError("a loss function returns a scalar, or (scalar, dict of metrics)")
@@ -234,7 +234,7 @@ class TrainStep:
                 outputs, new_state = model.apply_with_state(params, *feed, **kwargs)
             if self.mixed_precision:
                 outputs = _cast_floats(outputs, jnp.float32)
-            loss, aux = _split_loss(self.loss_fn(outputs, batch))
+            loss, aux = split_loss(self.loss_fn(outputs, batch))
             return loss.astype(jnp.float32), (aux, new_state)
 
         (loss, (aux, new_state)), grads = jax.value_and_grad(objective, has_aux=True)(trainable)

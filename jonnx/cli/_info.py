@@ -25,10 +25,10 @@ _FLOAT_TYPES = {
 
 def run(args: argparse.Namespace) -> tuple[dict, int]:
     from jonnx._build import value_info
-    from jonnx._model import _parse
+    from jonnx._model import parse_model
 
     with open(args.model, "rb") as f:
-        proto = _parse(f.read(), repr(args.model))
+        proto = parse_model(f.read(), repr(args.model))
 
     ops: collections.Counter = collections.Counter()
     subgraphs: list[dict] = []

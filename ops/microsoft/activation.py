@@ -11,10 +11,10 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import dtype_of
 from jonnx.ops.microsoft._common import DOMAIN
-
-from jonnx._registry import register
 
 
 def _gelu(x):
@@ -27,21 +27,21 @@ def _fast_gelu(x):
 
 
 @register("Gelu", since=1, domain=DOMAIN, attributes={}, n_inputs=1)
-def gelu(inputs, attrs, ctx):
+def gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``Gelu``: exact, ``0.5 x (1 + erf(x / sqrt 2))``."""
     (x,) = inputs
     return (_gelu(x).astype(dtype_of(x)),)
 
 
 @register("BiasGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
-def bias_gelu(inputs, attrs, ctx):
+def bias_gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``BiasGelu``: exact Gelu of ``A + B`` (B broadcasts over the last axis)."""
     a, b = inputs
     return (_gelu(a + b).astype(dtype_of(a)),)
 
 
 @register("FastGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
-def fast_gelu(inputs, attrs, ctx):
+def fast_gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``FastGelu``: the tanh approximation of Gelu of ``X (+ bias)``."""
     x, bias = inputs
     if bias is not None:
@@ -50,7 +50,7 @@ def fast_gelu(inputs, attrs, ctx):
 
 
 @register("QuickGelu", since=1, domain=DOMAIN, attributes={"alpha": 1.702}, n_inputs=1)
-def quick_gelu(inputs, attrs, ctx):
+def quick_gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QuickGelu``: ``x * sigmoid(alpha * x)``."""
     (x,) = inputs
     alpha = jnp.asarray(attrs["alpha"], dtype_of(x))
@@ -58,14 +58,14 @@ def quick_gelu(inputs, attrs, ctx):
 
 
 @register("BiasAdd", since=1, domain=DOMAIN, attributes={}, n_inputs=3)
-def bias_add(inputs, attrs, ctx):
+def bias_add(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``BiasAdd``: ``X + bias + skip`` (X, skip: (N, S, C); bias: (C,))."""
     x, bias, skip = inputs
     return ((x + bias + skip).astype(dtype_of(x)),)
 
 
 @register("BiasSplitGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
-def bias_split_gelu(inputs, attrs, ctx):
+def bias_split_gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``BiasSplitGelu``: ``left * Gelu(right)`` of the halves of ``X + bias``."""
     x, bias = inputs
     s = x + bias

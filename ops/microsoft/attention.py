@@ -28,13 +28,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx._values import is_concrete
 from jonnx.ops._util import dtype_of
-from jonnx.ops.attention import _split_heads, rotary_embedding
+from jonnx.ops.attention import rotary_embedding, split_heads
 from jonnx.ops.microsoft._common import DOMAIN, reject_inputs, reject_unsupported
 from jonnx.ops.quantize import integer_matmul
-
-from jonnx._interpreter import is_concrete
-from jonnx._registry import register
 
 
 def _wide(dtype) -> np.dtype:
@@ -157,9 +157,9 @@ def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
         raise ctx.error(
             f"qkv_hidden_sizes {sizes} does not split the weights' {total} columns as (D, D, Dv)"
         )
-    q = _split_heads(proj[..., : sizes[0]], heads, "Q", "num_heads", ctx)
-    k = _split_heads(proj[..., sizes[0] : 2 * sizes[0]], heads, "K", "num_heads", ctx)
-    v = _split_heads(proj[..., 2 * sizes[0] :], heads, "V", "num_heads", ctx)
+    q = split_heads(proj[..., : sizes[0]], heads, "Q", "num_heads", ctx)
+    k = split_heads(proj[..., sizes[0] : 2 * sizes[0]], heads, "K", "num_heads", ctx)
+    v = split_heads(proj[..., 2 * sizes[0] :], heads, "V", "num_heads", ctx)
     if past is not None:
         k = jnp.concatenate([past[0].astype(dtype_of(k)), k], axis=2)
         v = jnp.concatenate([past[1].astype(dtype_of(v)), v], axis=2)
@@ -187,7 +187,7 @@ def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
 
 
 @register("Attention", since=1, domain=DOMAIN, attributes=_ATTENTION_ATTRS, n_inputs=7)
-def attention(inputs, attrs, ctx):
+def attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``Attention``: self-attention with merged Q/K/V projection weights.
 
     ``do_rotary`` and ``past_present_share_buffer`` are not supported.
@@ -216,7 +216,7 @@ _QATTENTION_ATTRS = {
 @register(
     "QAttention", since=1, domain=DOMAIN, attributes=_QATTENTION_ATTRS, n_inputs=9
 )
-def qattention(inputs, attrs, ctx):
+def qattention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QAttention`` (quantize_dynamic on an optimized BERT): Attention whose
     projection multiplies the 8-bit input and weights in int32, scaled back to float."""
     x, weights, bias, x_scale, w_scale, mask, x_zero, w_zero, past = inputs
@@ -252,7 +252,7 @@ _MHA_ATTRS = {
 @register(
     "MultiHeadAttention", since=1, domain=DOMAIN, attributes=_MHA_ATTRS, n_inputs=10
 )
-def multi_head_attention(inputs, attrs, ctx):
+def multi_head_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``MultiHeadAttention``: projected Q/K/V (separate, packed KV or packed QKV),
     optional bias, key padding mask, attention bias and past K/V.
 
@@ -277,7 +277,7 @@ def multi_head_attention(inputs, attrs, ctx):
         q_bias = k_bias = v_bias = None
         if bias is not None:
             q_bias, k_bias, v_bias = bias[:d], bias[d : 2 * d], bias[2 * d :]
-        q = _split_heads(
+        q = split_heads(
             query if q_bias is None else query + q_bias,
             heads,
             "query",
@@ -294,10 +294,10 @@ def multi_head_attention(inputs, attrs, ctx):
         elif jnp.ndim(key) == 4:  # already (B, N, L, h): cross-attention cache, no bias
             k, v = key, value
         else:
-            k = _split_heads(
+            k = split_heads(
                 key if k_bias is None else key + k_bias, heads, "key", "num_heads", ctx
             )
-            v = _split_heads(
+            v = split_heads(
                 value if v_bias is None else value + v_bias,
                 heads,
                 "value",
@@ -355,7 +355,7 @@ _ROTARY_ATTRS = {
 @register(
     "RotaryEmbedding", since=1, domain=DOMAIN, attributes=_ROTARY_ATTRS, n_inputs=4
 )
-def rotary_embedding_ms(inputs, attrs, ctx):
+def rotary_embedding_ms(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``RotaryEmbedding``: inputs ``(input, position_ids, cos_cache, sin_cache)``;
     ``position_ids`` is (batch, sequence) or a one-element start position."""
     x, position_ids, cos, sin = inputs
@@ -427,7 +427,7 @@ def _write_cache(buffer, new, starts):
     n_inputs=17,
     prefer_static=(6,),
 )
-def group_query_attention(inputs, attrs, ctx):
+def group_query_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``GroupQueryAttention`` (see the module docstring for the cache layout).
 
     Quantized caches, ``output_qk``, Q/K norms and ``query_seqlens`` are not supported.
@@ -472,9 +472,9 @@ def group_query_attention(inputs, attrs, ctx):
         query, key, value = query[..., :d], query[..., d : d + dk], query[..., d + dk :]
     else:
         head = width // heads
-    q = _split_heads(query, heads, "query", "num_heads", ctx)
-    k = _split_heads(key, kv_heads, "key", "kv_num_heads", ctx)
-    v = _split_heads(value, kv_heads, "value", "kv_num_heads", ctx)
+    q = split_heads(query, heads, "query", "num_heads", ctx)
+    k = split_heads(key, kv_heads, "key", "kv_num_heads", ctx)
+    v = split_heads(value, kv_heads, "value", "kv_num_heads", ctx)
 
     lengths = jnp.reshape(jnp.asarray(seqlens_k), (batch,)).astype(jnp.int32) + 1
     past_lens = jnp.maximum(

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import dtype_of, normalize_axis
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.microsoft.activation import fast_gelu
-from jonnx.ops.nn import _gemm, convolve
+from jonnx.ops.nn import convolve, gemm_core
 from jonnx.ops.shape import trilu
-
-from jonnx._registry import register
 
 
 def _activate(y, name, params, ctx):
@@ -59,7 +59,7 @@ _CONV_ATTRS = {
 
 
 @register("FusedConv", since=1, domain=DOMAIN, attributes=_CONV_ATTRS, n_inputs=4)
-def fused_conv(inputs, attrs, ctx):
+def fused_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``FusedConv``: ``activation(Conv(X, W, B) + Z)``."""
     x, w, b, z = inputs
     y = convolve(x, w, b, attrs, ctx)
@@ -85,10 +85,10 @@ _GEMM_ATTRS = {
 
 
 @register("FusedGemm", since=1, domain=DOMAIN, attributes=_GEMM_ATTRS, n_inputs=3)
-def fused_gemm(inputs, attrs, ctx):
+def fused_gemm(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``FusedGemm``: ``activation(Gemm(A, B, C))`` with ``activation_alpha/beta``."""
     a, b, c = inputs
-    y = _gemm(a, b, c, attrs, ctx)
+    y = gemm_core(a, b, c, attrs, ctx)
     params = (
         attrs["activation_alpha"],
         attrs["activation_beta"],
@@ -121,7 +121,7 @@ def _batch_transpose(x, trans_batch: bool, trans: bool):
     },
     n_inputs=2,
 )
-def fused_matmul(inputs, attrs, ctx):
+def fused_matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``FusedMatMul``: ``alpha * op(A) @ op(B)`` (numpy matmul broadcasting)."""
     a, b = inputs
     a = _batch_transpose(a, bool(attrs["transBatchA"]), bool(attrs["transA"]))
@@ -151,13 +151,13 @@ register(
     attributes={"alpha": 1.0, "transA": 0, "transB": 0},
     n_inputs=2,
 )
-def transpose_matmul(inputs, attrs, ctx):
+def transpose_matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``TransposeMatMul``: FusedMatMul's older name (no batch transposes)."""
     return fused_matmul(inputs, {**attrs, "transBatchA": 0, "transBatchB": 0}, ctx)
 
 
 @register("GemmFastGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=3)
-def gemm_fast_gelu(inputs, attrs, ctx):
+def gemm_fast_gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``GemmFastGelu``: FastGelu of ``X @ W (+ bias)``."""
     x, w, bias = inputs
     return fast_gelu((jnp.matmul(x, w, precision=ctx.precision), bias), {}, ctx)
@@ -170,7 +170,7 @@ def gemm_fast_gelu(inputs, attrs, ctx):
     attributes={"axis": 1, "is_inner_broadcast": None},
     n_inputs=2,
 )
-def bias_softmax(inputs, attrs, ctx):
+def bias_softmax(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``BiasSoftmax``: Softmax of ``data + bias`` along ``axis``; the bias
     broadcasts over the dims before ``axis`` (inner broadcast) or numpy-style from the right."""
     data, bias = inputs

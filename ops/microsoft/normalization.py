@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import dtype_of, normalize_axis
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.normalization import (
-    _moments,
-    _rsqrt_eps,
-    _stash_dtype,
     layer_normalization,
+    moments,
+    rsqrt_eps,
+    stash_dtype,
 )
-
-from jonnx._registry import register
 
 # onnxruntime registers its LayerNormalization contrib op in the default domain from opset 1,
 # with the semantics onnx adopted in opset 17: the same body serves both.
@@ -35,15 +35,15 @@ def _rms_norm(x, axis: int, epsilon: float, stash_dtype):
     """``x / sqrt(mean(x**2) + eps)`` over the axes from ``axis`` on, and the inverse RMS."""
     xs = x.astype(stash_dtype)
     axes = tuple(range(axis, jnp.ndim(x)))
-    inv = _rsqrt_eps(jnp.mean(xs * xs, axis=axes, keepdims=True), epsilon)
+    inv = rsqrt_eps(jnp.mean(xs * xs, axis=axes, keepdims=True), epsilon)
     return xs * inv, inv
 
 
 def _layer_norm(x, epsilon: float, stash_dtype):
     """Normalise over the last axis; returns the normalised value, mean and inverse std."""
     xs = x.astype(stash_dtype)
-    mean, var = _moments(xs, (jnp.ndim(x) - 1,))
-    inv = _rsqrt_eps(var, epsilon)
+    mean, var = moments(xs, (jnp.ndim(x) - 1,))
+    inv = rsqrt_eps(var, epsilon)
     return (xs - mean) * inv, mean, inv
 
 
@@ -58,12 +58,12 @@ def _wide(x) -> np.dtype:
     attributes={"axis": -1, "epsilon": 1e-5, "stash_type": 1},
     n_inputs=2,
 )
-def simplified_layer_normalization(inputs, attrs, ctx):
+def simplified_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """onnxruntime ``SimplifiedLayerNormalization`` (RMS norm; default domain, as files carry it)."""
     x, scale = inputs
     axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
     normed, inv = _rms_norm(
-        x, axis, attrs["epsilon"], _stash_dtype(x, attrs["stash_type"])
+        x, axis, attrs["epsilon"], stash_dtype(x, attrs["stash_type"])
     )
     return (normed.astype(dtype_of(x)) * scale).astype(dtype_of(x)), inv
 
@@ -85,7 +85,7 @@ def _skip_sum(x, skip, bias, ctx):
     attributes={"epsilon": 1e-12},
     n_inputs=5,
 )
-def skip_layer_normalization(inputs, attrs, ctx):
+def skip_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``SkipLayerNormalization``: ``LayerNorm(input + skip + bias) * gamma + beta``."""
     x, skip, gamma, beta, bias = inputs
     s = _skip_sum(x, skip, bias, ctx)
@@ -103,7 +103,7 @@ def skip_layer_normalization(inputs, attrs, ctx):
     attributes={"epsilon": 1e-12},
     n_inputs=4,
 )
-def skip_simplified_layer_normalization(inputs, attrs, ctx):
+def skip_simplified_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``SkipSimplifiedLayerNormalization``: ``RMSNorm(input + skip + bias) * gamma``."""
     x, skip, gamma, bias = inputs
     s = _skip_sum(x, skip, bias, ctx)
@@ -119,7 +119,7 @@ def skip_simplified_layer_normalization(inputs, attrs, ctx):
     attributes={"epsilon": 1e-12, "mask_index_type": 1},
     n_inputs=9,
 )
-def embed_layer_normalization(inputs, attrs, ctx):
+def embed_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``EmbedLayerNormalization``: BERT's word + position + segment embeddings,
     layer-normalised; ``mask_index`` is each row's count of ones in ``mask`` (0 without one)."""
     ids, segment_ids, word, position, segment, gamma, beta, mask, position_ids = inputs

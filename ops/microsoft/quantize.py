@@ -18,19 +18,19 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import dtype_of, normalize_axis
-from jonnx.ops.activation import _softmax_2d, _softmax_axis
+from jonnx.ops.activation import softmax_2d, softmax_axis
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.nn import average_pool as _average_pool
 from jonnx.ops.quantize import (
-    _dequantize_linear,
-    _quantize_linear,
+    dequantize_linear,
     dynamic_quantize_linear,
     integer_matmul,
+    qlinear_conv as _qlinear_conv,
+    quantize_linear,
 )
-from jonnx.ops.quantize import qlinear_conv as _qlinear_conv
-
-from jonnx._registry import register
 
 
 def _xp(x):
@@ -98,7 +98,7 @@ _NBITS_ATTRS = {
 
 
 @register("MatMulNBits", since=1, domain=DOMAIN, attributes=_NBITS_ATTRS, n_inputs=6)
-def matmul_nbits(inputs, attrs, ctx):
+def matmul_nbits(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``MatMulNBits``: ``A @ dequantize(B).T + bias`` with 2/4/8-bit block-wise
     quantized weights (packed low bits first), zero points packed or float, and ``g_idx``.
 
@@ -150,7 +150,7 @@ _INT4 = {np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4)}
     attributes={"bits": 4, "block_size": 128, "gather_axis": 0, "quantize_axis": 1},
     n_inputs=4,
 )
-def gather_block_quantized(inputs, attrs, ctx):
+def gather_block_quantized(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``GatherBlockQuantized``: Gather from a block-quantized table, dequantized
     (``(q - zero_point) * scale`` per ``block_size`` along ``quantize_axis``). Out-of-range
     indices give zero rows, as onnxruntime documents."""
@@ -215,7 +215,7 @@ def _scaled(acc, scale, bias, dtype):
 
 
 @register("DynamicQuantizeMatMul", since=1, domain=DOMAIN, attributes={}, n_inputs=5)
-def dynamic_quantize_matmul(inputs, attrs, ctx):
+def dynamic_quantize_matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``DynamicQuantizeMatMul``: A quantized to uint8 as DynamicQuantizeLinear
     does, multiplied by the 8-bit B in int32, scaled back to float, plus ``bias``."""
     a, b, b_scale, b_zero, bias = inputs
@@ -229,7 +229,7 @@ def dynamic_quantize_matmul(inputs, attrs, ctx):
 
 
 @register("MatMulIntegerToFloat", since=1, domain=DOMAIN, attributes={}, n_inputs=7)
-def matmul_integer_to_float(inputs, attrs, ctx):
+def matmul_integer_to_float(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``MatMulIntegerToFloat``: ``(A - a_zp) @ (B - b_zp) * a_scale * b_scale + bias``."""
     a, b, a_scale, b_scale, a_zero, b_zero, bias = inputs
     acc = integer_matmul(a, b, a_zero, b_zero)
@@ -244,19 +244,19 @@ def matmul_integer_to_float(inputs, attrs, ctx):
 
 
 def _dq(x, scale, zero, ctx=None):
-    return _dequantize_linear((x, scale, zero), {}, ctx)[0].astype(jnp.float32)
+    return dequantize_linear((x, scale, zero), {}, ctx)[0].astype(jnp.float32)
 
 
 def _q(y, scale, zero, like):
     if zero is None:  # the output type follows the quantized input's
         zero = np.zeros((), dtype_of(like))
-    return _quantize_linear(
+    return quantize_linear(
         (y, jnp.asarray(scale).astype(jnp.float32), zero), {}, None
     )[0]
 
 
 def _qlinear_binary(fn):
-    def body(inputs, attrs, ctx):
+    def body(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero = inputs
         return (
             _q(
@@ -276,7 +276,7 @@ register("QLinearMul", since=1, domain=DOMAIN, attributes={}, n_inputs=8)(
 
 
 @register("QLinearSigmoid", since=1, domain=DOMAIN, attributes={}, n_inputs=5)
-def qlinear_sigmoid(inputs, attrs, ctx):
+def qlinear_sigmoid(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearSigmoid``: quantized sigmoid (dequantize, sigmoid, requantize)."""
     x, x_scale, x_zero, y_scale, y_zero = inputs
     return (_q(jax.nn.sigmoid(_dq(x, x_scale, x_zero)), y_scale, y_zero, x),)
@@ -285,7 +285,7 @@ def qlinear_sigmoid(inputs, attrs, ctx):
 @register(
     "QLinearLeakyRelu", since=1, domain=DOMAIN, attributes={"alpha": 0.01}, n_inputs=5
 )
-def qlinear_leaky_relu(inputs, attrs, ctx):
+def qlinear_leaky_relu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearLeakyRelu``: quantized LeakyRelu."""
     x, x_scale, x_zero, y_scale, y_zero = inputs
     f = _dq(x, x_scale, x_zero)
@@ -301,7 +301,7 @@ def qlinear_leaky_relu(inputs, attrs, ctx):
     attributes={"channels_last": 0},
     n_inputs=5,
 )
-def qlinear_global_average_pool(inputs, attrs, ctx):
+def qlinear_global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearGlobalAveragePool``: the mean over the spatial axes, requantized
     (NCHW..., or NHWC... with ``channels_last=1``); spatial axes are kept as size 1."""
     x, x_scale, x_zero, y_scale, y_zero = inputs
@@ -327,7 +327,7 @@ def _validate_concat(attrs, n_inputs, n_outputs):
     n_inputs=2,
     validate=_validate_concat,
 )
-def qlinear_concat(inputs, attrs, ctx):
+def qlinear_concat(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearConcat``: each (X, scale, zero point) requantized to Y's, concatenated."""
     y_scale, y_zero, *rest = inputs
     if attrs["axis"] is None:
@@ -340,11 +340,11 @@ def qlinear_concat(inputs, attrs, ctx):
 
 # The com.microsoft forms predate onnx's int16/int4 and blocked versions; same arithmetic.
 register("QuantizeLinear", since=1, domain=DOMAIN, attributes={"axis": 1}, n_inputs=3)(
-    _quantize_linear
+    quantize_linear
 )
 register(
     "DequantizeLinear", since=1, domain=DOMAIN, attributes={"axis": 1}, n_inputs=3
-)(_dequantize_linear)
+)(dequantize_linear)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ register(
     attributes={"alpha": 1.0, "transA": 0, "transB": 0},
     n_inputs=9,
 )
-def qgemm(inputs, attrs, ctx):
+def qgemm(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QGemm``: ``alpha * (A - a_zp) (B - b_zp) * a_scale * b_scale + C * a_scale * b_scale``
     (C is an int32 bias at the product's scale), requantized when ``y_scale`` is given, else float."""
     a, a_scale, a_zero, b, b_scale, b_zero, c, y_scale, y_zero = inputs
@@ -401,7 +401,7 @@ _QCONV_ATTRS = {
 
 
 @register("QLinearConv", since=1, domain=DOMAIN, attributes=_QCONV_ATTRS, n_inputs=9)
-def qlinear_conv_ms(inputs, attrs, ctx):
+def qlinear_conv_ms(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearConv``: the default domain's QLinearConv, channels-last optionally."""
     x, *rest = inputs
     return (
@@ -427,7 +427,7 @@ _QPOOL_ATTRS = {
 @register(
     "QLinearAveragePool", since=1, domain=DOMAIN, attributes=_QPOOL_ATTRS, n_inputs=5
 )
-def qlinear_average_pool(inputs, attrs, ctx):
+def qlinear_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearAveragePool``: AveragePool on dequantized values, requantized."""
     x, x_scale, x_zero, y_scale, y_zero = inputs
     pool_attrs = {**attrs, "dilations": None}
@@ -446,21 +446,21 @@ def qlinear_average_pool(inputs, attrs, ctx):
     attributes={"axis": -1, "opset": None},
     n_inputs=5,
 )
-def qlinear_softmax(inputs, attrs, ctx):
+def qlinear_softmax(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearSoftmax``: Softmax of the dequantized input (2-D coercion at ``axis``
     when the node's ``opset`` attribute is below 13, as Softmax itself), requantized."""
     x, x_scale, x_zero, y_scale, y_zero = inputs
     f = _dq(x, x_scale, x_zero, ctx)
     body = (
-        _softmax_axis("Softmax")
+        softmax_axis("Softmax")
         if (attrs["opset"] or 13) >= 13
-        else _softmax_2d("Softmax")
+        else softmax_2d("Softmax")
     )
     return (_q(body((f,), {"axis": attrs["axis"]}, ctx)[0], y_scale, y_zero, x),)
 
 
 @register("QLinearWhere", since=1, domain=DOMAIN, attributes={}, n_inputs=9)
-def qlinear_where(inputs, attrs, ctx):
+def qlinear_where(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearWhere``: Where over dequantized X and Y, requantized to Z's scale."""
     cond, x, x_scale, x_zero, y, y_scale, y_zero, z_scale, z_zero = inputs
     chosen = jnp.where(cond, _dq(x, x_scale, x_zero, ctx), _dq(y, y_scale, y_zero, ctx))
@@ -474,7 +474,7 @@ def qlinear_where(inputs, attrs, ctx):
     attributes={"axes": None, "keepdims": None},
     n_inputs=5,
 )
-def qlinear_reduce_mean(inputs, attrs, ctx):
+def qlinear_reduce_mean(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearReduceMean``: ReduceMean of the dequantized input, requantized."""
     x, x_scale, x_zero, y_scale, y_zero = inputs
     if attrs["axes"] is None or attrs["keepdims"] is None:
@@ -487,7 +487,7 @@ def qlinear_reduce_mean(inputs, attrs, ctx):
 
 
 @register("MulInteger", since=1, domain=DOMAIN, attributes={}, n_inputs=4)
-def mul_integer(inputs, attrs, ctx):
+def mul_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``MulInteger``: ``(A - a_zp) * (B - b_zp)`` in int32."""
     a, a_zero, b, b_zero = inputs
     centered = [
@@ -499,7 +499,7 @@ def mul_integer(inputs, attrs, ctx):
 
 
 @register("MatMulInteger16", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
-def matmul_integer16(inputs, attrs, ctx):
+def matmul_integer16(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``MatMulInteger16``: int16 by int16 into int32."""
     a, b = inputs
     return (
@@ -514,7 +514,7 @@ def matmul_integer16(inputs, attrs, ctx):
     attributes={"axes": None, "keepdims": None},
     n_inputs=1,
 )
-def reduce_sum_integer(inputs, attrs, ctx):
+def reduce_sum_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``ReduceSumInteger``: an 8-bit tensor summed over ``axes`` into int32."""
     (x,) = inputs
     if attrs["axes"] is None or attrs["keepdims"] is None:

@@ -17,6 +17,8 @@ import onnx.helper as oh
 import onnxruntime as ort
 import optax
 import pytest
+
+import jonnx
 from jonnx.training import (
     classification_loss,
     evaluate,
@@ -24,8 +26,6 @@ from jonnx.training import (
     predict,
     supervised_loss,
 )
-
-import jonnx
 
 EXPORTS = pathlib.Path(__file__).with_name("exports")
 TORCH = dict(np.load(EXPORTS / "torch_reference.npz"))

@@ -5,8 +5,8 @@ alignment, zero rows for fully-masked queries), plus gradients and error cases."
 from __future__ import annotations
 
 import jax
-import jax.test_util
 import jax.numpy as jnp
+import jax.test_util
 import numpy as np
 import onnx
 import onnx.helper as oh

@@ -15,7 +15,11 @@ from onnx.reference import ReferenceEvaluator
 import jonnx
 from jonnx import errors
 from tests.ops._harness import (
-    assert_matches_reference, check_op_grads, node_model, run_jonnx, run_reference,
+    assert_matches_reference,
+    check_op_grads,
+    node_model,
+    run_jonnx,
+    run_reference,
 )
 
 RNG = np.random.default_rng(0)

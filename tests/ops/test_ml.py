@@ -8,11 +8,10 @@ import onnx
 import onnx.helper as oh
 import onnxruntime as ort
 import pytest
+from jax.test_util import check_grads
 
 import jonnx
 from jonnx import errors
-from jax.test_util import check_grads
-
 from tests.ops._harness import (
     node_model,
     run_jonnx,
@@ -165,6 +164,25 @@ def test_linear_classifier_multiclass(post, labels):
     assert_ml("LinearClassifier", {"x": x}, 2, coefficients=coef, intercepts=icpt,
               post_transform=post, rtol=1e-4, atol=1e-4 if post == "PROBIT" else 1e-5, **labels)
 
+
+
+def test_probit_is_infinite_at_scores_zero_and_one_like_onnxruntime():
+    # erfinv(-1) and erfinv(1) are -inf and +inf; onnxruntime returns them (the onnx reference
+    # returns 0 there, so onnxruntime is the reference here).
+    x = np.array([[0.0], [1.0], [0.5], [0.25], [0.9]], np.float32)
+    model = node_model("LinearRegressor", {"x": x}, opset=1, domain=ML, coefficients=[1.0],
+                       intercepts=[0.0], post_transform="PROBIT")
+    (want,) = run_ort(model, {"x": x})
+    assert np.isneginf(want[0, 0]) and np.isposinf(want[1, 0])
+    for jit in (True, False):
+        (got,) = run_jonnx(model, {"x": x}, jit=jit)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_ml_ops_by_name_resolve_their_domain():
+    x = RNG.standard_normal((3, 2)).astype(np.float32)
+    got = jonnx.ops.LinearRegressor(x, coefficients=[2.0, -1.0], intercepts=[0.5])
+    np.testing.assert_allclose(got, x @ np.array([[2.0], [-1.0]], np.float32) + 0.5, rtol=1e-6)
 
 def test_linear_classifier_binary_one_row():
     x = RNG.standard_normal((6, 3)).astype(np.float32)

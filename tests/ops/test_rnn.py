@@ -13,7 +13,10 @@ import pytest
 import jonnx
 from jonnx import errors
 from tests.ops._harness import (
-    assert_matches_reference, check_op_grads, node_model, run_jonnx,
+    assert_matches_reference,
+    check_op_grads,
+    node_model,
+    run_jonnx,
     run_reference,
 )
 

@@ -27,12 +27,10 @@ import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as onh
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import jonnx
 from jonnx import errors
-
 from tests.security._models import branch, call, const, function, graph, if_model, model, vi
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "models"

@@ -15,9 +15,9 @@ repeated here.
 from __future__ import annotations
 
 import dataclasses
-import re
 import os
 import pathlib
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,10 +30,23 @@ import pytest
 import jonnx
 from jonnx import errors
 from jonnx._build import MAX_FUNCTION_DEPTH, MAX_GRAPH_DEPTH
-
 from tests.security._models import (
-    FN_DOMAIN, OPSET, add_model, branch, call, chain_functions, const, const_tensor_node,
-    doubling_functions, external, function, graph, if_model, model, nested_ifs, vi,
+    FN_DOMAIN,
+    OPSET,
+    add_model,
+    branch,
+    call,
+    chain_functions,
+    const,
+    const_tensor_node,
+    doubling_functions,
+    external,
+    function,
+    graph,
+    if_model,
+    model,
+    nested_ifs,
+    vi,
 )
 
 

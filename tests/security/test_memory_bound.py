@@ -12,17 +12,16 @@ are all static, runs folded only.
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 import subprocess
 import sys
-import pathlib
 
 import numpy as np
 import pytest
 
 import jonnx
 from jonnx import errors
-
 from tests.security._memory_probe import OPS, build, modes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

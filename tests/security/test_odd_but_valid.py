@@ -12,10 +12,19 @@ import pytest
 
 import jonnx
 from jonnx._build import MAX_FUNCTION_DEPTH, MAX_GRAPH_DEPTH
-
 from tests.security._models import (
-    FN_DOMAIN, branch, call, chain_functions, const, const_tensor_node, external, function, graph, model,
-    nested_ifs, vi,
+    FN_DOMAIN,
+    branch,
+    call,
+    chain_functions,
+    const,
+    const_tensor_node,
+    external,
+    function,
+    graph,
+    model,
+    nested_ifs,
+    vi,
 )
 
 X = np.array([-2.0, -0.5, 1.0, 3.0], np.float32)

@@ -12,7 +12,6 @@ import pytest
 
 import jonnx
 from jonnx import errors
-
 from tests.security._models import branch, const, graph, model, vi
 
 MODELS = pathlib.Path(__file__).resolve().parents[2] / "examples" / "models"

@@ -1,0 +1,29 @@
+"""What the interpreter and op bodies need to know about the values flowing through a run.
+
+A value is *concrete* (numpy, known at trace time: a constant, a folded shape, a host-side
+string tensor) or *dynamic* (a ``jax.Array``, usually a tracer). Ops branch on it (If with a
+known condition, string labels only for concrete inputs), so the test lives here, in the core,
+where both the interpreter and ``jonnx.ops`` import it without pulling in either one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["is_concrete"]
+
+
+def is_concrete(value: Any) -> bool:
+    """True for values known at trace time: numpy arrays and scalars, None, and lists of them.
+
+    >>> import jax.numpy as jnp, numpy as np
+    >>> is_concrete(np.ones(2)), is_concrete([np.int64(3), None]), is_concrete(jnp.ones(2))
+    (True, True, False)
+    """
+    if value is None or isinstance(value, (np.ndarray, np.generic)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(is_concrete(v) for v in value)
+    return False

@@ -1,0 +1,400 @@
+"""ai.onnx.ml feature encoders and scalers, label and category maps, and map ops (dicts)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx._values import is_concrete
+from jonnx.ops._util import canonical
+from jonnx.ops.ml._common import ML, as_2d, as_strings, float_features, is_string_tensor, need_concrete
+
+# -- simple numeric ops ---------------------------------------------------------------------------
+
+
+@register("ArrayFeatureExtractor", since=1, domain=ML)
+def array_feature_extractor(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``ArrayFeatureExtractor``-1: select entries of the last axis.
+
+    As onnxruntime does, a 1-D ``X`` gives a ``[1, len(Y)]`` output. Out-of-range indices are
+    an error when ``Y`` is concrete; traced, they are clamped (JAX gather semantics).
+    """
+    x, y = inputs
+    count = int(np.prod(np.shape(y), dtype=np.int64))
+    last = np.shape(x)[-1] if np.ndim(x) else 1
+    if is_concrete(y):
+        idx = np.asarray(y).reshape(-1)
+        if np.any((idx < 0) | (idx >= last)):
+            raise ctx.error(f"indices {idx.tolist()} out of range for a last axis of size {last}")
+    shape = (1, count) if np.ndim(x) <= 1 else tuple(np.shape(x)[:-1]) + (count,)
+    if is_string_tensor(x):
+        need_concrete(y, ctx, "ArrayFeatureExtractor on strings")
+        return (np.take(np.asarray(x), np.asarray(y).reshape(-1), axis=-1).reshape(shape),)
+    idx = jnp.reshape(jnp.asarray(y), (-1,))
+    return (jnp.reshape(jnp.take(x, idx, axis=-1, mode="clip"), shape),)
+
+
+@register("Binarizer", since=1, domain=ML)
+def binarizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``Binarizer``-1: 1 where ``X > threshold``, else 0, in X's dtype."""
+    (x,) = inputs
+    x = jnp.asarray(x)
+    return (jnp.where(x > jnp.asarray(attrs["threshold"], x.dtype), 1, 0).astype(x.dtype),)
+
+
+@register("Scaler", since=1, domain=ML)
+def scaler(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``Scaler``-1: ``(X - offset) * scale`` per feature, as float."""
+    (x,) = inputs
+    x = float_features(x)
+    offset = jnp.asarray(np.asarray(attrs["offset"] or (0.0,), np.float32), x.dtype)
+    scale = jnp.asarray(np.asarray(attrs["scale"] or (1.0,), np.float32), x.dtype)
+    for name, v in (("offset", offset), ("scale", scale)):
+        if v.size not in (1, jnp.shape(x)[-1] if jnp.ndim(x) else 1):
+            raise ctx.error(f"{name} has {v.size} values for {jnp.shape(x)[-1]} features")
+    return (((x - offset) * scale).astype(np.float32),)
+
+
+@register("Normalizer", since=1, domain=ML)
+def normalizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``Normalizer``-1: rows divided by their MAX, L1 or L2 norm (at least 1e-30)."""
+    x = as_2d(float_features(inputs[0]), ctx)
+    norm = attrs["norm"]
+    if norm == "MAX":
+        div = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    elif norm == "L1":
+        div = jnp.sum(jnp.abs(x), axis=1, keepdims=True)
+    elif norm == "L2":
+        sq = jnp.sum(x * x, axis=1, keepdims=True)
+        # Double where: sqrt's gradient at an all-zero row would be inf * 0 = nan.
+        div = jnp.where(sq > 0, jnp.sqrt(jnp.where(sq > 0, sq, 1.0)), 0.0)
+    else:
+        raise ctx.error(f"norm must be MAX, L1 or L2, got {norm!r}")
+    out = x / jnp.maximum(div, 1e-30)
+    return (jnp.reshape(out, jnp.shape(inputs[0])).astype(np.float32),)
+
+
+@register("Imputer", since=1, domain=ML)
+def imputer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``Imputer``-1: replace ``replaced_value_*`` (NaN included) by the imputed values."""
+    (x,) = inputs
+    x = jnp.asarray(x)
+    floats, ints = attrs["imputed_value_floats"], attrs["imputed_value_int64s"]
+    if floats:
+        values, replaced = floats, attrs["replaced_value_float"]
+    elif ints:
+        values, replaced = ints, attrs["replaced_value_int64"]
+    else:
+        raise ctx.error("one of imputed_value_floats or imputed_value_int64s must be set")
+    features = jnp.shape(x)[-1] if jnp.ndim(x) else 1
+    if len(values) not in (1, features):
+        raise ctx.error(f"{len(values)} imputed values for {features} features (need 1 or {features})")
+    values = jnp.asarray(np.asarray(values), x.dtype)
+    if jnp.issubdtype(x.dtype, jnp.floating) and math.isnan(replaced):
+        hit = jnp.isnan(x)
+    else:
+        hit = x == jnp.asarray(replaced, x.dtype)
+    return (jnp.where(hit, values, x),)
+
+
+@register("FeatureVectorizer", since=1, domain=ML)
+def feature_vectorizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``FeatureVectorizer``-1: concatenate inputs' features, cut or zero-padded to
+    ``inputdimensions``, as float. A 1-D input is one feature per row, as in the onnx reference.
+    """
+    dims = attrs["inputdimensions"]
+    if dims is None or len(dims) != len(inputs):
+        raise ctx.error(f"inputdimensions {dims} must give one size per input ({len(inputs)})")
+    parts = []
+    for x, d in zip(inputs, dims):
+        x = jnp.asarray(x).astype(np.float32)
+        if x.ndim == 1:
+            x = x[:, None]
+        if x.ndim != 2:
+            raise ctx.error(f"every input must have rank 1 or 2, got shape {x.shape}")
+        x = x[:, :d] if d <= x.shape[1] else jnp.pad(x, ((0, 0), (0, d - x.shape[1])))
+        parts.append(x)
+    return (jnp.concatenate(parts, axis=1),)
+
+
+@register("OneHotEncoder", since=1, domain=ML,
+          static_inputs=lambda attrs: (0,) if attrs["cats_strings"] and not attrs["cats_int64s"] else (),
+          host=lambda attrs: bool(attrs["cats_strings"] and not attrs["cats_int64s"]))
+def one_hot_encoder(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``OneHotEncoder``-1: ``X.shape + [categories]`` of 0/1 floats.
+
+    With ``zeros=0`` a value outside the categories is an error; that check needs a concrete
+    input (traced, such rows are all zeros).
+    """
+    (x,) = inputs
+    ints, strings = attrs["cats_int64s"], attrs["cats_strings"]
+    if ints:
+        if is_string_tensor(x):
+            raise ctx.error("the node has cats_int64s, so X must be numeric, not strings")
+        codes = jnp.asarray(x)
+        if not jnp.issubdtype(codes.dtype, jnp.integer):
+            codes = codes.astype(canonical(np.int64))
+        cats = jnp.asarray(np.asarray(ints, np.int64), codes.dtype)
+        out = (codes[..., None] == cats).astype(np.float32)
+    elif strings:
+        if not is_string_tensor(x):
+            raise ctx.error("the node has cats_strings, so X must be a string tensor")
+        table = {s: i for i, s in reversed(list(enumerate(strings)))}
+        idx = np.vectorize(lambda s: table.get(s, -1), otypes=[np.int64])(as_strings(x))
+        out = (idx[..., None] == np.arange(len(strings))).astype(np.float32)
+    else:
+        raise ctx.error("one of cats_int64s or cats_strings must be set")
+    if not attrs["zeros"] and is_concrete(x) and np.any(np.asarray(out).sum(-1) == 0):
+        raise ctx.error("zeros=0 and an input value is not among the categories")
+    return (out,)
+
+
+# -- label and category maps ----------------------------------------------------------------------
+
+_DEFAULTS = {"int": -1, "float": -0.0, "string": "_Unused"}
+
+
+def _kind(dtype) -> str:
+    dtype = np.dtype(dtype)
+    return "string" if dtype.kind in "OUS" else "float" if dtype.kind == "f" else "int"
+
+
+def _map_values(x, keys, values, default, out_dtype, ctx):
+    """Look every element of ``x`` up in ``keys`` (the last repeat wins; NaN matches NaN).
+
+    Numeric keys and values run in jnp (sorted keys, ``searchsorted``), so a traced input works;
+    strings on either side need a concrete input and run on the host.
+    """
+    keys = np.asarray(keys).reshape(-1)
+    values = np.asarray(values).reshape(-1)
+    if keys.size != values.size:
+        raise ctx.error(f"{keys.size} keys but {values.size} values")
+    in_string = is_string_tensor(x) or _kind(keys.dtype) == "string"
+    if in_string != (_kind(keys.dtype) == "string") or in_string and not is_string_tensor(x):
+        raise ctx.error(f"input of dtype {np.asarray(x).dtype if is_concrete(x) else x.dtype} "
+                        f"does not match keys of type {_kind(keys.dtype)}")
+    if in_string or out_dtype == object:
+        need_concrete(x, ctx, "a lookup with string keys or values")
+        xs = as_strings(x) if in_string else np.asarray(x)
+        if in_string:
+            table = dict(zip(as_strings(keys).tolist(), values.tolist()))
+            found = [table.get(v, default) for v in xs.reshape(-1).tolist()]
+        else:
+            keys = keys.astype(xs.dtype)
+            table = dict(zip(keys.tolist(), values.tolist()))
+            nan_value = next((v for k, v in reversed(list(zip(keys.tolist(), values.tolist())))
+                              if isinstance(k, float) and math.isnan(k)), default)
+            found = [nan_value if isinstance(v, float) and math.isnan(v) else table.get(v, default)
+                     for v in xs.reshape(-1).tolist()]
+        out = np.empty(len(found), object) if out_dtype == object else np.asarray(found, out_dtype)
+        if out_dtype == object:
+            out[:] = [str(v) for v in found]
+        return out.reshape(np.shape(x))
+    x = jnp.asarray(x)
+    keys = keys.astype(np.dtype(x.dtype))
+    nan_keys = np.isnan(keys) if keys.dtype.kind == "f" else np.zeros(keys.size, bool)
+    table = dict(zip(keys[~nan_keys].tolist(), values[~nan_keys].tolist()))
+    out_values = jnp.asarray(np.asarray(list(table.values()) + [default], dtype=out_dtype), out_dtype)
+    sorted_keys = np.asarray(list(table), keys.dtype)
+    order = np.argsort(sorted_keys, kind="stable")
+    sorted_keys = sorted_keys[order]
+    slot = order if sorted_keys.size else np.zeros(0, np.int64)
+    if sorted_keys.size:
+        pos = jnp.clip(jnp.searchsorted(jnp.asarray(sorted_keys), x), 0, sorted_keys.size - 1)
+        hit = jnp.asarray(sorted_keys)[pos] == x
+        picked = jnp.where(hit, jnp.asarray(slot)[pos], len(table))
+    else:
+        picked = jnp.full(x.shape, len(table))
+    out = out_values[picked]
+    if nan_keys.any():
+        out = jnp.where(jnp.isnan(x), jnp.asarray(values[nan_keys][-1], out_dtype), out)
+    return out
+
+
+def _out_dtype(kind: str):
+    return object if kind == "string" else canonical(np.int64) if kind == "int" else np.dtype(np.float32)
+
+
+def _label_encoder_static(attrs):
+    strings = attrs.get("classes_strings") is not None  # opset 1 always maps strings
+    for name in ("keys_strings", "values_strings"):
+        strings |= bool(attrs.get(name))
+    for name in ("keys_tensor", "values_tensor"):
+        t = attrs.get(name)
+        strings |= t is not None and np.asarray(t).dtype.kind in "OUS"
+    return (0,) if strings else ()
+
+
+@register("LabelEncoder", since=1, domain=ML, static_inputs=_label_encoder_static, host=_label_encoder_static)
+def label_encoder_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``LabelEncoder``-1: strings -> their index in ``classes_strings`` (else
+    ``default_int64``), or integers -> ``classes_strings[i]`` (else ``default_string``).
+    """
+    (x,) = inputs
+    classes = list(attrs["classes_strings"] or ())
+    if is_string_tensor(x):
+        return (_map_values(x, np.asarray(classes, object), np.arange(len(classes)),
+                            attrs["default_int64"], canonical(np.int64), ctx),)
+    return (_map_values(x, np.arange(len(classes)), np.asarray(classes, object),
+                        attrs["default_string"], object, ctx),)
+
+
+def _pick(attrs, side: str):
+    """The one set ``keys_*``/``values_*`` attribute: ``(array, kind)``."""
+    found = []
+    for kind, name in (("float", f"{side}_floats"), ("int", f"{side}_int64s"), ("string", f"{side}_strings")):
+        if attrs.get(name):
+            arr = np.asarray(attrs[name], {"float": np.float32, "int": np.int64, "string": object}[kind])
+            found.append((arr, kind))
+    tensor = attrs.get(f"{side}_tensor")
+    if tensor is not None:
+        tensor = np.asarray(tensor)
+        found.append((as_strings(tensor) if tensor.dtype.kind in "OUS" else tensor, _kind(tensor.dtype)))
+    return found
+
+
+@register("LabelEncoder", since=(2, 4), domain=ML, static_inputs=_label_encoder_static, host=_label_encoder_static)
+def label_encoder(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``LabelEncoder``-2/4: map keys to values (4 adds ``keys_tensor``/``values_tensor``
+    and ``default_tensor``, and more types). The last of repeated keys wins; NaN matches NaN.
+    """
+    (x,) = inputs
+    keys, values = _pick(attrs, "keys"), _pick(attrs, "values")
+    if len(keys) != 1 or len(values) != 1:
+        raise ctx.error("exactly one keys_* and one values_* attribute must be set")
+    (keys, _), (values, kind) = keys[0], values[0]
+    default_tensor = attrs.get("default_tensor")
+    if attrs.get("values_tensor") is not None:
+        out_dtype = object if kind == "string" else canonical(values.dtype)
+        if default_tensor is not None:
+            default = np.asarray(default_tensor).reshape(-1)[0]
+            default = as_strings([default])[0] if kind == "string" else default.item()
+        else:
+            default = _DEFAULTS[kind]
+    else:
+        out_dtype = _out_dtype(kind)
+        default = attrs[f"default_{ {'int': 'int64', 'float': 'float', 'string': 'string'}[kind]}"]
+    return (_map_values(x, keys, values, default, out_dtype, ctx),)
+
+
+@register("CategoryMapper", since=1, domain=ML, static_inputs=(0,), host=True)
+def category_mapper(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``CategoryMapper``-1: strings <-> int64 through ``cats_strings``/``cats_int64s``."""
+    (x,) = inputs
+    strings = np.asarray(attrs["cats_strings"] or (), object)
+    ints = np.asarray(attrs["cats_int64s"] or (), np.int64)
+    if strings.size != ints.size:
+        raise ctx.error(f"cats_strings has {strings.size} entries and cats_int64s {ints.size}")
+    if is_string_tensor(x):
+        return (_map_values(x, strings, ints, attrs["default_int64"], canonical(np.int64), ctx),)
+    return (_map_values(x, ints, strings, attrs["default_string"], object, ctx),)
+
+
+# -- maps -----------------------------------------------------------------------------------------
+
+
+def _stack(values, ctx):
+    """Map values (Python scalars, numpy or jax 0-d arrays) as one 1-D array."""
+    if any(isinstance(v, (str, bytes)) or (is_concrete(v) and np.asarray(v).dtype.kind in "OUS")
+           for v in values):
+        return as_strings(np.asarray([np.asarray(v).item() if is_concrete(v) else v for v in values], object))
+    if all(is_concrete(v) or isinstance(v, (int, float)) for v in values):
+        return np.asarray(values)
+    return jnp.stack([jnp.asarray(v) for v in values])
+
+
+def _dict_row(d, vocabulary, ctx):
+    if not isinstance(d, dict):
+        raise ctx.error(f"X must be a map (dict) or a sequence of maps, got {type(d).__name__}")
+    index = {k: i for i, k in enumerate(vocabulary)}
+    unknown = [k for k in d if index.get(_key(k)) is None]
+    if unknown:
+        raise ctx.error(f"map keys {unknown[:5]} are not in the vocabulary")
+    return {index[_key(k)]: v for k, v in d.items()}
+
+
+def _key(k):
+    if isinstance(k, bytes):
+        return k.decode("utf-8", errors="surrogateescape")
+    if isinstance(k, (np.generic, np.ndarray)):
+        return np.asarray(k).item()
+    return k
+
+
+@register("DictVectorizer", since=1, domain=ML)
+def dict_vectorizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``DictVectorizer``-1: a map -> a ``[1, V]`` tensor over the vocabulary (keys not in
+    the map are 0, or "" for string values), as onnxruntime shapes it; a list of maps gives
+    ``[len, V]``. Map values may be traced scalars.
+    """
+    (x,) = inputs
+    vocabulary = list(attrs["string_vocabulary"] or ()) or list(attrs["int64_vocabulary"] or ())
+    if not vocabulary:
+        raise ctx.error("one of string_vocabulary or int64_vocabulary must be set")
+    rows = x if isinstance(x, (list, tuple)) else [x]
+    cells = [_dict_row(r, vocabulary, ctx) for r in rows]
+    values = [v for row in cells for v in row.values()]
+    if not values:
+        return (np.zeros((len(rows), len(vocabulary)), np.float32),)
+    flat = _stack(values, ctx)
+    if isinstance(flat, np.ndarray) and flat.dtype == object:
+        out = np.full((len(rows), len(vocabulary)), "", object)
+        k = 0
+        for i, row in enumerate(cells):
+            for j in row:
+                out[i, j] = flat[k]
+                k += 1
+        return (out,)
+    flat = jnp.asarray(flat)
+    if flat.dtype == np.float64 and all(not isinstance(v, jax.Array) for v in values):
+        flat = flat if jax.config.jax_enable_x64 else flat.astype(np.float32)
+    r = np.array([i for i, row in enumerate(cells) for _ in row])
+    c = np.array([j for row in cells for j in row])
+    out = jnp.zeros((len(rows), len(vocabulary)), flat.dtype).at[r, c].set(flat)
+    return (out,)
+
+
+@register("CastMap", since=1, domain=ML)
+def cast_map(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX-ML ``CastMap``-1: an int64-keyed map -> a ``[1, n]`` tensor ordered by key.
+
+    DENSE keeps every value in key order; SPARSE writes value ``k`` at column ``k`` of
+    ``max_map`` columns (missing keys 0, or "" for strings). Strings cast to float/int64 with
+    Python's ``float``; numbers to strings with ``str``.
+    """
+    (x,) = inputs
+    if not isinstance(x, dict):
+        raise ctx.error(f"X must be a map (dict), got {type(x).__name__}")
+    items = sorted((int(_key(k)), v) for k, v in x.items())
+    cast_to, form = attrs["cast_to"], attrs["map_form"]
+    if cast_to not in ("TO_FLOAT", "TO_STRING", "TO_INT64"):
+        raise ctx.error(f"cast_to must be TO_FLOAT, TO_STRING or TO_INT64, got {cast_to!r}")
+    if form == "DENSE":
+        width, columns = len(items), list(range(len(items)))
+    elif form == "SPARSE":
+        width, columns = attrs["max_map"], [k for k, _ in items]
+        if any(not 0 <= k < width for k in columns):
+            raise ctx.error(f"SPARSE map keys must lie in [0, max_map={width})")
+    else:
+        raise ctx.error(f"map_form must be DENSE or SPARSE, got {form!r}")
+    values = [v for _, v in items]
+    if cast_to == "TO_STRING":
+        out = np.full((1, width), "", object)
+        for j, v in zip(columns, values):
+            out[0, j] = as_strings([_key(v)])[0] if is_concrete(v) or isinstance(v, (str, bytes)) else str(v)
+        return (out,)
+    dtype = np.float32 if cast_to == "TO_FLOAT" else canonical(np.int64)
+    converted = []
+    for v in values:
+        v = _key(v) if is_concrete(v) or isinstance(v, (str, bytes)) else v
+        if isinstance(v, str):
+            v = float(v)
+        converted.append(jnp.asarray(v).astype(dtype) if isinstance(v, jax.Array) else dtype(v) if cast_to == "TO_FLOAT" else int(v))
+    if not converted:
+        return (np.zeros((1, width), dtype),)
+    stacked = jnp.stack([jnp.asarray(v, dtype) for v in converted])
+    return (jnp.zeros((1, width), dtype).at[0, np.asarray(columns)].set(stacked),)
