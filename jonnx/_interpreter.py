@@ -250,10 +250,12 @@ def _run_node(
                 with jax.ensure_compile_time_eval():
                     return _to_numpy(op.fn(args, node.attrs, ctx))
         if not jax.config.jax_enable_x64:
-            # Static inputs stay on the host (Slice's INT64_MAX ends are fine); the others
+            # Static inputs stay on the host (Slice's INT64_MAX ends are fine), and so do
+            # concrete prefer-static ones (Loop's INT64_MAX "no limit" trip count); the others
             # become JAX arrays of the 32-bit type.
+            host = node.static_inputs | node.prefer_static
             for i, arg in enumerate(args):
-                if i < len(node.inputs) and node.inputs[i] and i not in node.static_inputs:
+                if i < len(node.inputs) and node.inputs[i] and i not in host:
                     _check_narrowing(node, node.inputs[i], arg, options)
         outputs = op.fn(args, node.attrs, ctx)
         if options.memory_limit is not None:
