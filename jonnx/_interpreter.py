@@ -88,33 +88,49 @@ def run_graph(
     # A subgraph's own initializers are constants of that scope; the values given override
     # them (Model passes the main graph's params and constants explicitly).
     env: dict[str, Any] = {**(outer or {}), **graph.initializers, **values}
-    # Tracing a large model walks thousands of nodes in Python: show it (the main graph only;
-    # eager runs of small graphs end within Progress's quiet time and show nothing).
-    tracing = outer is None and any(isinstance(v, jax.core.Tracer) for v in values.values())
-    progress = Progress(f"tracing graph {graph.name!r}" if tracing else f"running graph {graph.name!r}",
-                        len(graph.nodes), unit="nodes") if outer is None else None
-    token = _NARROWED.set([]) if outer is None else None
+    if outer is not None:
+        updates = run_nodes(graph, env, options, range(len(graph.nodes)))
+    else:
+        updates = run_main_nodes(graph, env, options, range(len(graph.nodes)), graph.output_names)
+    outputs = tuple(env[o.name] for o in graph.outputs)
+    return outputs, updates
+
+
+def run_main_nodes(
+    graph: Graph,
+    env: dict[str, Any],
+    options: RunOptions,
+    positions: Sequence[int],
+    leaving: Sequence[str],
+) -> dict[str, Any]:
+    """:func:`run_nodes` over the main graph (whole, or one compiled segment of it), with what
+    a top-level run adds: progress (tracing a large model walks thousands of nodes in Python;
+    short runs end within Progress's quiet time and show nothing), and one NarrowingWarning
+    for the 64-bit values known at trace time that JAX would narrow wrongly with x64 off,
+    checked where they enter traced nodes and in ``leaving`` (the values handed back, which
+    become JAX arrays too).
+    """
+    tracing = any(isinstance(v, jax.core.Tracer) for v in env.values())
+    progress = Progress(
+        f"tracing graph {graph.name!r}" if tracing else f"running graph {graph.name!r}", len(positions), unit="nodes"
+    )
+    token = _NARROWED.set([])
     try:
-        updates = run_nodes(graph, env, options, range(len(graph.nodes)), progress=progress)
-        outputs = tuple(env[o.name] for o in graph.outputs)
-        if outer is None and not jax.config.jax_enable_x64:
+        updates = run_nodes(graph, env, options, positions, progress=progress)
+        if not jax.config.jax_enable_x64:
             producers = graph.producers()
-            for o in graph.outputs:
-                # A folded output leaves as a jax array too (Model's _as_output).
-                _check_narrowing(producers.get(o.name), o.name, env[o.name], options)
+            for name in leaving:
+                _check_narrowing(producers.get(name), name, env[name], options)
             narrowed = _NARROWED.get()
             if narrowed:
-                warnings.warn(_narrowing_summary(narrowed), errors.NarrowingWarning, stacklevel=2)
+                warnings.warn(_narrowing_summary(narrowed), errors.NarrowingWarning, stacklevel=3)
     except BaseException:
-        if progress is not None:
-            progress.close(failed=True)
+        progress.close(failed=True)
         raise
     finally:
-        if token is not None:
-            _NARROWED.reset(token)
-    if progress is not None:
-        progress.close()
-    return outputs, updates
+        _NARROWED.reset(token)
+    progress.close()
+    return updates
 
 
 def run_nodes(
@@ -187,6 +203,21 @@ def _run_node(
     for i in node.static_inputs:
         if i < len(args) and not is_concrete(args[i]):
             raise errors.StaticValueError(_static_message(graph, node, i, env))
+    fold = (
+        not op.random
+        and not op.reads_graph
+        and is_concrete(args)
+        and not _reads_dynamic_outer(node, env)
+    )
+    # Checked before promote_floats, which would narrow a float64 constant itself.
+    if not fold and not jax.config.jax_enable_x64:
+        # Static inputs stay on the host (Slice's INT64_MAX ends are fine), and so do
+        # concrete prefer-static ones (Loop's INT64_MAX "no limit" trip count); the others
+        # become JAX arrays of the 32-bit type.
+        host = node.static_inputs | node.prefer_static
+        for i, arg in enumerate(args):
+            if i < len(node.inputs) and node.inputs[i] and i not in host:
+                _check_narrowing(node, node.inputs[i], arg, options)
     # The one place the dtype rule applies: another float width where the schema wants one
     # type (a float16 or float64 input meeting float32 weights) computes in the common type.
     args = promote_floats(args, node.float_groups)
@@ -215,12 +246,6 @@ def _run_node(
         graph=graph,
         checked=options.checked,
     )
-    fold = (
-        not op.random
-        and not op.reads_graph
-        and is_concrete(args)
-        and not _reads_dynamic_outer(node, env)
-    )
     if fold and _holds_symbolic(args):
         # Shape arithmetic on symbolic dims (jax.export) folds in numpy object arrays; an op
         # that makes a tensor of a symbolic shape (ConstantOfShape, Range) must be traced.
@@ -241,12 +266,6 @@ def _run_node(
                     _check_memory(node, _predict(node, args, ctx), options.memory_limit)
                 with jax.ensure_compile_time_eval():
                     return _to_numpy(op.fn(args, node.attrs, ctx))
-        if not jax.config.jax_enable_x64:
-            # Static inputs stay on the host (Slice's INT64_MAX ends are fine); the others
-            # become JAX arrays of the 32-bit type.
-            for i, arg in enumerate(args):
-                if i < len(node.inputs) and node.inputs[i] and i not in node.static_inputs:
-                    _check_narrowing(node, node.inputs[i], arg, options)
         outputs = op.fn(args, node.attrs, ctx)
         if options.memory_limit is not None:
             # Under jit these are tracers: nothing is allocated until the whole graph runs.

@@ -23,7 +23,7 @@ from jonnx import optimize as optimization
 from jonnx._bounded import bound_sizes
 from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
-from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph, run_nodes
+from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph, run_main_nodes, run_nodes
 from jonnx._ir import Graph, ValueInfo
 from jonnx._jit import jit
 from jonnx._progress import Progress
@@ -676,7 +676,7 @@ class Model:
         options = RunOptions(
             key=key, state=frozenset(self._state), memory_limit=self.memory_limit, checked=self.checked
         )
-        run_nodes(self._call_graph, env, options, stage.nodes)
+        run_main_nodes(self._call_graph, env, options, stage.nodes, stage.exports)
         results = {n: env[n] for n in stage.exports}
         host = {n: v for n, v in results.items() if _is_host_value(v)}
         if host:
