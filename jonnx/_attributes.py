@@ -17,9 +17,19 @@ import onnx.defs
 from jonnx import errors
 from jonnx._tensors import sparse_to_numpy, tensor_to_numpy
 
-__all__ = ["decode_attribute", "schema_defaults"]
+__all__ = ["attribute_graphs", "decode_attribute", "schema_defaults"]
 
 _A = onnx.AttributeProto
+
+
+def attribute_graphs(attr: onnx.AttributeProto) -> tuple[onnx.GraphProto, ...]:
+    """The subgraphs an attribute holds (If's branches, Loop's and Scan's bodies): the one walk
+    over a node's *protobuf* subgraphs (the loaded IR has :attr:`jonnx.Node.subgraphs`)."""
+    if attr.type == _A.GRAPH:
+        return (attr.g,)
+    if attr.type == _A.GRAPHS:
+        return tuple(attr.graphs)
+    return ()
 
 
 def decode_attribute(

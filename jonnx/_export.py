@@ -14,6 +14,7 @@ import onnx.helper
 import onnx.numpy_helper
 
 from jonnx import errors
+from jonnx._attributes import attribute_graphs
 from jonnx._build import field_is_repeated
 from jonnx._inference_graph import to_inference
 from jonnx._ir import Graph
@@ -443,11 +444,8 @@ def _names_read(graph: onnx.GraphProto) -> set[str]:
     for node in graph.node:
         names.update(node.input)
         for attr in node.attribute:
-            if attr.type == _A.GRAPH:
-                names |= _names_read(attr.g)
-            elif attr.type == _A.GRAPHS:
-                for g in attr.graphs:
-                    names |= _names_read(g)
+            for g in attribute_graphs(attr):
+                names |= _names_read(g)
     return names
 
 
@@ -502,10 +500,9 @@ def _inline_graph(
                 for tensor, v in zip(attr.tensors, value):
                     if _is_external(tensor):
                         _inline(tensor, v, sources)
-            elif attr.type == _A.GRAPH:
-                _inline_graph(attr.g, value, sources, f"a subgraph of node {loaded.name!r}")
-            elif attr.type == _A.GRAPHS:
-                for g, v in zip(attr.graphs, value):
+            elif attr.type in (_A.GRAPH, _A.GRAPHS):
+                loaded_graphs = (value,) if attr.type == _A.GRAPH else value
+                for g, v in zip(attribute_graphs(attr), loaded_graphs):
                     _inline_graph(g, v, sources, f"a subgraph of node {loaded.name!r}")
             elif attr.type in (_A.SPARSE_TENSOR, _A.SPARSE_TENSORS) and _needs_inlining(attr):
                 raise errors.ExternalDataError(
@@ -538,10 +535,9 @@ def _attribute_tensors(attr: onnx.AttributeProto) -> Iterator[onnx.TensorProto]:
 
 def _needs_inlining(attr: onnx.AttributeProto) -> bool:
     """Whether ``attr`` holds, at any depth, a tensor with external data."""
-    if attr.type == _A.GRAPH:
-        return _graph_has_external(attr.g)
-    if attr.type == _A.GRAPHS:
-        return any(_graph_has_external(g) for g in attr.graphs)
+    graphs = attribute_graphs(attr)
+    if graphs:
+        return any(_graph_has_external(g) for g in graphs)
     return any(_is_external(t) for t in _attribute_tensors(attr))
 
 
@@ -558,11 +554,8 @@ def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     yield from graph.initializer
     for node in graph.node:
         for attr in node.attribute:
-            if attr.type == _A.GRAPH:
-                yield from _initializers(attr.g)
-            elif attr.type == _A.GRAPHS:
-                for g in attr.graphs:
-                    yield from _initializers(g)
+            for g in attribute_graphs(attr):
+                yield from _initializers(g)
 
 
 # -- writing ----------------------------------------------------------------------------------

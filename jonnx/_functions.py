@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 import onnx
 
 from jonnx import errors
+from jonnx._attributes import attribute_graphs
 from jonnx._registry import normalize_domain
 
 __all__ = ["FunctionKey", "check_recursion", "function_key", "function_opsets", "inline_call"]
@@ -47,11 +48,8 @@ def _substitute(node: onnx.NodeProto, bound: Mapping[str, onnx.AttributeProto], 
             resolved.name = attr.name
             kept.append(resolved)
             continue
-        if attr.type == onnx.AttributeProto.GRAPH:
-            _rename_graph(attr.g, bound, rename)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            for g in attr.graphs:
-                _rename_graph(g, bound, rename)
+        for g in attribute_graphs(attr):
+            _rename_graph(g, bound, rename)
         kept.append(attr)
     del node.attribute[:]
     node.attribute.extend(kept)

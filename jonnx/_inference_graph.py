@@ -18,11 +18,10 @@ opset it imports.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import onnx
 import onnx.helper
 
+from jonnx._attributes import attribute_graphs
 from jonnx._registry import normalize_domain, schema_for
 
 __all__ = ["to_inference"]
@@ -55,7 +54,7 @@ def _rewrite_nodes(nodes: list[onnx.NodeProto], opset: int, names: set[str]) -> 
     out: list[onnx.NodeProto] = []
     for node in nodes:
         for attr in node.attribute:
-            for sub in _subgraphs(attr):
+            for sub in attribute_graphs(attr):
                 _rewrite_graph(sub, opset, names)
         if normalize_domain(node.domain) != "":
             out.append(node)
@@ -109,20 +108,13 @@ def _since(op_type: str, opset: int) -> int:
     return schema.since_version if schema is not None else opset
 
 
-def _subgraphs(attr: onnx.AttributeProto) -> Iterator[onnx.GraphProto]:
-    if attr.type == _A.GRAPH:
-        yield attr.g
-    elif attr.type == _A.GRAPHS:
-        yield from attr.graphs
-
-
 def _all_names(graph: onnx.GraphProto) -> set[str]:
     """Node names in ``graph`` and its subgraphs, so added nodes get unused ones."""
     names = set()
     for node in graph.node:
         names.add(node.name)
         for attr in node.attribute:
-            for sub in _subgraphs(attr):
+            for sub in attribute_graphs(attr):
                 names |= _all_names(sub)
     return names
 

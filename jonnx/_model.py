@@ -18,8 +18,7 @@ from google.protobuf.message import DecodeError
 from jax.experimental import checkify
 from jax.sharding import Mesh, NamedSharding
 
-from jonnx import errors
-from jonnx import optimize as optimization
+from jonnx import errors, optimize as optimization
 from jonnx._bounded import bound_sizes
 from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 import onnx
 
+from jonnx._attributes import attribute_graphs
 from jonnx.cli._common import human_bytes, show_shape, table
 
 _FLOAT_TYPES = {
@@ -115,8 +116,7 @@ def _walk_nodes(
     for index, node in enumerate(nodes):
         ops[(node.domain if node.domain != "ai.onnx" else "", node.op_type)] += 1
         for attr in node.attribute:
-            graphs = [attr.g] if attr.HasField("g") else list(attr.graphs)
-            for g in graphs:
+            for g in attribute_graphs(attr):
                 name = node.name or f"{node.op_type}_{index}"
                 subgraphs.append(
                     {

@@ -5,8 +5,6 @@ or ``{pass name: bool}`` (the default for names left out is on). Semantics never
 pass is tested on and off, values and gradients. See :data:`PASSES` for the names.
 """
 
-from jonnx.optimize._pipeline import PASSES as PASSES
-from jonnx.optimize._pipeline import optimize as optimize
-from jonnx.optimize._pipeline import resolve as resolve
+from jonnx.optimize._pipeline import PASSES as PASSES, optimize as optimize, resolve as resolve
 
 __all__ = ["PASSES", "optimize", "resolve"]
