@@ -173,11 +173,15 @@ def _genai_feeds(session, ids, mask, past):
     return feeds
 
 
-@pytest.mark.parametrize("accuracy_level", [4, 0])
-def test_genai_builder_llama_decodes_like_onnxruntime(accuracy_level):
+@pytest.mark.parametrize(
+    "accuracy_level,padding", [(4, None), (0, None), (0, "right"), (0, "left")]
+)
+def test_genai_builder_llama_decodes_like_onnxruntime(accuracy_level, padding):
     """onnxruntime-genai's int4 CPU Llama (GroupQueryAttention with rotary inside, MatMulNBits,
     SkipSimplifiedLayerNormalization, default-domain SimplifiedLayerNormalization): a prompt,
     then two tokens with the past key/values onnxruntime returned, jonnx under jit each time.
+    With ``padding`` the second prompt is two tokens shorter (GroupQueryAttention's seqlens_k
+    differs per row; its present cache holds zeros past each row's length, in both).
 
     As shipped the builder sets MatMulNBits accuracy_level=4, where onnxruntime quantizes A to
     int8 per block before multiplying; jonnx multiplies in float, so the outputs differ by
@@ -209,9 +213,13 @@ def test_genai_builder_llama_decodes_like_onnxruntime(accuracy_level):
         if name.startswith("present.")
     }
     ids = RNG.integers(0, 64, (batch, prompt))
+    mask = np.ones((batch, prompt), np.int64)
+    if padding == "right":
+        mask[1, -2:] = 0
+    elif padding == "left":
+        mask[1, :2] = 0
     for step in range(3):
-        total = prompt + step
-        feeds = _genai_feeds(session, ids, np.ones((batch, total), np.int64), past)
+        feeds = _genai_feeds(session, ids, mask, past)
         want = session.run(None, feeds)
         got = model(*[feeds[n] for n in model.input_names])
         assert len(got) == len(names)
@@ -222,3 +230,4 @@ def test_genai_builder_llama_decodes_like_onnxruntime(accuracy_level):
             )
         past = dict(zip(names, want))  # both continue from onnxruntime's cache
         ids = want[0][:, -1].argmax(-1)[:, None]
+        mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)

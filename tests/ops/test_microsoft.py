@@ -517,12 +517,10 @@ def _check_gqa(inputs, lengths, s, attrs, dtype):
             want[0][bi, :real].astype(np.float64),
             **tol,
         )
-        for i in (1, 2):
+        for i in (1, 2):  # every slot: those past the row's length are zero in both
             assert got[i].shape == want[i].shape
             np.testing.assert_allclose(
-                got[i][bi, :, :length].astype(np.float64),
-                want[i][bi, :, :length].astype(np.float64),
-                **tol,
+                got[i][bi].astype(np.float64), want[i][bi].astype(np.float64), **tol
             )
 
 
