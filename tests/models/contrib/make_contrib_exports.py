@@ -18,7 +18,9 @@ What is written (tiny random-weight models: hidden 32, 2 heads, 2 layers, vocabu
   exporter (``dynamo=False``, opset 17: the graphs the transformers optimizer's patterns are
   written for), then ``optimizer.optimize_model`` with model types bert, gpt2, vit and gpt2
   (it has no llama type; optimum uses gpt2 for decoders) at opt_level 1 and 2:
-  ``hf_<model>_opt<level>.onnx``;
+  ``hf_<model>_opt<level>.onnx``; BERT and Llama also from torch's default dynamo exporter
+  (opset 20, static shapes) at level 2: ``hf_<model>_dynamo_opt2.onnx`` (GPT-2's dynamo
+  export makes the optimizer fail with an IndexError in onnxruntime 1.32);
 * ``quantize_dynamic`` (int8 weights) on the level-1 BERT and GPT-2:
   ``hf_<model>_opt1_dynamic_int8.onnx``;
 * ``MatMulNBitsQuantizer`` (4 bits block 32, 8 bits block 16, asymmetric) on the level-1
@@ -67,6 +69,17 @@ class _Wrap:
 def _export(model, names, output, args, path, dynamic):
     import torch
 
+    if dynamic is None:  # torch's default exporter (dynamo, opset 20), static shapes
+        torch.onnx.export(
+            _Wrap.make(model, names, output),
+            tuple(args),
+            str(path),
+            input_names=list(names),
+            output_names=[output],
+            dynamo=True,
+            optimize=True,
+        )
+        return
     torch.onnx.export(
         _Wrap.make(model, names, output),
         tuple(args),
@@ -226,6 +239,18 @@ def main():
                     use_gpu=False,
                 )
                 written[f"hf_{name}_opt{level}.onnx"] = opt.model
+            if name in ("bert", "llama"):
+                # The same model from torch's default (dynamo) exporter, at level 2.
+                _export(model.eval(), names, output, args, raw, None)
+                opt = optimizer.optimize_model(
+                    str(raw),
+                    model_type=kind,
+                    num_heads=HEADS,
+                    hidden_size=HIDDEN,
+                    opt_level=2,
+                    use_gpu=False,
+                )
+                written[f"hf_{name}_dynamo_opt2.onnx"] = opt.model
         for name in ("bert", "gpt2"):
             src = tmp / f"hf_{name}_opt1.onnx"
             onnx.save(written[src.name], src)
