@@ -28,7 +28,10 @@ What is written (tiny random-weight models: hidden 32, 2 heads, 2 layers, vocabu
 * onnxruntime-genai's model builder (``python -m onnxruntime_genai.models.builder -p int4
   -e cpu``) on a LlamaForCausalLM saved with save_pretrained: ``genai_llama_int4.onnx``
   (GroupQueryAttention, RotaryEmbedding, MatMulNBits, SkipSimplifiedLayerNormalization, ...),
-  with its past/present KV cache inputs and outputs.
+  with its past/present KV cache inputs and outputs; the same on a Llama with tied
+  embeddings and ``shared_embeddings=true`` (GatherBlockQuantized reads the int4 lm_head):
+  ``genai_llama_tied_int4.onnx``; and with ``-e dml`` (float16, a separate RotaryEmbedding,
+  a position_ids input, GatherBlockQuantized): ``genai_llama_dml_int4.onnx``.
 """
 
 from __future__ import annotations
@@ -185,14 +188,17 @@ def _tokenizer():
     )
 
 
-def _genai(tmp):
-    """Run onnxruntime-genai's builder on a saved tiny Llama; return the model proto."""
+def _genai(tmp, seed, tag, ep="cpu", tied=False, extra=()):
+    """Run onnxruntime-genai's int4 builder on a saved tiny Llama; return the model proto."""
     import torch
 
-    torch.manual_seed(4)
-    src, out = tmp / "genai_src", tmp / "genai_out"
+    torch.manual_seed(seed)
+    src, out = tmp / f"genai_src_{tag}", tmp / f"genai_out_{tag}"
     model = _llama()
     model.config.use_cache = True
+    model.config.tie_word_embeddings = (
+        tied  # tied: the embedding reads the int4 lm_head
+    )
     model.save_pretrained(src)
     _tokenizer().save_pretrained(src)  # the builder also writes the tokenizer's files
     cmd = [
@@ -206,9 +212,10 @@ def _genai(tmp):
         "-p",
         "int4",
         "-e",
-        "cpu",
+        ep,
         "-c",
         str(tmp / "genai_cache"),
+        *extra,
     ]
     subprocess.run(cmd, check=True)
     return onnx.load(out / "model.onnx")
@@ -274,7 +281,19 @@ def main():
             )
             quantizer.process()
             written[f"hf_llama_opt1_nbits{bits}.onnx"] = quantizer.model.model
-        written["genai_llama_int4.onnx"] = _genai(tmp)
+        written["genai_llama_int4.onnx"] = _genai(tmp, 4, "cpu")
+        written["genai_llama_tied_int4.onnx"] = _genai(
+            tmp,
+            5,
+            "tied",
+            tied=True,
+            extra=("--extra_options", "shared_embeddings=true"),
+        )
+        # For DirectML the builder writes float16, a separate RotaryEmbedding and position_ids
+        # (the graph is EP-neutral: onnxruntime's CPU provider runs it).
+        written["genai_llama_dml_int4.onnx"] = _genai(
+            tmp, 5, "dml", ep="dml", tied=True
+        )
     for name, model in written.items():
         onnx.save(model, OUT / name)
         ops = sorted(
