@@ -47,6 +47,7 @@ import onnx
 
 OUT = pathlib.Path(__file__).resolve().parent / "exports"
 HIDDEN, HEADS, LAYERS, VOCAB, FFN, SEQ = 32, 2, 2, 64, 64, 8
+LLAMA_FFN = 96
 
 
 class _Wrap:
@@ -164,7 +165,9 @@ def _llama():
         tf.LlamaConfig(
             vocab_size=VOCAB,
             hidden_size=HIDDEN,
-            intermediate_size=FFN,
+            # Not FFN (= VOCAB): the genai builder takes any Linear with vocabulary-many
+            # outputs for the LM head, and would wire the logits to layer 0's MLP.
+            intermediate_size=LLAMA_FFN,
             num_hidden_layers=LAYERS,
             num_attention_heads=HEADS,
             num_key_value_heads=1,
