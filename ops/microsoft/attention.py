@@ -13,7 +13,8 @@
   ``total_sequence_length`` when that is longer and known at trace time. Queries attend
   causally to their batch's valid keys, within ``local_window_size`` when set, with optional
   ``softcap``, rotary embedding (``do_rotary``, positions from the past lengths), a per-head
-  ``head_sink`` logit or ``smooth_softmax``. Rows of padding tokens hold unspecified values.
+  ``head_sink`` logit or ``smooth_softmax``. Rows of padding tokens hold unspecified values;
+  cache slots past a row's length are zero in the present, as in onnxruntime's.
 * ``RotaryEmbedding`` reuses the default domain's implementation; its ``position_ids`` is
   either (batch, sequence) or a one-element start offset.
 
@@ -503,8 +504,14 @@ def group_query_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outpu
             jnp.asarray(total_seq).reshape(-1)[0] <= jnp.shape(past_key)[2],
             "total_sequence_length exceeds the past_key buffer",
         )
-    present_k = _write_cache(past_key, k, past_lens)
-    present_v = _write_cache(past_value, v, past_lens)
+    # onnxruntime (past and present in separate buffers, as session.run passes them) copies the
+    # past's first past_lens entries, appends the new ones and zeroes the rest: stale entries
+    # past a row's length are cleared, so the present matches onnxruntime's in every slot.
+    kept = jnp.arange(jnp.shape(past_key)[2])[None, None, :, None] < (
+        past_lens + q_len
+    )[:, None, None, None]
+    present_k = _write_cache(jnp.where(kept, past_key, 0), k, past_lens)
+    present_v = _write_cache(jnp.where(kept, past_value, 0), v, past_lens)
 
     kv_len = jnp.shape(present_k)[2]
     i = positions[:, None, :, None]  # (B, 1, S, 1): each query's absolute position

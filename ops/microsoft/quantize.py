@@ -1,6 +1,6 @@
 """Quantized contrib ops: MatMulNBits, GatherBlockQuantized, DynamicQuantizeMatMul,
 MatMulIntegerToFloat, QLinearAdd/Mul/Sigmoid/LeakyRelu/GlobalAveragePool/Concat/AveragePool/Softmax/Where/ReduceMean,
-QLinearConv (channels-last too), QGemm, MulInteger, MatMulInteger16, ReduceSumInteger and the
+QLinearConv (channels-last too), QGemm, QEmbedLayerNormalization, MulInteger, MatMulInteger16, ReduceSumInteger and the
 com.microsoft QuantizeLinear/DequantizeLinear.
 
 Weight-only quantized ops (MatMulNBits, GatherBlockQuantized) unpack their integer weights at
@@ -23,6 +23,7 @@ from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import dtype_of, normalize_axis
 from jonnx.ops.activation import softmax_2d, softmax_axis
 from jonnx.ops.microsoft._common import DOMAIN
+from jonnx.ops.microsoft.normalization import embed_layer_normalization
 from jonnx.ops.nn import average_pool as _average_pool
 from jonnx.ops.quantize import (
     dequantize_linear,
@@ -527,3 +528,40 @@ def reduce_sum_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
             keepdims=bool(attrs["keepdims"]),
         ),
     )
+
+
+@register(
+    "QEmbedLayerNormalization",
+    since=1,
+    domain=DOMAIN,
+    attributes={"epsilon": 1e-12},
+    n_inputs=18,
+)
+def qembed_layer_normalization(inputs, attrs, ctx):
+    """com.microsoft ``QEmbedLayerNormalization`` (quantize_dynamic on an optimized BERT):
+    EmbedLayerNormalization whose embedding tables, gamma and beta are 8-bit with per-tensor
+    scales and zero points; onnxruntime dequantizes each value and computes in float."""
+    (ids, segment_ids, word, position, segment, gamma, beta, mask) = inputs[:8]
+    (word_s, pos_s, seg_s, gamma_s, beta_s) = inputs[8:13]
+    (word_z, pos_z, seg_z, gamma_z, beta_z) = inputs[13:18]
+    if (segment is None) != (segment_ids is None) or (segment is None) != (
+        seg_s is None
+    ):
+        raise ctx.error(
+            "segment_ids, segment_embedding and segment_embedding_scale must all be given "
+            "or all be omitted"
+        )
+    tables = (
+        _dq(word, word_s, word_z, ctx),
+        _dq(position, pos_s, pos_z, ctx),
+        None if segment is None else _dq(segment, seg_s, seg_z, ctx),
+        _dq(gamma, gamma_s, gamma_z, ctx),
+        _dq(beta, beta_s, beta_z, ctx),
+    )
+    word, position, segment, gamma, beta = tables
+    y, mask_index, _ = embed_layer_normalization(
+        (ids, segment_ids, word, position, segment, gamma, beta, mask, None),
+        {"epsilon": attrs["epsilon"], "mask_index_type": 1},
+        ctx,
+    )
+    return y, mask_index
