@@ -273,21 +273,26 @@ def test_host_memory_is_stable_over_many_values():
     model = jonnx.load(proto)
     rng = np.random.default_rng(3)
     images = rng.normal(0, 1, (40, 1, 3, 8, 8)).astype(np.float32)
-    # Warm up: every number of detections, and JAX's own bounded caches.
-    for i in range(300):
+    # Warm up: every number of detections is compiled.
+    for i in range(60):
         model(images[i % 40] - np.float32(i * 1e-4))
     ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
     tracemalloc.start()
     try:
+        # The first traced calls fill JAX's own bounded caches (and tracemalloc's); what
+        # grows after them is what grows per call.
+        for i in range(100):
+            model(images[i % 40] + np.float32(i * 1e-4))
         before = tracemalloc.take_snapshot().filter_traces(ignore)
-        for i in range(1000):
+        for i in range(100, 300):
             model(images[i % 40] + np.float32(i * 1e-4))
         after = tracemalloc.take_snapshot().filter_traces(ignore)
     finally:
         tracemalloc.stop()
-    # A cache keyed by data would keep at least an image (768 bytes) per call.
+    # A cache keyed by data would keep at least an image (768 bytes) per call: 150 KB over
+    # these 200 calls. Measured: 12-40 KB per 100 calls, not growing with the call count.
     grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
-    assert grown < 256_000, f"{grown} bytes kept over 1,000 calls"
+    assert grown < 100_000, f"{grown} bytes kept over 200 calls"
     assert len(model._segment_host_values) <= 1
 
 
