@@ -147,6 +147,71 @@ def test_grad_through_compress_matches_finite_differences():
     )
 
 
+def _index_models():
+    """x @ w -> y, then indices computed from y's values select entries of y."""
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    head = [oh.make_node("MatMul", ["x", "w"], ["y"])]
+    inits = [
+        _init("w", np.random.default_rng(4).normal(0, 1, (3, 4)).astype(np.float32)),
+        _init("zero", np.array(0.0, np.float32)),
+        _init("one", np.array([1], np.int64)),
+    ]
+    nonzero = [
+        oh.make_node("Greater", ["y", "zero"], ["pos"]),
+        oh.make_node("NonZero", ["pos"], ["nz"]),
+        oh.make_node("Transpose", ["nz"], ["idx"], perm=[1, 0]),
+        oh.make_node("GatherND", ["y", "idx"], ["out"]),
+    ]
+    topk = [
+        oh.make_node("Greater", ["y", "zero"], ["pos"]),
+        oh.make_node("Cast", ["pos"], ["posi"], to=i64),
+        oh.make_node("ReduceSum", ["posi"], ["k_all"], keepdims=1),
+        oh.make_node("Reshape", ["k_all", "one"], ["k"]),
+        oh.make_node("Flatten", ["y"], ["flat"], axis=0),
+        oh.make_node("TopK", ["flat", "k"], ["out", "idx"], axis=1),
+    ]
+    for name, nodes in (("NonZero", nonzero), ("TopK", topk)):
+        graph = oh.make_graph(
+            head + nodes,
+            name,
+            [oh.make_tensor_value_info("x", f, [6, 3])],
+            [
+                oh.make_tensor_value_info("out", f, None),
+                oh.make_tensor_value_info("idx", i64, None),
+            ],
+            inits,
+        )
+        yield name, oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+    "name, proto", list(_index_models()), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_grad_through_computed_indices_matches_finite_differences(name, proto):
+    model = jonnx.load(proto)
+    assert model.segment_plan.segmented
+    x = np.random.default_rng(3).normal(0, 1, (6, 3)).astype(np.float32)
+
+    def loss(params):
+        out, _ = model(x, params=params)
+        return jnp.sum(jnp.sin(out))
+
+    value, grads = jax.value_and_grad(loss)(model.params)
+    want = _ort_outputs(proto, {}, {"x": x})
+    np.testing.assert_allclose(
+        float(value), np.sum(np.sin(want[0].astype(np.float64))), rtol=1e-5
+    )
+    _check_directional_derivatives(
+        proto,
+        model,
+        grads,
+        {"x": x},
+        lambda outputs: np.sum(np.sin(outputs[0].astype(np.float64))),
+        ["w"],
+        index_output=1,
+    )
+
+
 def test_grad_wrt_inputs_and_partial_params():
     """Inputs can be differentiated too; params left out keep the model's own values."""
     proto = _compress_model()
