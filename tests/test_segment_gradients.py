@@ -249,3 +249,10 @@ def test_dynamic_shapes_doc_examples_run():
         optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
     )
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_grad_over_apply_of_a_host_node_says_what_to_call():
+    model = jonnx.load(_detector())
+    image = np.zeros((1, 3, 8, 8), np.float32)
+    with pytest.raises(errors.StaticValueError, match=r"params=p"):
+        jax.grad(lambda p: jnp.sum(model.apply(p, image)[0]))(model.params)
