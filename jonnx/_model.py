@@ -90,7 +90,8 @@ def load(
             run traced with a static output size, valid rows first and then rows of -1, so the
             whole model is one XLA computation under your own ``jax.jit`` (TPU, ``jax.export``).
             Supported: NonMaxSuppression (``max_output_boxes_per_class`` x classes x batches by
-            default) and NonZero (the input's size). See docs/dynamic_shapes.md.
+            default), NonZero (the input's size), Compress (zero-padded, plus a graph output
+            ``<output>_count``) and Unique (the input's size). See docs/dynamic_shapes.md.
         optimize: graph passes and compilation choices (``jonnx.optimize``): True (all, the
             default), False (none), or ``{name: bool}`` with names from
             ``jonnx.optimize.PASSES`` (``fold_batchnorm``, ``fuse_matmuls``, ``dead_nodes``)

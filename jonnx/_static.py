@@ -66,10 +66,7 @@ def _data_values(graph: Graph) -> frozenset[str]:
     for node in graph.nodes:
         if node.op.shape_only:
             continue
-        reads = {i for i in node.inputs if i}
-        for sub in _subgraphs(node):
-            reads |= sub.outer_names
-        if reads & data:
+        if node.reads & data:
             data.update(o for o in node.outputs if o)
     return frozenset(data)
 

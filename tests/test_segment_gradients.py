@@ -27,15 +27,11 @@ def _ort_outputs(proto: onnx.ModelProto, weights: dict, feeds: dict) -> list:
     for tensor in proto.graph.initializer:
         if tensor.name in weights:
             tensor.CopyFrom(numpy_helper.from_array(weights[tensor.name], tensor.name))
-    session = ort.InferenceSession(
-        proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
 
 
-def _check_directional_derivatives(
-    proto, model, grads, feeds, loss, names, index_output=None
-):
+def _check_directional_derivatives(proto, model, grads, feeds, loss, names, index_output=None):
     """grad . v against (L(w + eps v) - L(w - eps v)) / (2 eps), with L from onnxruntime."""
     weights = {n: np.asarray(model.params[n], np.float64) for n in names}
     rng = np.random.default_rng(5)
@@ -45,25 +41,15 @@ def _check_directional_derivatives(
         direction = {n: rng.normal(0, 1, w.shape) for n, w in weights.items()}
         side = []
         for sign in (1, -1):
-            moved = {
-                n: (w + sign * eps * direction[n]).astype(np.float32)
-                for n, w in weights.items()
-            }
+            moved = {n: (w + sign * eps * direction[n]).astype(np.float32) for n, w in weights.items()}
             outputs = _ort_outputs(proto, moved, feeds)
-            side.append(
-                (loss(outputs), None if index_output is None else outputs[index_output])
-            )
-        if index_output is not None and not np.array_equal(
-            np.sort(side[0][1], axis=0), np.sort(side[1][1], axis=0)
-        ):
+            side.append((loss(outputs), None if index_output is None else outputs[index_output]))
+        if index_output is not None and not np.array_equal(np.sort(side[0][1], axis=0), np.sort(side[1][1], axis=0)):
             # The host node's choice is piecewise constant: the difference is a derivative
             # only where both sides select the same rows (the losses ignore their order).
             continue
         want = (side[0][0] - side[1][0]) / (2 * eps)
-        got = sum(
-            float(np.sum(np.asarray(grads[n], np.float64) * direction[n]))
-            for n in names
-        )
+        got = sum(float(np.sum(np.asarray(grads[n], np.float64) * direction[n])) for n in names)
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
         checked += 1
     assert checked >= 3, "too few directions kept the host node's choice"
@@ -82,9 +68,7 @@ def test_grad_through_nms_detector_matches_finite_differences():
     value, grads = jax.value_and_grad(loss)(model.params)
     want = _ort_outputs(proto, {}, {"image": image})
     assert len(want[1]) > 1, "the image should give several detections"
-    np.testing.assert_allclose(
-        float(value), np.sum(want[0].astype(np.float64) ** 2), rtol=1e-5
-    )
+    np.testing.assert_allclose(float(value), np.sum(want[0].astype(np.float64) ** 2), rtol=1e-5)
     assert float(jnp.abs(grads["w1"]).sum()) > 0
     _check_directional_derivatives(
         proto,
@@ -124,9 +108,7 @@ def _compress_model() -> onnx.ModelProto:
 def test_grad_through_compress_matches_finite_differences():
     proto = _compress_model()
     model = jonnx.load(proto)
-    assert [model.graph.nodes[p].op_type for p in model.segment_plan.host_nodes] == [
-        "Compress"
-    ]
+    assert [model.graph.nodes[p].op_type for p in model.segment_plan.host_nodes] == ["Compress"]
     x = np.random.default_rng(3).normal(0, 1, (6, 3)).astype(np.float32)
     weights = np.linspace(0.5, 2.0, 4, dtype=np.float32)
 
@@ -184,9 +166,7 @@ def _index_models():
         yield name, oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize(
-    "name, proto", list(_index_models()), ids=lambda v: v if isinstance(v, str) else ""
-)
+@pytest.mark.parametrize("name, proto", list(_index_models()), ids=lambda v: v if isinstance(v, str) else "")
 def test_grad_through_computed_indices_matches_finite_differences(name, proto):
     model = jonnx.load(proto)
     assert model.segment_plan.segmented
@@ -198,9 +178,7 @@ def test_grad_through_computed_indices_matches_finite_differences(name, proto):
 
     value, grads = jax.value_and_grad(loss)(model.params)
     want = _ort_outputs(proto, {}, {"x": x})
-    np.testing.assert_allclose(
-        float(value), np.sum(np.sin(want[0].astype(np.float64))), rtol=1e-5
-    )
+    np.testing.assert_allclose(float(value), np.sum(np.sin(want[0].astype(np.float64))), rtol=1e-5)
     _check_directional_derivatives(
         proto,
         model,
@@ -256,3 +234,16 @@ def test_grad_over_apply_of_a_host_node_says_what_to_call():
     image = np.zeros((1, 3, 8, 8), np.float32)
     with pytest.raises(errors.StaticValueError, match=r"params=p"):
         jax.grad(lambda p: jnp.sum(model.apply(p, image)[0]))(model.params)
+
+
+def test_params_override_the_compiled_in_weights():
+    """With constant_weights, Model(x) compiles the model's own weights in; params= must not."""
+    proto = _compress_model()
+    model = jonnx.load(proto, optimize={"constant_weights": True})
+    x = np.random.default_rng(3).normal(0, 1, (6, 3)).astype(np.float32)
+    w = -np.asarray(model.params["w"])
+    (got,) = model(x, params={"w": w})
+    (want,) = _ort_outputs(proto, {"w": w}, {"x": x})
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    grads = jax.grad(lambda p: jnp.sum(model(x, params=p)[0]))(model.params)
+    assert float(jnp.abs(grads["w"]).sum()) > 0
