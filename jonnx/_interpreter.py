@@ -447,6 +447,15 @@ def _static_message(graph: Graph, node: Node, index: int, env: Mapping[str, Any]
         hint = "this initializer should have been kept static; please report this model"
     else:
         hint = "the value depends on runtime data, which jonnx cannot turn into a static shape"
+    if node.op.runs_on_host(node.attrs):
+        # Model.apply does not segment; Model.__call__ does, and differentiates with params=.
+        hint = (
+            f"{node.op_type}'s output shape depends on these values, so Model.apply cannot run "
+            "it on traced data: call the model itself, `model(*inputs)`, which runs it on the "
+            "host between compiled segments (under jax.grad, outside jax.jit: "
+            "`model(*inputs, params=p)`), or load it with size_bounds= where the op has a "
+            "bounded mode (docs/dynamic_shapes.md)"
+        )
     return (
         f"node {node.name!r} ({node.op_type}, domain {node.domain or 'ai.onnx'!r}, opset "
         f"{node.opset}) needs input {index} ({node.inputs[index]!r}) at trace time, but it is "

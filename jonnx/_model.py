@@ -16,6 +16,7 @@ import onnx
 import onnx.defs
 from google.protobuf.message import DecodeError
 from jax.experimental import checkify
+from jax.extend.core import concrete_or_error
 from jax.sharding import Mesh, NamedSharding
 
 from jonnx import errors, optimize as optimization
@@ -88,7 +89,8 @@ def load(
             run traced with a static output size, valid rows first and then rows of -1, so the
             whole model is one XLA computation under your own ``jax.jit`` (TPU, ``jax.export``).
             Supported: NonMaxSuppression (``max_output_boxes_per_class`` x classes x batches by
-            default) and NonZero (the input's size). See docs/dynamic_shapes.md.
+            default), NonZero (the input's size), Compress (zero-padded, plus a graph output
+            ``<output>_count``) and Unique (the input's size). See docs/dynamic_shapes.md.
         optimize: graph passes and compilation choices (``jonnx.optimize``): True (all, the
             default), False (none), or ``{name: bool}`` with names from
             ``jonnx.optimize.PASSES`` (``fold_batchnorm``, ``fuse_matmuls``, ``dead_nodes``)
@@ -364,6 +366,8 @@ class Model:
         run = self._segment_impl
         if checked:
             run = checkify.checkify(run, errors=checkify.user_checks)
+        # With params given (Model(x, params=p), jax.grad over it) segments take them as arguments.
+        self._segment_params = jit(run, static_argnums=(0, 3))
         if self.optimize["constant_weights"] and mesh is None:
             # The model's own weights as trace-time constants (numpy views of the CPU arrays):
             # nodes that only transform weights (BatchNorm folding, fused Q/K/V weights) fold
@@ -373,7 +377,11 @@ class Model:
                          static_argnums=(0, 2))
             self._segment = lambda index, params, dynamic, static, key: jitted(index, dynamic, static, key)
         else:
-            self._segment = jit(run, static_argnums=(0, 3))
+            self._segment = self._segment_params
+        # Under jax.grad (outside jit) a segment is a custom_vjp whose forward is the compiled
+        # segment above, run on the tracers' concrete values, and whose backward is this
+        # (compiled per shape too; it recomputes the forward rather than keep its residuals).
+        self._segment_vjp = jit(self._segment_vjp_impl, static_argnums=(0, 3))
         n_values = sum(int(np.prod(p.shape)) for p in self._params.values())
         progress.close(summary=f"{len(self.graph.nodes)} nodes, {n_values:,} parameter values")
 
@@ -576,7 +584,11 @@ class Model:
             )
 
     def __call__(
-        self, *inputs: Any, key: jax.Array | None = None, **named_inputs: Any
+        self,
+        *inputs: Any,
+        key: jax.Array | None = None,
+        params: Mapping[str, jax.Array] | None = None,
+        **named_inputs: Any,
     ) -> tuple[Any, ...]:
         """Run the model jit-compiled with its own params: compiled once per input *shape*.
 
@@ -589,6 +601,14 @@ class Model:
         ``key`` feeds random ops, as in :meth:`apply`. String outputs (numpy object arrays)
         and ZipMap's lists of dicts are returned as host values.
 
+        ``params`` (names left out keep the model's own values) makes the call differentiable:
+        ``jax.grad(lambda p: loss(model(x, params=p)))`` works, outside ``jax.jit``, also for a
+        segmented model. Each segment is differentiated as a compiled function; a host node
+        reads the concrete values under the gradient's tracers to decide its indices, and what
+        it gathers by them (Compress's data) stays differentiable, so gradients reach the
+        params through the Gather/Compress that follow NonMaxSuppression, NonZero, Unique or a
+        computed TopK ``k`` (docs/dynamic_shapes.md).
+
         Raises:
             jonnx.errors.StaticValueError: called on traced inputs (under ``jax.vmap`` or
                 ``jax.jit``) when the model runs nodes on the host or needs static inputs:
@@ -596,7 +616,16 @@ class Model:
         """
         values = self.bind(*inputs, **named_inputs)
         _check_inputs(self.graph.inputs, list(values.values()))
-        self._refuse_traced(values)
+        segment = self._segment
+        if params is None:
+            params = self._params
+        else:
+            segment = self._segment_params  # not the one with the model's weights as constants
+            unknown = set(params) - set(self._params)
+            if unknown:
+                raise errors.InputError(f"{sorted(unknown)[:10]} are not trainable initializers of the model")
+            params = {**self._params, **params}
+        self._refuse_traced({**values, **params})
         # Inputs go to the compiled segments as given: jit takes numpy arrays without the
         # per-shape compilation jnp.asarray costs.
         env: dict[str, Any] = dict(values)
@@ -605,7 +634,7 @@ class Model:
         )
         for index, stage in enumerate(self.segment_plan.stages):
             if stage.host_nodes:
-                self._run_host(stage.host_nodes, env, options)
+                self._run_host(stage.host_nodes, env, params, options)
             if not stage.nodes:
                 continue
             dynamic, static = {}, []
@@ -616,7 +645,10 @@ class Model:
                 else:
                     dynamic[name] = value
             static = tuple(static)
-            results = self._segment(index, self._params, dynamic, static, key)
+            if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((params, dynamic))):
+                results = self._differentiable_segment(index, params, dynamic, static, key)
+            else:
+                results = segment(index, params, dynamic, static, key)
             if self.checked:
                 error, results = results
                 message = error.get()
@@ -629,16 +661,22 @@ class Model:
         return tuple(_as_output(env[n] if n in env else constants[n]) for n in self.output_names)
 
     def _refuse_traced(self, values: Mapping[str, Any]) -> None:
-        traced = [n for n, v in values.items() if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(v))]
+        # Tracers that carry their concrete value (jax.grad outside jax.jit) are fine: host
+        # nodes and static arguments read that value; only abstract ones (jit, vmap) are not.
+        traced = [
+            n for n, v in values.items()
+            if any(isinstance(x, jax.core.Tracer) and not _has_value(x) for x in jax.tree_util.tree_leaves(v))
+        ]
         if not traced:
             return
         host = [self._call_graph.nodes[p] for p in self.segment_plan.host_nodes]
         if host:
             what = ", ".join(f"{n.op_type} node {n.name!r}" for n in host[:5])
             raise errors.StaticValueError(
-                f"calling the model on traced inputs {traced} (under jax.vmap, jax.jit or jax.grad) "
+                f"calling the model on traced values {traced} (under jax.vmap or jax.jit) "
                 f"cannot run its host nodes ({what}): their output shapes depend on input values. "
-                "Call the model on concrete arrays (it compiles its segments itself), loop in Python, "
+                "Call the model on concrete arrays (it compiles its segments itself; jax.grad "
+                "outside jax.jit works, with params=), loop in Python, "
                 "or use Model.apply with jonnx.load(..., size_bounds=...) where the op supports it"
             )
         segment_static = {n for s in self.segment_plan.stages for n in s.static}
@@ -649,19 +687,30 @@ class Model:
                 "strings), but they are traced here: pass them as concrete numpy arrays"
             )
 
-    def _run_host(self, positions: tuple[int, ...], env: dict[str, Any], options: RunOptions) -> None:
-        """Run host nodes in numpy on concrete values; their outputs join ``env``."""
+    def _run_host(
+        self, positions: tuple[int, ...], env: dict[str, Any], params: Mapping[str, Any], options: RunOptions
+    ) -> None:
+        """Run host nodes in numpy on concrete values; their outputs join ``env``.
+
+        Under ``jax.grad`` a value arrives as a tracer over a concrete value. The inputs that
+        decide the output's shape (the node's static inputs: a condition, boxes and scores)
+        are read as numpy; the others (Compress's data) stay tracers, so what the node
+        gathers from them keeps its gradient.
+        """
         for position in positions:
             node = self._call_graph.nodes[position]
-            local = {
-                n: _host_copy(env[n] if n in env else self._lookup(n))
-                for n in (*node.inputs, *_outer_reads(node)) if n
-            }
+            static = {n for i, n in enumerate(node.inputs) if i in node.static_inputs}
+            local = {}
+            for n in (*node.inputs, *_outer_reads(node)):
+                if n:
+                    value = env[n] if n in env else self._lookup(n, params)
+                    traced = isinstance(value, jax.core.Tracer) and n not in static
+                    local[n] = value if traced else _host_copy(value)
             run_nodes(self._call_graph, local, options, (position,))
             env.update({o: local[o] for o in node.outputs if o})
 
-    def _lookup(self, name: str) -> Any:
-        for table in (self._constants, self._params, self._state):
+    def _lookup(self, name: str, params: Mapping[str, Any]) -> Any:
+        for table in (self._constants, params, self._state):
             if name in table:
                 return table[name]
         raise KeyError(name)
@@ -681,6 +730,37 @@ class Model:
         if host:
             self._segment_host_values[(index, static, _signature(dynamic))] = host
         return {n: v for n, v in results.items() if n not in host}
+
+    def _differentiable_segment(self, index: int, params, dynamic: dict, static: tuple, key) -> Any:
+        """``self._segment`` for tracers over concrete values (``jax.grad`` outside jit).
+
+        A jit with XLA compiler options cannot be traced into (JAX allows them only on a
+        top-level jit), and a custom_vjp's forward and backward run on concrete values: so
+        both stay top-level compiled functions, cached by shape like the segment itself.
+        """
+
+        @jax.custom_vjp
+        def segment(params, dynamic):
+            return self._segment_params(index, params, dynamic, static, key)
+
+        def forward(params, dynamic):
+            return segment(params, dynamic), (params, dynamic)
+
+        def backward(saved, cotangents):
+            if self.checked:  # the forward's error part has no cotangent
+                cotangents = cotangents[1]
+            return self._segment_vjp(index, *saved, static, key, cotangents)
+
+        segment.defvjp(forward, backward)
+        return segment(params, dynamic)
+
+    def _segment_vjp_impl(self, index: int, params, dynamic: dict, static: tuple, key, cotangents: dict) -> tuple:
+        def run(params, dynamic):
+            results = self._segment_impl(index, params, dynamic, static, key)
+            return {n: v for n, v in results.items() if n in cotangents}
+
+        _, pullback = jax.vjp(run, params, dynamic)
+        return pullback(cotangents)
 
     def bind(self, *inputs: Any, **named: Any) -> dict[str, Any]:
         """The graph inputs by name, from positional and keyword inputs as ``apply`` takes them.
@@ -854,12 +934,24 @@ def _content_key(value: Any) -> Any:
 
 
 def _host_copy(value: Any) -> Any:
-    """``value`` as numpy (a list of them for a sequence; maps and None as they are)."""
+    """``value`` as numpy (a list of them for a sequence; maps and None as they are); a
+    tracer over a concrete value (``jax.grad`` outside ``jax.jit``) gives that value."""
     if isinstance(value, list):
         return [_host_copy(v) for v in value]
     if value is None or isinstance(value, dict):
         return value
+    if isinstance(value, jax.core.Tracer):
+        return concrete_or_error(np.asarray, value, "a host node of a segmented model")
     return np.asarray(value)
+
+
+def _has_value(tracer: jax.core.Tracer) -> bool:
+    """Whether a tracer carries a concrete value (JVP/linearize outside any jit or vmap)."""
+    try:
+        concrete_or_error(None, tracer)
+    except jax.errors.ConcretizationTypeError:
+        return False
+    return True
 
 
 def _outer_reads(node: Any) -> tuple[str, ...]:

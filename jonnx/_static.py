@@ -39,15 +39,36 @@ def static_values(graph: Graph, *, segmented: bool = False) -> frozenset[str]:
     """
     producers = graph.producers()
     need = _seeds(graph, segmented)
+    # Segmented, a static value computed from data (a TopK k counted from scores) is cut
+    # there: a segment computes it and hands it to the next as a static argument, so the
+    # weights above it stay trainable params rather than becoming constants.
+    data = _data_values(graph) if segmented else frozenset()
     stack = list(need)
     while stack:
         node = producers.get(stack.pop())
-        if node is None or node.op.shape_only:
+        if node is None or node.op.shape_only or any(o in data for o in node.outputs):
             continue
         for name in node.reads - need:
             need.add(name)
             stack.append(name)
     return frozenset(need)
+
+
+def _data_values(graph: Graph) -> frozenset[str]:
+    """Values computed from data: from float graph inputs that are not scalars (never
+    shape-like; integer, bool and scalar inputs may be sizes or flags), through every op but
+    the shape-only ones (Shape, Size)."""
+    data = {
+        v.name for v in graph.inputs
+        if v.dtype is not None and v.dtype.kind == "f"
+        and not (v.shape is not None and all(d == 1 for d in v.shape))
+    }
+    for node in graph.nodes:
+        if node.op.shape_only:
+            continue
+        if node.reads & data:
+            data.update(o for o in node.outputs if o)
+    return frozenset(data)
 
 
 def preferred_static_inputs(graph: Graph) -> frozenset[str]:

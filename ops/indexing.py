@@ -453,6 +453,30 @@ def compress(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return (jnp.take(x, keep, axis=axis, mode="clip"),)
 
 
+def compress_bounded(inputs, attrs, ctx, max_rows: int | None = None):
+    """``Compress`` with a static output size (``jonnx.load(..., size_bounds=...)``): the
+    first ``max_rows`` kept slices along the axis, then slices of zeros, and as a second
+    output the number of valid slices (``min(sum(condition), max_rows)``). Runs on traced
+    input. Condition entries beyond the axis are ignored (onnxruntime refuses them).
+    """
+    x, condition = inputs
+    x = jnp.asarray(x)
+    condition = jnp.asarray(condition).reshape(-1).astype(bool)
+    axis = attrs["axis"]
+    if axis is None:
+        x = jnp.reshape(x, (-1,))
+        axis = 0
+    axis = normalize_axis(axis, x.ndim, ctx)
+    size = x.shape[axis]
+    condition = jnp.pad(condition[:size], (0, max(size - condition.shape[0], 0)))
+    if max_rows is None:
+        max_rows = size
+    # Padding positions point past the axis, which mode="fill" turns into zeros.
+    (keep,) = jnp.nonzero(condition, size=max_rows, fill_value=size)
+    count = jnp.minimum(jnp.sum(condition), max_rows).astype(index_dtype())
+    return jnp.take(x, keep, axis=axis, mode="fill", fill_value=0), count
+
+
 @register("Unique", since=(11, 28), static_inputs=(0,), host=True)
 def unique(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Unique``, opsets 11+. The input must be known at trace time."""
@@ -473,6 +497,37 @@ def unique(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         y = np.take(y, order, axis=0 if axis is None else axis)
         first, counts, inverse = first[order], counts[order], rank[inverse]
     dt = index_dtype()
+    return y, first.astype(dt), inverse.astype(dt), counts.astype(dt)
+
+
+def unique_bounded(inputs, attrs, ctx, max_rows: int | None = None):
+    """``Unique`` with a static number of unique values (``jonnx.load(...,
+    size_bounds=...)``): ``Y`` holds the first ``max_rows`` unique values (slices along
+    ``axis``), then zeros; ``indices`` is -1 and ``counts`` 0 in the padding, so the number of
+    unique values is ``(counts > 0).sum()``. ``inverse_indices`` is complete as long as the
+    bound covers every unique value. Runs on traced input.
+    """
+    x = jnp.asarray(inputs[0])
+    axis = attrs["axis"]
+    if axis is not None:
+        axis = normalize_axis(axis, x.ndim, ctx)
+    flat = x.reshape(-1) if axis is None else x
+    if max_rows is None:
+        max_rows = flat.shape[0 if axis is None else axis]
+    y, first, inverse, counts = jnp.unique(
+        flat, return_index=True, return_inverse=True, return_counts=True,
+        axis=axis, size=max_rows, fill_value=0,
+    )
+    inverse = inverse.reshape(-1)
+    valid = counts > 0
+    if not attrs["sorted"]:
+        # Order of first occurrence; the padding (no occurrence) stays last.
+        order = jnp.argsort(jnp.where(valid, first, flat.size), stable=True)
+        rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.size, dtype=order.dtype))
+        y = jnp.take(y, order, axis=0 if axis is None else axis)
+        first, counts, valid, inverse = first[order], counts[order], valid[order], rank[inverse]
+    dt = index_dtype()
+    first = jnp.where(valid, first, -1)
     return y, first.astype(dt), inverse.astype(dt), counts.astype(dt)
 
 

@@ -273,21 +273,26 @@ def test_host_memory_is_stable_over_many_values():
     model = jonnx.load(proto)
     rng = np.random.default_rng(3)
     images = rng.normal(0, 1, (40, 1, 3, 8, 8)).astype(np.float32)
-    # Warm up: every number of detections, and JAX's own bounded caches.
-    for i in range(300):
+    # Warm up: every number of detections is compiled.
+    for i in range(60):
         model(images[i % 40] - np.float32(i * 1e-4))
     ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
     tracemalloc.start()
     try:
+        # The first traced calls fill JAX's own bounded caches (and tracemalloc's); what
+        # grows after them is what grows per call.
+        for i in range(100):
+            model(images[i % 40] + np.float32(i * 1e-4))
         before = tracemalloc.take_snapshot().filter_traces(ignore)
-        for i in range(1000):
+        for i in range(100, 300):
             model(images[i % 40] + np.float32(i * 1e-4))
         after = tracemalloc.take_snapshot().filter_traces(ignore)
     finally:
         tracemalloc.stop()
-    # A cache keyed by data would keep at least an image (768 bytes) per call.
+    # A cache keyed by data would keep at least an image (768 bytes) per call: 150 KB over
+    # these 200 calls. Measured: 12-40 KB per 100 calls, not growing with the call count.
     grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
-    assert grown < 256_000, f"{grown} bytes kept over 1,000 calls"
+    assert grown < 100_000, f"{grown} bytes kept over 200 calls"
     assert len(model._segment_host_values) <= 1
 
 
@@ -412,5 +417,76 @@ def test_bounded_nonzero_pads_with_minus_one():
     assert got.shape == (2, 10) and n < 10
     np.testing.assert_array_equal(np.asarray(got)[:, :n], want)
     assert (np.asarray(got)[:, n:] == -1).all()
-    with pytest.raises(errors.ModelStructureError, match="Compress"):
+    with pytest.raises(errors.ModelStructureError, match="no bounded mode"):
+        jonnx.load(proto, size_bounds={"Relu": 4})
+    with pytest.raises(errors.ModelStructureError, match="match no node"):
         jonnx.load(proto, size_bounds={"Compress": 4})
+
+
+@pytest.mark.parametrize("axis", [0, None])
+def test_bounded_compress_pads_with_zeros_and_counts(axis):
+    graph = oh.make_graph(
+        [
+            # Keep the rows (the elements, with axis None) with an entry above 0.5.
+            oh.make_node("Greater", ["x", "zero"], ["positive"]),
+            oh.make_node("Cast", ["positive"], ["positive_f"], to=TensorProto.FLOAT),
+            oh.make_node("ReduceMax", ["positive_f"], ["any"], axes=[1], keepdims=0),
+            oh.make_node("Greater", ["any", "zero"], ["keep"]),
+            oh.make_node("Compress", ["x", "keep"], ["kept"], axis=axis),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [6, 2])],
+        [oh.make_tensor_value_info("kept", TensorProto.FLOAT, None)],
+        [_init("zero", np.array(0.5, np.float32))],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = jonnx.load(proto, size_bounds={"Compress": 5})
+    assert model.output_names == ("kept", "kept_count")
+    run = jax.jit(model.apply)
+    rng = np.random.default_rng(7)
+    with count_compiles() as compiles:
+        for _ in range(4):
+            x = rng.normal(size=(6, 2)).astype(np.float32)
+            got, count = run(model.params, x)
+            (want,) = _ort(proto, {"x": x})
+            n = min(want.shape[0], 5)
+            assert int(count) == n
+            np.testing.assert_array_equal(np.asarray(got)[:n], want[:n])
+            assert (np.asarray(got)[n:] == 0).all()
+            assert got.shape[0] == 5
+    assert len(compiles) == 1
+
+
+@pytest.mark.parametrize("sorted_", [1, 0])
+@pytest.mark.parametrize("axis", [None, 0])
+def test_bounded_unique_pads_and_matches_onnxruntime(sorted_, axis):
+    node = oh.make_node(
+        "Unique", ["r"], ["y", "indices", "inverse", "counts"], sorted=sorted_,
+        **({} if axis is None else {"axis": axis}),
+    )
+    graph = oh.make_graph(
+        [oh.make_node("Floor", ["x"], ["r"]), node],
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [8, 2])],
+        [oh.make_tensor_value_info(n, t, None) for n, t in [
+            ("y", TensorProto.FLOAT), ("indices", TensorProto.INT64),
+            ("inverse", TensorProto.INT64), ("counts", TensorProto.INT64)]],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    bound = 16 if axis is None else 8
+    model = jonnx.load(proto, size_bounds={"Unique": bound})
+    run = jax.jit(model.apply)
+    rng = np.random.default_rng(8)
+    with count_compiles() as compiles:
+        for _ in range(3):
+            x = rng.integers(-2, 2, size=(8, 2)).astype(np.float32)
+            y, indices, inverse, counts = (np.asarray(v) for v in run(model.params, x))
+            want = _ort(proto, {"x": x})
+            n = int((counts > 0).sum())
+            assert n == len(want[3]) < bound
+            np.testing.assert_array_equal(y[:n], want[0])
+            np.testing.assert_array_equal(indices[:n], want[1])
+            np.testing.assert_array_equal(inverse, want[2])
+            np.testing.assert_array_equal(counts[:n], want[3])
+            assert (indices[n:] == -1).all() and (counts[n:] == 0).all() and (y[n:] == 0).all()
+    assert len(compiles) == 1
