@@ -284,15 +284,16 @@ def test_host_memory_is_stable_over_many_values():
         for i in range(100):
             model(images[i % 40] + np.float32(i * 1e-4))
         before = tracemalloc.take_snapshot().filter_traces(ignore)
-        for i in range(100, 300):
+        for i in range(100, 1000):
             model(images[i % 40] + np.float32(i * 1e-4))
         after = tracemalloc.take_snapshot().filter_traces(ignore)
     finally:
         tracemalloc.stop()
-    # A cache keyed by data would keep at least an image (768 bytes) per call: 150 KB over
-    # these 200 calls. Measured: 12-40 KB per 100 calls, not growing with the call count.
+    # A cache keyed by data would keep at least an image (768 bytes) per call: 690 KB over
+    # these 900 calls (the issue asks for memory stable over 1,000 calls in all).
     grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
-    assert grown < 100_000, f"{grown} bytes kept over 200 calls"
+    print(f"grown over 900 calls: {grown} bytes")
+    assert grown < 300_000, f"{grown} bytes kept over 900 calls"
     assert len(model._segment_host_values) <= 1
 
 
