@@ -95,8 +95,10 @@ def load(
             default), False (none), or ``{name: bool}`` with names from
             ``jonnx.optimize.PASSES`` (``fold_batchnorm``, ``fuse_matmuls``, ``dead_nodes``)
             and ``constant_weights`` (``Model(*inputs)`` compiles the model's own weights in
-            as constants; ``apply`` always takes them as arguments). Passes left out are on;
-            ``constant_weights`` is on only when named. Results are the same either way, up
+            as constants; ``apply`` always takes them as arguments). Passes left out are on,
+            except ``constant_weights`` (on only when named) and ``fold_batchnorm`` (on when
+            ``constant_weights`` is, unless named: with weights as arguments it would refold
+            them every call). Results are the same either way, up
             to float rounding. See docs/performance.md.
 
     Returns:

@@ -7,6 +7,7 @@ come from onnxruntime.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 import tracemalloc
 
@@ -283,17 +284,19 @@ def test_host_memory_is_stable_over_many_values():
         # grows after them is what grows per call.
         for i in range(100):
             model(images[i % 40] + np.float32(i * 1e-4))
+        gc.collect()  # garbage in reference cycles is not memory kept
         before = tracemalloc.take_snapshot().filter_traces(ignore)
         for i in range(100, 1000):
             model(images[i % 40] + np.float32(i * 1e-4))
+        gc.collect()
         after = tracemalloc.take_snapshot().filter_traces(ignore)
     finally:
         tracemalloc.stop()
     # A cache keyed by data would keep at least an image (768 bytes) per call: 690 KB over
-    # these 900 calls (the issue asks for memory stable over 1,000 calls in all).
+    # these 900 calls (the issue asks for memory stable over 1,000 calls in all). Measured:
+    # about 28 KB, JAX's own bounded caches filling.
     grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
-    print(f"grown over 900 calls: {grown} bytes")
-    assert grown < 300_000, f"{grown} bytes kept over 900 calls"
+    assert grown < 150_000, f"{grown} bytes kept over 900 calls"
     assert len(model._segment_host_values) <= 1
 
 

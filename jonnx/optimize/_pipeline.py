@@ -27,6 +27,12 @@ PASSES: Mapping[str, Callable[[Graph, bool | None], Graph]] = {
 # copies of the weights (docs/performance.md).
 CALL_OPTIONS = ("constant_weights",)
 
+# Passes that pay only when the weights are constants: folding BatchNormalization into the
+# weights before it, with the weights as arguments, recomputes the folded weights on every
+# call (ResNet-50 batch 1: 368 ms with it, 233 ms without, docs/performance.md). Unless named,
+# they are on exactly when ``constant_weights`` is.
+CONSTANT_ONLY = ("fold_batchnorm",)
+
 
 def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
     """The ``optimize=`` option of :func:`jonnx.load` as ``{name: on}`` for every switch.
@@ -37,7 +43,7 @@ def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
     """
     names = (*PASSES, *CALL_OPTIONS)
     if isinstance(option, bool):
-        return {name: option and name not in CALL_OPTIONS for name in names}
+        option = {} if option else dict.fromkeys(names, False)
     if not isinstance(option, Mapping):
         raise TypeError(
             f"optimize must be True, False or a dict of {list(names)} to bools, not {option!r}"
@@ -50,7 +56,10 @@ def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
     for name, on in option.items():
         if not isinstance(on, bool):
             raise TypeError(f"optimize[{name!r}] must be a bool, not {on!r}")
-    return {name: bool(option.get(name, name not in CALL_OPTIONS)) for name in names}
+    switches = {name: bool(option.get(name, name not in CALL_OPTIONS)) for name in names}
+    for name in CONSTANT_ONLY:
+        switches[name] = bool(option.get(name, switches["constant_weights"]))
+    return switches
 
 
 def optimize(graph: Graph, switches: Mapping[str, bool], train: bool | None) -> Graph:
