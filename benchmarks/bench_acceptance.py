@@ -155,7 +155,7 @@ def bench_train(repeats: int, torch_python: str | None = None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--models", nargs="+", default=list(MODELS), choices=list(MODELS)
+        "--models", nargs="*", default=list(MODELS), choices=list(MODELS)
     )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--repeats", type=int, default=10)
