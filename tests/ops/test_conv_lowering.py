@@ -39,7 +39,8 @@ CASES = [
         {"strides": [2, 2], "dilations": [1, 2], "pads": [0, 1, 2, 0]},
     ),
     ("im2col", (3, 2, 11), (4, 2, 5), {"auto_pad": "SAME_LOWER", "strides": [3]}),
-    ("xla", (1, 3, 8, 7), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),  # k x k at batch 1
+    ("im2col", (1, 3, 8, 7), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),  # a stem: few channels
+    ("xla", (1, 32, 6, 5), (4, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # wide k x k at batch 1
     (
         "xla",
         (1, 4, 6, 6),
