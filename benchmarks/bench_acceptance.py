@@ -8,7 +8,8 @@ For each model and batch: load + first call time of ``jonnx.load(proto)`` then `
 jonnx / onnxruntime (below 1: jonnx is faster). The peak RSS of the process is printed at the end.
 
 ``--train`` adds a ResNet-18 training step (batch 32, 64x64, 10 classes, SGD with momentum,
-``train=True``): jonnx's step jitted, against PyTorch eager CPU when torch is importable.
+``train=True``): jonnx's step jitted, against PyTorch eager CPU (benchmarks/torch_resnet18_step.py,
+run by ``--torch-python``'s interpreter in its own process).
 
 Usage: ``python benchmarks/bench_acceptance.py [--models resnet50 bert] [--batches 1 32] [--repeats 10] [--train]``
 The machine this runs on may be shared: ratios taken in one process, alternating, are what
@@ -18,9 +19,11 @@ to compare, not absolute times.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -93,7 +96,7 @@ def _bench_batch(
     return load_s, {k: statistics.median(v) for k, v in times.items()}, err
 
 
-def bench_train(repeats: int) -> None:
+def bench_train(repeats: int, torch_python: str | None = None) -> None:
     import jax
     import jax.numpy as jnp
 
@@ -128,87 +131,39 @@ def bench_train(repeats: int) -> None:
         carry[:] = step(*carry, x, labels)[:3]
         jax.block_until_ready(carry)
 
-    calls = {"jonnx": run_jonnx}
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is not None:
-        net, optimizer, tx, ty = _torch_resnet18(torch, x, labels)
-
-        def run_torch():
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(net(tx), ty).backward()
-            optimizer.step()
-
-        calls["torch"] = run_torch
-    times = {k: [] for k in calls}
-    for _ in range(repeats):
-        for k, fn in calls.items():
-            times[k].append(_timed(fn))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    line = f"resnet18 train step b32 64x64: compile {compile_s:.1f} s, jonnx {med['jonnx'] * 1e3:.0f} ms"
-    if "torch" in med:
-        line += f", torch eager {med['torch'] * 1e3:.0f} ms, ratio {med['jonnx'] / med['torch']:.2f}"
+    times = [_timed(run_jonnx) for _ in range(repeats)]
+    line = (
+        f"resnet18 train step b32 64x64: compile {compile_s:.1f} s, "
+        f"jonnx {statistics.median(times) * 1e3:.0f} ms"
+    )
+    if torch_python:
+        # torch runs in its own process (it is never imported next to jonnx), once with its
+        # default threads and once with one (on a shared machine its thread pool suffers).
+        script = pathlib.Path(__file__).resolve().parent / "torch_resnet18_step.py"
+        for threads in (None, "1"):
+            env = dict(os.environ, **({"OMP_NUM_THREADS": threads} if threads else {}))
+            out = subprocess.run(
+                [torch_python, str(script), "--repeats", str(repeats)],
+                capture_output=True, text=True, check=True, env=env,
+            ).stdout
+            ms = float(out.split()[-1])
+            label = "torch eager" + (" 1 thread" if threads else "")
+            line += f", {label} {ms:.0f} ms (jonnx/torch {statistics.median(times) * 1e3 / ms:.2f})"
     print(line)
-
-
-def _torch_resnet18(torch, x, labels):
-    """ResNet-18 (CIFAR-sized stem as in nets.resnet18) in PyTorch, for the eager baseline."""
-    nn = torch.nn
-
-    def block(c_in, c_out, stride):
-        body = nn.Sequential(
-            nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False),
-            nn.BatchNorm2d(c_out),
-            nn.ReLU(),
-            nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False),
-            nn.BatchNorm2d(c_out),
-        )
-        short = (
-            nn.Sequential(
-                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
-            )
-            if stride != 1 or c_in != c_out
-            else nn.Identity()
-        )
-
-        class Block(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.body, self.short = body, short
-
-            def forward(self, v):
-                return torch.relu(self.body(v) + self.short(v))
-
-        return Block()
-
-    layers = [
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
-        nn.BatchNorm2d(64),
-        nn.ReLU(),
-        nn.MaxPool2d(3, 2, 1),
-    ]
-    c_in = 64
-    for stage in range(4):
-        width = 64 * 2**stage
-        for i in range(2):
-            layers.append(block(c_in, width, 2 if stage > 0 and i == 0 else 1))
-            c_in = width
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10)]
-    net = nn.Sequential(*layers).train()
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    return net, optimizer, torch.from_numpy(x), torch.from_numpy(labels)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--models", nargs="+", default=list(MODELS), choices=list(MODELS)
+        "--models", nargs="*", default=list(MODELS), choices=list(MODELS)
     )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--train", action="store_true")
+    parser.add_argument(
+        "--torch-python",
+        help="a Python with torch, to time the same step in PyTorch eager (separate process)",
+    )
     args = parser.parse_args()
     print(
         f"{'model':<13}{'b':>4}{'load+1st':>9}{'jonnx ms':>10}{'plain ms':>10}{'ort ms':>10}"
@@ -217,7 +172,7 @@ def main() -> None:
     for name in args.models:
         bench_inference(name, args.batches, args.repeats)
     if args.train:
-        bench_train(args.repeats)
+        bench_train(args.repeats, args.torch_python)
     print(
         f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB; "
         "jonnx = default call (all optimizations), plain = optimize=False; vs ort = jonnx / onnxruntime"

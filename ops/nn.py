@@ -181,7 +181,12 @@ def conv_lowering(x_shape, w_shape, strides, group: int, dtype) -> str:
         return "matmul"
     if group == c_in and group > 1 and w_shape[1] == 1 and m == c_in:
         return "depthwise"
-    if group == 1 and taps <= 49 and c_in * taps <= 8192:
+    # im2col pays for batches (a ResNet-18 training step at batch 32: 1.15 s against 6.4 s with
+    # XLA's k x k convolutions) and for few-channel stems (MobileNetV2 batch 1: 3.4x onnxruntime
+    # with XLA's stem, 2.2x with im2col), but not for the wide k x k convolutions at batch 1:
+    # ResNet-50 ran equally fast either way and im2col doubled its first-call compile time
+    # (5.5 s against 2.6 s): docs/performance.md.
+    if group == 1 and taps <= 49 and c_in * taps <= 8192 and (x_shape[0] > 1 or c_in * taps <= 256):
         return "im2col"
     return "xla"
 

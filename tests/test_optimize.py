@@ -20,6 +20,7 @@ import pytest
 
 import jonnx
 from jonnx import optimize
+from jonnx.ops import nn
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "examples" / "models"
 RNG = np.random.default_rng(0)
@@ -300,3 +301,24 @@ def test_constant_weights_is_off_unless_named():
     assert optimize.resolve(True)["constant_weights"] is False
     assert optimize.resolve({"dead_nodes": False})["constant_weights"] is False
     assert optimize.resolve({"constant_weights": True})["fold_batchnorm"] is True
+
+
+def test_training_gradients_equal_the_plain_graph(monkeypatch):
+    # The whole default path of a training step (graph passes and the CPU Conv lowerings,
+    # batch 2 so k x k convolutions take im2col) against the graph as written with XLA's
+    # convolution: the gradients a fine-tuning loop sees must not move.
+    proto, feeds = BUNDLED["small_cnn"]()
+    key = jax.random.key(3)
+    fast = jonnx.load(proto)
+    g_fast = jax.grad(_loss(fast, feeds, True, key))(fast.params)
+    monkeypatch.setattr(nn, "CONV_LOWERING", "xla")
+    plain = jonnx.load(proto, optimize=False)
+    g_plain = jax.grad(_loss(plain, feeds, True, key))(plain.params)
+    assert set(g_fast) == set(g_plain)
+    for name in g_plain:
+        want = np.asarray(g_plain[name])
+        scale = float(np.max(np.abs(want), initial=1.0))
+        np.testing.assert_allclose(
+            np.asarray(g_fast[name]), want, rtol=1e-5, atol=1e-5 * scale,
+            err_msg=f"gradient of {name}",
+        )

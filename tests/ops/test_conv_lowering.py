@@ -6,9 +6,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from jonnx.ops import nn
 
 import jonnx
+from jonnx.ops import nn
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model
 
 RNG = np.random.default_rng(1)
@@ -34,11 +34,13 @@ CASES = [
     ("im2col", (2, 3, 8, 7), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
     (
         "im2col",
-        (1, 4, 9, 9),
+        (2, 4, 9, 9),
         (3, 4, 3, 2),
         {"strides": [2, 2], "dilations": [1, 2], "pads": [0, 1, 2, 0]},
     ),
-    ("im2col", (1, 2, 11), (4, 2, 5), {"auto_pad": "SAME_LOWER", "strides": [3]}),
+    ("im2col", (3, 2, 11), (4, 2, 5), {"auto_pad": "SAME_LOWER", "strides": [3]}),
+    ("im2col", (1, 3, 8, 7), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),  # a stem: few channels
+    ("xla", (1, 32, 6, 5), (4, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # wide k x k at batch 1
     (
         "xla",
         (1, 4, 6, 6),

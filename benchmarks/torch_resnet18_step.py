@@ -1,0 +1,82 @@
+"""PyTorch eager baseline for bench_acceptance.py --train: a ResNet-18 SGD-momentum step.
+
+Run by a Python that has torch (never a jonnx dependency), in its own process:
+``/path/to/torch-venv/bin/python benchmarks/torch_resnet18_step.py [--repeats 10]``.
+Same network as nets.resnet18 (64x64 inputs, 10 classes, batch 32, train mode); prints one
+line ``torch_step_ms <median>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+
+def resnet18() -> torch.nn.Module:
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, c_in, c_out, stride):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(c_out),
+                nn.ReLU(),
+                nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False),
+                nn.BatchNorm2d(c_out),
+            )
+            self.short = (
+                nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+                if stride != 1 or c_in != c_out
+                else nn.Identity()
+            )
+
+        def forward(self, v):
+            return torch.relu(self.body(v) + self.short(v))
+
+    layers = [
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
+    ]
+    c_in = 64
+    for stage in range(4):
+        width = 64 * 2**stage
+        for i in range(2):
+            layers.append(Block(c_in, width, 2 if stage > 0 and i == 0 else 1))
+            c_in = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10)]
+    return nn.Sequential(*layers).train()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.standard_normal((32, 3, 64, 64)).astype(np.float32))
+    labels = torch.from_numpy(rng.integers(0, 10, 32))
+    net = resnet18()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), labels).backward()
+        optimizer.step()
+
+    step()  # warm-up: allocator and oneDNN primitive caches
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    print(f"torch_step_ms {statistics.median(times) * 1e3:.1f}")
+
+
+if __name__ == "__main__":
+    main()
