@@ -245,7 +245,7 @@ def test_optimized_matches_onnxruntime(name):
 
 def test_batchnorm_folds_only_in_inference():
     proto, _ = conv_bn()
-    model = jonnx.load(proto)
+    model = jonnx.load(proto, optimize={"fold_batchnorm": True})
     ops = lambda train: [n.op_type for n in model._graph_for(train).nodes]
     assert "BatchNormalization" not in ops(False) and "BatchNormalization" not in ops(
         None
@@ -301,6 +301,14 @@ def test_constant_weights_is_off_unless_named():
     assert optimize.resolve(True)["constant_weights"] is False
     assert optimize.resolve({"dead_nodes": False})["constant_weights"] is False
     assert optimize.resolve({"constant_weights": True})["fold_batchnorm"] is True
+
+
+def test_batchnorm_folding_follows_constant_weights_unless_named():
+    # With weights as arguments the folded weights would be recomputed on every call.
+    assert optimize.resolve(True)["fold_batchnorm"] is False
+    assert optimize.resolve({"fold_batchnorm": True})["fold_batchnorm"] is True
+    assert optimize.resolve({"constant_weights": True, "fold_batchnorm": False})["fold_batchnorm"] is False
+    assert optimize.resolve(False)["fold_batchnorm"] is False
 
 
 def test_training_gradients_equal_the_plain_graph(monkeypatch):
