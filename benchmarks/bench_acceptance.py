@@ -53,9 +53,7 @@ def _timed(fn) -> float:
 def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
     build, shape = MODELS[name]
     proto = build()
-    session = ort.InferenceSession(
-        proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     rows = []
     for batch in batches:
         x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
@@ -70,9 +68,7 @@ def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
     return rows
 
 
-def _bench_batch(
-    proto, session, x, repeats: int
-) -> tuple[float, dict[str, float], float]:
+def _bench_batch(proto, session, x, repeats: int) -> tuple[float, dict[str, float], float]:
     """Load + first call time, median call times by runtime, and jonnx's relative error."""
     input_name = session.get_inputs()[0].name
     start = time.perf_counter()
@@ -113,9 +109,7 @@ def bench_train(repeats: int, torch_python: str | None = None) -> None:
 
     @jonnx.jit
     def step(params, velocity, state, x, labels):
-        (value, new_state), grads = jax.value_and_grad(loss, has_aux=True)(
-            params, state, x, labels
-        )
+        (value, new_state), grads = jax.value_and_grad(loss, has_aux=True)(params, state, x, labels)
         velocity = jax.tree_util.tree_map(lambda v, g: 0.9 * v + g, velocity, grads)
         params = jax.tree_util.tree_map(lambda p, v: p - 0.01 * v, params, velocity)
         return params, velocity, new_state, value
@@ -132,10 +126,7 @@ def bench_train(repeats: int, torch_python: str | None = None) -> None:
         jax.block_until_ready(carry)
 
     times = [_timed(run_jonnx) for _ in range(repeats)]
-    line = (
-        f"resnet18 train step b32 64x64: compile {compile_s:.1f} s, "
-        f"jonnx {statistics.median(times) * 1e3:.0f} ms"
-    )
+    line = f"resnet18 train step b32 64x64: compile {compile_s:.1f} s, jonnx {statistics.median(times) * 1e3:.0f} ms"
     if torch_python:
         # torch runs in its own process (it is never imported next to jonnx), once with its
         # default threads and once with one (on a shared machine its thread pool suffers).
@@ -144,7 +135,10 @@ def bench_train(repeats: int, torch_python: str | None = None) -> None:
             env = dict(os.environ, **({"OMP_NUM_THREADS": threads} if threads else {}))
             out = subprocess.run(
                 [torch_python, str(script), "--repeats", str(repeats)],
-                capture_output=True, text=True, check=True, env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
             ).stdout
             ms = float(out.split()[-1])
             label = "torch eager" + (" 1 thread" if threads else "")
@@ -154,9 +148,7 @@ def bench_train(repeats: int, torch_python: str | None = None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--models", nargs="*", default=list(MODELS), choices=list(MODELS)
-    )
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--train", action="store_true")

@@ -71,8 +71,10 @@ def resnet50() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         bn = [
             b.const(f"{tag}.bn.{n}", v)
             for n, v in (
-                ("scale", np.ones(cout, np.float32)), ("bias", np.zeros(cout, np.float32)),
-                ("mean", np.zeros(cout, np.float32)), ("var", np.ones(cout, np.float32)),
+                ("scale", np.ones(cout, np.float32)),
+                ("bias", np.zeros(cout, np.float32)),
+                ("mean", np.zeros(cout, np.float32)),
+                ("var", np.ones(cout, np.float32)),
             )
         ]
         y = b.op("BatchNormalization", [y, *bn])
@@ -95,15 +97,19 @@ def resnet50() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     x = b.op("Flatten", [x])
     x = b.op("Gemm", [x, b.weight("fc.weight", (1000, 2048)), b.weight("fc.bias", (1000,), 0.01)], transB=1)
     graph = oh.make_graph(
-        b.nodes, "resnet50", [oh.make_tensor_value_info("image", F, [1, 3, 224, 224])],
-        [oh.make_tensor_value_info(x, F, [1, 1000])], b.inits,
+        b.nodes,
+        "resnet50",
+        [oh.make_tensor_value_info("image", F, [1, 3, 224, 224])],
+        [oh.make_tensor_value_info(x, F, [1, 1000])],
+        b.inits,
     )
     inputs = {"image": np.random.default_rng(1).standard_normal((1, 3, 224, 224), np.float32)}
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), inputs
 
 
-def bert(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, vocab: int = 30522,
-         seq: int = 128) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def bert(
+    layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, vocab: int = 30522, seq: int = 128
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     b = _Builder(0)
     head = hidden // heads
     emb = b.weight("embeddings.word", (vocab, hidden), 0.02)
@@ -125,7 +131,9 @@ def bert(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, 
     split = b.const("split_heads", np.array([1, seq, heads, head], np.int64))
     merge = b.const("merge_heads", np.array([1, seq, hidden], np.int64))
     scale = b.const("attention_scale", np.array(1.0 / np.sqrt(head), np.float32))
-    half, one, root2 = (b.const(n, np.array(v, np.float32)) for n, v in (("half", 0.5), ("one", 1.0), ("sqrt2", np.sqrt(2.0))))
+    half, one, root2 = (
+        b.const(n, np.array(v, np.float32)) for n, v in (("half", 0.5), ("one", 1.0), ("sqrt2", np.sqrt(2.0)))
+    )
     for i in range(layers):
         tag = f"encoder.layer{i}"
 
@@ -143,8 +151,11 @@ def bert(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, 
         h = b.op("Mul", [b.op("Mul", [h, half]), b.op("Add", [one, b.op("Erf", [b.op("Div", [h, root2])])])])
         x = layer_norm(b.op("Add", [x, dense(h, ffn, hidden, f"{tag}.output")]), f"{tag}.ln2")
     graph = oh.make_graph(
-        b.nodes, "bert", [oh.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, [1, seq])],
-        [oh.make_tensor_value_info(x, F, [1, seq, hidden])], b.inits,
+        b.nodes,
+        "bert",
+        [oh.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, [1, seq])],
+        [oh.make_tensor_value_info(x, F, [1, seq, hidden])],
+        b.inits,
     )
     inputs = {"input_ids": np.random.default_rng(1).integers(0, vocab, (1, seq))}
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), inputs
@@ -175,8 +186,11 @@ def write_big(folder: pathlib.Path, width: int = 8192, layers: int = 8) -> tuple
             nodes.append(oh.make_node("Tanh", [y + "_mm"], [y]))
             x = y
     graph = oh.make_graph(
-        nodes, "big", [oh.make_tensor_value_info("x", F, ["N", width])],
-        [oh.make_tensor_value_info(x, F, ["N", width])], inits,
+        nodes,
+        "big",
+        [oh.make_tensor_value_info("x", F, ["N", width])],
+        [oh.make_tensor_value_info(x, F, ["N", width])],
+        inits,
     )
     path = folder / "big.onnx"
     onnx.save_model(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), path)
@@ -231,8 +245,11 @@ def measure(path: str, inputs_path: str, train_and_save: bool) -> dict:
     first_s = time.perf_counter() - start
     after_call = _peak() - base
     result = {
-        "weights_mb": weights / 1e6, "load_s": load_s, "first_call_s": first_s,
-        "load_x": after_load / weights, "first_call_x": after_call / weights,
+        "weights_mb": weights / 1e6,
+        "load_s": load_s,
+        "first_call_s": first_s,
+        "load_x": after_load / weights,
+        "first_call_x": after_call / weights,
     }
     if train_and_save:
         import optax
@@ -287,8 +304,17 @@ def main() -> None:
                 del proto
             np.savez(sub / "inputs.npz", **inputs)
             child = subprocess.run(
-                [sys.executable, __file__, "--child", str(path), str(sub / "inputs.npz"), "1" if name == "big" else "0"],
-                capture_output=True, text=True, check=False,
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    str(path),
+                    str(sub / "inputs.npz"),
+                    "1" if name == "big" else "0",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if child.returncode:
                 print(f"{name}: failed\n{child.stderr[-3000:]}")

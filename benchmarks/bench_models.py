@@ -42,8 +42,9 @@ def _hand_written_cnn(model: jonnx.Model):
     weights = {**model.params, **model.state}
 
     def block(p, x, tag):
-        x = lax.conv_general_dilated(x, p[f"{tag}.weight"], (1, 1), ((1, 1), (1, 1)),
-                                     dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        x = lax.conv_general_dilated(
+            x, p[f"{tag}.weight"], (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW")
+        )
         x = x + p[f"{tag}.bias"][:, None, None]
         inv = p[f"{tag}.bn.scale"] / jnp.sqrt(p[f"{tag}.bn.running_var"] + 1e-5)
         x = (x - p[f"{tag}.bn.running_mean"][:, None, None]) * inv[:, None, None] + p[f"{tag}.bn.bias"][:, None, None]
@@ -100,20 +101,25 @@ def main() -> None:
             jax_s = None
             if name == "small_cnn":
                 forward = _hand_written_cnn(model)
-                np.testing.assert_allclose(np.asarray(forward(feeds["image"])),
-                                           np.asarray(model(**feeds)[0]), rtol=1e-4, atol=1e-5)
+                np.testing.assert_allclose(
+                    np.asarray(forward(feeds["image"])), np.asarray(model(**feeds)[0]), rtol=1e-4, atol=1e-5
+                )
                 jax_s = _median_seconds(lambda: forward(feeds["image"]).block_until_ready(), args.repeats)  # noqa: B023
             rows.append((name, batch, compile_s, jonnx_s, ort_s, jax_s))
 
-    header = (f"{'model':<18}{'batch':>6}{'compile ms':>12}{'jonnx ms':>11}{'ort ms':>10}"
-              f"{'jax ms':>9}{'vs ort':>8}{'vs jax':>8}")
+    header = (
+        f"{'model':<18}{'batch':>6}{'compile ms':>12}{'jonnx ms':>11}{'ort ms':>10}"
+        f"{'jax ms':>9}{'vs ort':>8}{'vs jax':>8}"
+    )
     print(header)
     print("-" * len(header))
     for name, batch, compile_s, jonnx_s, ort_s, jax_s in rows:
         jax_ms = f"{jax_s * 1e3:>9.3f}" if jax_s else f"{'-':>9}"
         vs_jax = f"{jonnx_s / jax_s:>8.2f}" if jax_s else f"{'-':>8}"
-        print(f"{name:<18}{batch:>6}{compile_s * 1e3:>12.0f}{jonnx_s * 1e3:>11.3f}"
-              f"{ort_s * 1e3:>10.3f}{jax_ms}{jonnx_s / ort_s:>8.2f}{vs_jax}")
+        print(
+            f"{name:<18}{batch:>6}{compile_s * 1e3:>12.0f}{jonnx_s * 1e3:>11.3f}"
+            f"{ort_s * 1e3:>10.3f}{jax_ms}{jonnx_s / ort_s:>8.2f}{vs_jax}"
+        )
     print("vs ort = jonnx / onnxruntime, vs jax = jonnx / hand-written JAX (median latency; lower is better for jonnx)")
 
 

@@ -30,16 +30,10 @@ class _Builder:
     def init(self, stem: str, value: np.ndarray) -> str:
         name = self.name(stem)
         value = np.asarray(value)
-        self.inits.append(
-            onh.from_array(
-                value.astype(np.float32) if value.dtype == np.float64 else value, name
-            )
-        )
+        self.inits.append(onh.from_array(value.astype(np.float32) if value.dtype == np.float64 else value, name))
         return name
 
-    def node(
-        self, op: str, inputs: list[str], n_out: int = 1, **attrs
-    ) -> str | list[str]:
+    def node(self, op: str, inputs: list[str], n_out: int = 1, **attrs) -> str | list[str]:
         outs = [self.name(op.lower()) for _ in range(n_out)]
         self.nodes.append(oh.make_node(op, inputs, outs, name=self.name(op), **attrs))
         return outs[0] if n_out == 1 else outs
@@ -57,8 +51,7 @@ class _Builder:
         fan_in = c_in // group * k * k
         w = self.init(
             "conv.weight",
-            self.rng.standard_normal((c_out, c_in // group, k, k)).astype(np.float32)
-            * np.sqrt(2.0 / fan_in),
+            self.rng.standard_normal((c_out, c_in // group, k, k)).astype(np.float32) * np.sqrt(2.0 / fan_in),
         )
         y = self.node(
             "Conv",
@@ -68,19 +61,13 @@ class _Builder:
             pads=[k // 2] * 4,
             group=group,
         )
-        scale = self.init(
-            "bn.weight", (1 + 0.1 * self.rng.standard_normal(c_out)).astype(np.float32)
-        )
-        bias = self.init(
-            "bn.bias", (0.1 * self.rng.standard_normal(c_out)).astype(np.float32)
-        )
+        scale = self.init("bn.weight", (1 + 0.1 * self.rng.standard_normal(c_out)).astype(np.float32))
+        bias = self.init("bn.bias", (0.1 * self.rng.standard_normal(c_out)).astype(np.float32))
         mean = self.init(
             "bn.running_mean",
             (0.1 * self.rng.standard_normal(c_out)).astype(np.float32),
         )
-        var = self.init(
-            "bn.running_var", (1 + 0.1 * self.rng.random(c_out)).astype(np.float32)
-        )
+        var = self.init("bn.running_var", (1 + 0.1 * self.rng.random(c_out)).astype(np.float32))
         y = self.node(
             "BatchNormalization",
             [y, scale, bias, mean, var],
@@ -97,16 +84,10 @@ class _Builder:
 
     def linear(self, x: str, d_in: int, d_out: int, gemm: bool = False) -> str:
         w = self.rng.standard_normal((d_in, d_out)).astype(np.float32) / np.sqrt(d_in)
-        b = self.init(
-            "linear.bias", (0.01 * self.rng.standard_normal(d_out)).astype(np.float32)
-        )
+        b = self.init("linear.bias", (0.01 * self.rng.standard_normal(d_out)).astype(np.float32))
         if gemm:  # torch's Linear on a matrix: Gemm with transB
-            return self.node(
-                "Gemm", [x, self.init("linear.weight", w.T.copy()), b], transB=1
-            )
-        return self.node(
-            "Add", [self.node("MatMul", [x, self.init("linear.weight", w)]), b]
-        )
+            return self.node("Gemm", [x, self.init("linear.weight", w.T.copy()), b], transB=1)
+        return self.node("Add", [self.node("MatMul", [x, self.init("linear.weight", w)]), b])
 
     def model(self, inputs, outputs, opset: int = 17) -> onnx.ModelProto:
         graph = oh.make_graph(self.nodes, "bench", inputs, outputs, self.inits)
@@ -121,9 +102,7 @@ def _classifier_head(b: _Builder, x: str, c: int, classes: int) -> str:
     return b.linear(y, c, classes, gemm=True)
 
 
-def _resnet(
-    blocks: list[int], bottleneck: bool, size: int, classes: int, seed: int
-) -> onnx.ModelProto:
+def _resnet(blocks: list[int], bottleneck: bool, size: int, classes: int, seed: int) -> onnx.ModelProto:
     b = _Builder(seed)
     x = b.conv_bn("input", 3, 64, 7, stride=2)
     x = b.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
@@ -140,20 +119,12 @@ def _resnet(
             else:
                 y = b.conv_bn(x, c_in, width, 3, stride=stride)
                 y = b.conv_bn(y, width, c_out, 3, act=None)
-            shortcut = (
-                b.conv_bn(x, c_in, c_out, 1, stride=stride, act=None)
-                if (stride != 1 or c_in != c_out)
-                else x
-            )
+            shortcut = b.conv_bn(x, c_in, c_out, 1, stride=stride, act=None) if (stride != 1 or c_in != c_out) else x
             x = b.node("Relu", [b.node("Add", [y, shortcut])])
             c_in = c_out
     out = _classifier_head(b, x, c_in, classes)
     return b.model(
-        [
-            oh.make_tensor_value_info(
-                "input", onnx.TensorProto.FLOAT, ["N", 3, size, size]
-            )
-        ],
+        [oh.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, size, size])],
         [oh.make_tensor_value_info(out, onnx.TensorProto.FLOAT, ["N", classes])],
     )
 
@@ -186,27 +157,19 @@ def mobilenet_v2(seed: int = 0) -> onnx.ModelProto:
             stride = s if i == 0 else 1
             hidden = c_in * t
             y = b.conv_bn(x, c_in, hidden, 1, act="Relu6") if t != 1 else x
-            y = b.conv_bn(
-                y, hidden, hidden, 3, stride=stride, group=hidden, act="Relu6"
-            )
+            y = b.conv_bn(y, hidden, hidden, 3, stride=stride, group=hidden, act="Relu6")
             y = b.conv_bn(y, hidden, c, 1, act=None)
             x = b.node("Add", [x, y]) if stride == 1 and c_in == c else y
             c_in = c
     x = b.conv_bn(x, c_in, 1280, 1, act="Relu6")
     out = _classifier_head(b, x, 1280, 1000)
     return b.model(
-        [
-            oh.make_tensor_value_info(
-                "input", onnx.TensorProto.FLOAT, ["N", 3, 224, 224]
-            )
-        ],
+        [oh.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, 224, 224])],
         [oh.make_tensor_value_info(out, onnx.TensorProto.FLOAT, ["N", 1000])],
     )
 
 
-def bert_encoder(
-    layers: int = 4, hidden: int = 768, heads: int = 12, seq: int = 128, seed: int = 0
-) -> onnx.ModelProto:
+def bert_encoder(layers: int = 4, hidden: int = 768, heads: int = 12, seq: int = 128, seed: int = 0) -> onnx.ModelProto:
     """A BERT-base-width encoder: ``layers`` post-LN layers over (N, seq, hidden) float input."""
     b = _Builder(seed)
     head = hidden // heads
@@ -216,18 +179,12 @@ def bert_encoder(
     x = "hidden_states"
 
     def layer_norm(v: str) -> str:
-        g = b.init(
-            "ln.weight", (1 + 0.1 * b.rng.standard_normal(hidden)).astype(np.float32)
-        )
-        beta = b.init(
-            "ln.bias", (0.1 * b.rng.standard_normal(hidden)).astype(np.float32)
-        )
+        g = b.init("ln.weight", (1 + 0.1 * b.rng.standard_normal(hidden)).astype(np.float32))
+        beta = b.init("ln.bias", (0.1 * b.rng.standard_normal(hidden)).astype(np.float32))
         return b.node("LayerNormalization", [v, g, beta], axis=-1, epsilon=1e-12)
 
     for _ in range(layers):
-        q, k, v = (
-            b.node("Reshape", [b.linear(x, hidden, hidden), split]) for _ in range(3)
-        )
+        q, k, v = (b.node("Reshape", [b.linear(x, hidden, hidden), split]) for _ in range(3))
         q = b.node("Transpose", [q], perm=[0, 2, 1, 3])
         k = b.node("Transpose", [k], perm=[0, 2, 3, 1])
         v = b.node("Transpose", [v], perm=[0, 2, 1, 3])
@@ -244,11 +201,7 @@ def bert_encoder(
         h = b.node("Mul", [b.node("Mul", [h, b.node("Add", [erf, one])]), half])
         x = layer_norm(b.node("Add", [b.linear(h, 4 * hidden, hidden), x]))
     return b.model(
-        [
-            oh.make_tensor_value_info(
-                "hidden_states", onnx.TensorProto.FLOAT, ["N", seq, hidden]
-            )
-        ],
+        [oh.make_tensor_value_info("hidden_states", onnx.TensorProto.FLOAT, ["N", seq, hidden])],
         [oh.make_tensor_value_info(x, onnx.TensorProto.FLOAT, ["N", seq, hidden])],
     )
 

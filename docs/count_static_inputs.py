@@ -40,21 +40,13 @@ def main() -> None:
             for stage in stages:
                 for position in stage.nodes:
                     node = model.graph.nodes[position]
-                    if any(i in passed for i in node.inputs) or _reads_outer(
-                        node, passed
-                    ):
+                    if any(i in passed for i in node.inputs) or _reads_outer(node, passed):
                         readers.add(node.op_type)
             static["string input" if strings else ",".join(sorted(readers))] += 1
         if model.segment_plan.segmented:
-            host = sorted(
-                {model.graph.nodes[p].op_type for p in model.segment_plan.host_nodes}
-            )
-            segmented[
-                ",".join(host) or "(cut at a static value computed from data)"
-            ] += 1
-    print(
-        f"{len(cases)} node cases; {sum(static.values())} pass graph inputs as static arguments:"
-    )
+            host = sorted({model.graph.nodes[p].op_type for p in model.segment_plan.host_nodes})
+            segmented[",".join(host) or "(cut at a static value computed from data)"] += 1
+    print(f"{len(cases)} node cases; {sum(static.values())} pass graph inputs as static arguments:")
     for why, n in static.most_common():
         print(f"  {n:4d}  {why}")
     print(f"{sum(segmented.values())} run in segments, with host nodes:")

@@ -68,14 +68,31 @@ _SESSION = "an internal layout onnxruntime creates inside a session, not found i
 MICROSOFT_REASONS = {
     **dict.fromkeys(("BeamSearch", "GreedySearch", "Sampling", "WhisperBeamSearch"), _SEARCH),
     **dict.fromkeys(
-        ("DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention", "PackedAttention",
-         "PackedMultiHeadAttention", "PagedAttention", "SparsePagedAttention", "LongformerAttention",
-         "GemmFloat8", "MatMulBnb4", "MatMulFpQ4", "DecoderAttention"),
+        (
+            "DecoderMaskedMultiHeadAttention",
+            "DecoderMaskedSelfAttention",
+            "PackedAttention",
+            "PackedMultiHeadAttention",
+            "PagedAttention",
+            "SparsePagedAttention",
+            "LongformerAttention",
+            "GemmFloat8",
+            "MatMulBnb4",
+            "MatMulFpQ4",
+            "DecoderAttention",
+        ),
         _GPU,
     ),
     **dict.fromkeys(
-        ("QOrderedAttention", "QOrderedGelu", "QOrderedLayerNormalization", "QOrderedLongformerAttention",
-         "QOrderedMatMul", "QuantizeWithOrder", "DequantizeWithOrder"),
+        (
+            "QOrderedAttention",
+            "QOrderedGelu",
+            "QOrderedLayerNormalization",
+            "QOrderedLongformerAttention",
+            "QOrderedMatMul",
+            "QuantizeWithOrder",
+            "DequantizeWithOrder",
+        ),
         _ORDERED,
     ),
     **dict.fromkeys(("NhwcConv", "NhwcFusedConv", "NhwcMaxPool", "FusedMatMulActivation"), _SESSION),
@@ -163,14 +180,11 @@ def render() -> str:
         n_complete = sum(1 for d, i, _ in ops.values() if d and d <= i)
         n_onnx_ops = sum(1 for d, _, _ in ops.values() if d)
         totals.update(ops=n_onnx_ops, complete=n_complete, defined=n_defined, covered=n_covered)
-        summary.append(
-            f"| {_domain_name(domain)} | {n_onnx_ops} | {n_complete} | {n_defined} | {n_covered} |"
-        )
+        summary.append(f"| {_domain_name(domain)} | {n_onnx_ops} | {n_complete} | {n_defined} | {n_covered} |")
         lines += [
             f"## {_domain_name(domain)}",
             "",
-            f"{n_complete} of {n_onnx_ops} operators fully covered; "
-            f"{n_covered} of {n_defined} versions implemented.",
+            f"{n_complete} of {n_onnx_ops} operators fully covered; {n_covered} of {n_defined} versions implemented.",
             "",
             "| Operator | jonnx implements | onnx defines | All versions covered |",
             "| --- | --- | --- | --- |",
@@ -179,8 +193,7 @@ def render() -> str:
             defined, implemented, is_deprecated = ops[op_type]
             name = f"{op_type} (deprecated in onnx)" if is_deprecated else op_type
             lines.append(
-                f"| {name} | {_versions(implemented)} | {_versions(defined)} | "
-                f"{_coverage(defined, implemented)} |"
+                f"| {name} | {_versions(implemented)} | {_versions(defined)} | {_coverage(defined, implemented)} |"
             )
         lines.append("")
 

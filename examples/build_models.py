@@ -39,41 +39,66 @@ def small_cnn(seed: int = 0) -> onnx.ModelProto:
 
     def conv_bn_relu(x: str, c_in: int, c_out: int, tag: str) -> str:
         fan_in = c_in * 9
-        inits.extend([
-            _init(f"{tag}.weight", rng.normal(0, np.sqrt(2 / fan_in), (c_out, c_in, 3, 3)).astype(np.float32)),
-            _init(f"{tag}.bias", np.zeros(c_out, np.float32)),
-            _init(f"{tag}.bn.scale", rng.uniform(0.8, 1.2, c_out).astype(np.float32)),
-            _init(f"{tag}.bn.bias", rng.normal(0, 0.1, c_out).astype(np.float32)),
-            _init(f"{tag}.bn.running_mean", rng.normal(0, 0.1, c_out).astype(np.float32)),
-            _init(f"{tag}.bn.running_var", rng.uniform(0.5, 1.5, c_out).astype(np.float32)),
-        ])
-        nodes.extend([
-            oh.make_node("Conv", [x, f"{tag}.weight", f"{tag}.bias"], [f"{tag}.conv"],
-                         name=f"{tag}/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-            oh.make_node("BatchNormalization",
-                         [f"{tag}.conv", f"{tag}.bn.scale", f"{tag}.bn.bias",
-                          f"{tag}.bn.running_mean", f"{tag}.bn.running_var"],
-                         [f"{tag}.bn"], name=f"{tag}/BatchNormalization", epsilon=1e-5, momentum=0.9),
-            oh.make_node("Relu", [f"{tag}.bn"], [f"{tag}.relu"], name=f"{tag}/Relu"),
-        ])
+        inits.extend(
+            [
+                _init(f"{tag}.weight", rng.normal(0, np.sqrt(2 / fan_in), (c_out, c_in, 3, 3)).astype(np.float32)),
+                _init(f"{tag}.bias", np.zeros(c_out, np.float32)),
+                _init(f"{tag}.bn.scale", rng.uniform(0.8, 1.2, c_out).astype(np.float32)),
+                _init(f"{tag}.bn.bias", rng.normal(0, 0.1, c_out).astype(np.float32)),
+                _init(f"{tag}.bn.running_mean", rng.normal(0, 0.1, c_out).astype(np.float32)),
+                _init(f"{tag}.bn.running_var", rng.uniform(0.5, 1.5, c_out).astype(np.float32)),
+            ]
+        )
+        nodes.extend(
+            [
+                oh.make_node(
+                    "Conv",
+                    [x, f"{tag}.weight", f"{tag}.bias"],
+                    [f"{tag}.conv"],
+                    name=f"{tag}/Conv",
+                    kernel_shape=[3, 3],
+                    pads=[1, 1, 1, 1],
+                ),
+                oh.make_node(
+                    "BatchNormalization",
+                    [
+                        f"{tag}.conv",
+                        f"{tag}.bn.scale",
+                        f"{tag}.bn.bias",
+                        f"{tag}.bn.running_mean",
+                        f"{tag}.bn.running_var",
+                    ],
+                    [f"{tag}.bn"],
+                    name=f"{tag}/BatchNormalization",
+                    epsilon=1e-5,
+                    momentum=0.9,
+                ),
+                oh.make_node("Relu", [f"{tag}.bn"], [f"{tag}.relu"], name=f"{tag}/Relu"),
+            ]
+        )
         return f"{tag}.relu"
 
     h = conv_bn_relu("image", 3, 8, "block1")
     nodes.append(oh.make_node("MaxPool", [h], ["pool1"], name="pool1/MaxPool", kernel_shape=[2, 2], strides=[2, 2]))
     h = conv_bn_relu("pool1", 8, 16, "block2")
-    nodes.extend([
-        oh.make_node("MaxPool", [h], ["pool2"], name="pool2/MaxPool", kernel_shape=[2, 2], strides=[2, 2]),
-        oh.make_node("GlobalAveragePool", ["pool2"], ["gap"], name="GlobalAveragePool"),
-        oh.make_node("Flatten", ["gap"], ["flat"], name="Flatten", axis=1),
-        oh.make_node("Dropout", ["flat"], ["dropped"], name="Dropout"),
-        oh.make_node("Gemm", ["dropped", "fc.weight", "fc.bias"], ["logits"], name="fc/Gemm", transB=1),
-    ])
-    inits.extend([
-        _init("fc.weight", rng.normal(0, 0.25, (10, 16)).astype(np.float32)),
-        _init("fc.bias", np.zeros(10, np.float32)),
-    ])
+    nodes.extend(
+        [
+            oh.make_node("MaxPool", [h], ["pool2"], name="pool2/MaxPool", kernel_shape=[2, 2], strides=[2, 2]),
+            oh.make_node("GlobalAveragePool", ["pool2"], ["gap"], name="GlobalAveragePool"),
+            oh.make_node("Flatten", ["gap"], ["flat"], name="Flatten", axis=1),
+            oh.make_node("Dropout", ["flat"], ["dropped"], name="Dropout"),
+            oh.make_node("Gemm", ["dropped", "fc.weight", "fc.bias"], ["logits"], name="fc/Gemm", transB=1),
+        ]
+    )
+    inits.extend(
+        [
+            _init("fc.weight", rng.normal(0, 0.25, (10, 16)).astype(np.float32)),
+            _init("fc.bias", np.zeros(10, np.float32)),
+        ]
+    )
     graph = oh.make_graph(
-        nodes, "small_cnn",
+        nodes,
+        "small_cnn",
         [oh.make_tensor_value_info("image", onnx.TensorProto.FLOAT, ["N", 3, 16, 16])],
         [oh.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", 10])],
         initializer=inits,
@@ -88,18 +113,32 @@ def tiny_transformer(seed: int = 0, vocab: int = 50, d: int = 32, heads: int = 4
     inits = [
         _init("tok_emb", rng.normal(0, 0.5, (vocab, d)).astype(np.float32)),
         _init("pos_emb", rng.normal(0, 0.5, (max_len, d)).astype(np.float32)),
-        _init("ln1.scale", np.ones(d, np.float32)), _init("ln1.bias", np.zeros(d, np.float32)),
-        _init("ln2.scale", np.ones(d, np.float32)), _init("ln2.bias", np.zeros(d, np.float32)),
+        _init("ln1.scale", np.ones(d, np.float32)),
+        _init("ln1.bias", np.zeros(d, np.float32)),
+        _init("ln2.scale", np.ones(d, np.float32)),
+        _init("ln2.bias", np.zeros(d, np.float32)),
         _init("head.weight", rng.normal(0, 0.2, (d, 4)).astype(np.float32)),
         _init("head.bias", np.zeros(4, np.float32)),
-        _init("c_zero", np.array([0], np.int64)), _init("c_one", np.array([1], np.int64)),
-        _init("c_heads", np.array([heads], np.int64)), _init("c_dh", np.array([dh], np.int64)),
-        _init("c_d", np.array([d], np.int64)), _init("c_axis1", np.array([1], np.int64)),
+        _init("c_zero", np.array([0], np.int64)),
+        _init("c_one", np.array([1], np.int64)),
+        _init("c_heads", np.array([heads], np.int64)),
+        _init("c_dh", np.array([dh], np.int64)),
+        _init("c_d", np.array([d], np.int64)),
+        _init("c_axis1", np.array([1], np.int64)),
         _init("c_scale", np.array(1 / np.sqrt(dh), np.float32)),
-        _init("c_neg", np.array(-1e4, np.float32)), _init("c_onef", np.array(1.0, np.float32)),
-        _init("c_half", np.array(0.5, np.float32)), _init("c_sqrt2", np.array(np.sqrt(2.0), np.float32)),
+        _init("c_neg", np.array(-1e4, np.float32)),
+        _init("c_onef", np.array(1.0, np.float32)),
+        _init("c_half", np.array(0.5, np.float32)),
+        _init("c_sqrt2", np.array(np.sqrt(2.0), np.float32)),
     ]
-    for name, shape in (("q", (d, d)), ("k", (d, d)), ("v", (d, d)), ("o", (d, d)), ("ff1", (d, 2 * d)), ("ff2", (2 * d, d))):
+    for name, shape in (
+        ("q", (d, d)),
+        ("k", (d, d)),
+        ("v", (d, d)),
+        ("o", (d, d)),
+        ("ff1", (d, 2 * d)),
+        ("ff2", (2 * d, d)),
+    ):
         inits.append(_init(f"{name}.weight", rng.normal(0, 1 / np.sqrt(shape[0]), shape).astype(np.float32)))
         inits.append(_init(f"{name}.bias", np.zeros(shape[1], np.float32)))
 
@@ -121,8 +160,13 @@ def tiny_transformer(seed: int = 0, vocab: int = 50, d: int = 32, heads: int = 4
             n("MatMul", ["x1", f"{name}.weight"], [f"{name}_mm"], name=f"MatMul_{name}"),
             n("Add", [f"{name}_mm", f"{name}.bias"], [f"{name}_lin"], name=f"Add_{name}"),
             n("Reshape", [f"{name}_lin", "heads_shape"], [f"{name}_4d"], name=f"Reshape_{name}"),
-            n("Transpose", [f"{name}_4d"], [f"{name}_h"], name=f"Transpose_{name}",
-              perm=[0, 2, 3, 1] if name == "k" else [0, 2, 1, 3]),
+            n(
+                "Transpose",
+                [f"{name}_4d"],
+                [f"{name}_h"],
+                name=f"Transpose_{name}",
+                perm=[0, 2, 3, 1] if name == "k" else [0, 2, 1, 3],
+            ),
         ]
     nodes += [
         n("MatMul", ["q_h", "k_h"], ["scores_raw"], name="MatMul_scores"),
@@ -163,11 +207,16 @@ def tiny_transformer(seed: int = 0, vocab: int = 50, d: int = 32, heads: int = 4
         n("Gemm", ["pooled", "head.weight", "head.bias"], ["logits"], name="Gemm_head"),
     ]
     graph = oh.make_graph(
-        nodes, "tiny_transformer",
-        [oh.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["B", "T"]),
-         oh.make_tensor_value_info("attention_mask", onnx.TensorProto.INT64, ["B", "T"])],
-        [oh.make_tensor_value_info("hidden", onnx.TensorProto.FLOAT, ["B", "T", d]),
-         oh.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["B", 4])],
+        nodes,
+        "tiny_transformer",
+        [
+            oh.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["B", "T"]),
+            oh.make_tensor_value_info("attention_mask", onnx.TensorProto.INT64, ["B", "T"]),
+        ],
+        [
+            oh.make_tensor_value_info("hidden", onnx.TensorProto.FLOAT, ["B", "T", d]),
+            oh.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["B", 4]),
+        ],
         initializer=inits,
     )
     return _finish(graph)

@@ -247,8 +247,17 @@ def build_model(weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
     """Image [N, 8, 8, 3] (NHWC) -> class probabilities [N, 4], with every custom op."""
     c = DOMAIN
     nodes = [
-        oh.make_node("DepthwiseConv2d", ["image", "dw1_w", "dw1_b"], ["h1"], domain=c, name="dw1",
-                     pads="SAME", strides=[1, 1], kernel_shape=[3, 3], group=3),
+        oh.make_node(
+            "DepthwiseConv2d",
+            ["image", "dw1_w", "dw1_b"],
+            ["h1"],
+            domain=c,
+            name="dw1",
+            pads="SAME",
+            strides=[1, 1],
+            kernel_shape=[3, 3],
+            group=3,
+        ),
         oh.make_node("Relu6", ["h1"], ["h2"], domain=c, name="relu6"),
         # A standard-op detour through NCHW: MaxPool, then the custom upsampling back.
         oh.make_node("Transpose", ["h2"], ["h2_nchw"], perm=[0, 3, 1, 2], name="to_nchw"),
@@ -256,8 +265,16 @@ def build_model(weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
         oh.make_node("UpSampling2D", ["pooled"], ["up"], domain=c, name="up", size=[2, 2], data_format="NCHW"),
         oh.make_node("Transpose", ["up"], ["up_nhwc"], perm=[0, 2, 3, 1], name="to_nhwc"),
         oh.make_node("Add_", ["h2", "up_nhwc"], ["residual"], domain=c, name="residual", alpha=0.5),
-        oh.make_node("DepthwiseConv2d", ["residual", "dw2_w"], ["h3"], domain=c, name="dw2",
-                     pads="VALID", strides=[2, 2], dilations=[2, 2]),
+        oh.make_node(
+            "DepthwiseConv2d",
+            ["residual", "dw2_w"],
+            ["h3"],
+            domain=c,
+            name="dw2",
+            pads="VALID",
+            strides=[2, 2],
+            dilations=[2, 2],
+        ),
         oh.make_node("ReduceMean", ["h3", "spatial_axes"], ["pooled_features"], keepdims=0, name="gap"),
         oh.make_node("Dense", ["pooled_features", "fc_w", "fc_b"], ["logits"], domain=c, name="fc"),
         oh.make_node("Softmax", ["logits"], ["probs"], axis=-1, name="softmax"),
@@ -317,14 +334,17 @@ def main() -> None:
     first = time.perf_counter() - start
     start = time.perf_counter()
     model(images)[1].block_until_ready()
-    print(f"jit inference: probs {probs.shape}, first call {first * 1e3:.0f} ms (trace + compile), "
-          f"next call {(time.perf_counter() - start) * 1e3:.2f} ms")
+    print(
+        f"jit inference: probs {probs.shape}, first call {first * 1e3:.0f} ms (trace + compile), "
+        f"next call {(time.perf_counter() - start) * 1e3:.2f} ms"
+    )
 
     # 2. The same network in numpy, in float64.
     weights64 = {k: v.astype(np.float64) for k, v in weights.items()}
     ref_logits, ref_probs = reference_forward(weights64, images.astype(np.float64))
-    diff = max(float(np.max(np.abs(np.asarray(logits) - ref_logits))),
-               float(np.max(np.abs(np.asarray(probs) - ref_probs))))
+    diff = max(
+        float(np.max(np.abs(np.asarray(logits) - ref_logits))), float(np.max(np.abs(np.asarray(probs) - ref_probs)))
+    )
     print(f"numpy reference agrees: max |difference| = {diff:.2e}")
     assert diff < 1e-4, "jonnx and the numpy reference disagree"
 

@@ -60,36 +60,69 @@ def build_cnn(seed: int = 0) -> onnx.ModelProto:
     def conv_bn_relu(x: str, c_in: int, c_out: int, tag: str) -> str:
         w = init(f"{tag}.weight", he((c_out, c_in, 3, 3), c_in * 9))
         b = init(f"{tag}.bias", np.zeros(c_out))
-        bn = [init(f"{tag}.bn.{n}", v) for n, v in (
-            ("scale", np.ones(c_out)), ("bias", np.zeros(c_out)),
-            ("running_mean", np.zeros(c_out)), ("running_var", np.ones(c_out)),
-        )]
-        nodes.extend([
-            oh.make_node("Conv", [x, w, b], [f"{tag}.conv"], name=f"{tag}/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-            # PyTorch's BatchNorm2d(momentum=0.1) exports ONNX momentum 0.9.
-            oh.make_node("BatchNormalization", [f"{tag}.conv", *bn], [f"{tag}.bn"],
-                         name=f"{tag}/BatchNormalization", epsilon=1e-5, momentum=0.9),
-            oh.make_node("Relu", [f"{tag}.bn"], [f"{tag}.relu"], name=f"{tag}/Relu"),
-        ])
+        bn = [
+            init(f"{tag}.bn.{n}", v)
+            for n, v in (
+                ("scale", np.ones(c_out)),
+                ("bias", np.zeros(c_out)),
+                ("running_mean", np.zeros(c_out)),
+                ("running_var", np.ones(c_out)),
+            )
+        ]
+        nodes.extend(
+            [
+                oh.make_node(
+                    "Conv", [x, w, b], [f"{tag}.conv"], name=f"{tag}/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]
+                ),
+                # PyTorch's BatchNorm2d(momentum=0.1) exports ONNX momentum 0.9.
+                oh.make_node(
+                    "BatchNormalization",
+                    [f"{tag}.conv", *bn],
+                    [f"{tag}.bn"],
+                    name=f"{tag}/BatchNormalization",
+                    epsilon=1e-5,
+                    momentum=0.9,
+                ),
+                oh.make_node("Relu", [f"{tag}.bn"], [f"{tag}.relu"], name=f"{tag}/Relu"),
+            ]
+        )
         return f"{tag}.relu"
 
     h = conv_bn_relu("image", 1, 16, "conv1")
     h = conv_bn_relu(h, 16, 32, "conv2")
-    nodes.extend([
-        oh.make_node("MaxPool", [h], ["pool"], name="pool/MaxPool", kernel_shape=[2, 2], strides=[2, 2]),
-        oh.make_node("Flatten", ["pool"], ["flat"], name="Flatten", axis=1),
-        oh.make_node("Gemm", ["flat", init("fc1.weight", he((64, 512), 512)), init("fc1.bias", np.zeros(64))],
-                     ["fc1"], name="fc1/Gemm", transB=1),
-        oh.make_node("Relu", ["fc1"], ["fc1.relu"], name="fc1/Relu"),
-        # The ratio is a Constant node, not an initializer, so it is no trainable parameter.
-        oh.make_node("Constant", [], ["dropout.ratio"], name="dropout/ratio",
-                     value=onh.from_array(np.array(0.25, np.float32))),
-        oh.make_node("Dropout", ["fc1.relu", "dropout.ratio"], ["dropped"], name="Dropout"),
-        oh.make_node("Gemm", ["dropped", init("fc2.weight", he((CLASSES, 64), 64) * 0.5), init("fc2.bias", np.zeros(CLASSES))],
-                     ["logits"], name="fc2/Gemm", transB=1),
-    ])
+    nodes.extend(
+        [
+            oh.make_node("MaxPool", [h], ["pool"], name="pool/MaxPool", kernel_shape=[2, 2], strides=[2, 2]),
+            oh.make_node("Flatten", ["pool"], ["flat"], name="Flatten", axis=1),
+            oh.make_node(
+                "Gemm",
+                ["flat", init("fc1.weight", he((64, 512), 512)), init("fc1.bias", np.zeros(64))],
+                ["fc1"],
+                name="fc1/Gemm",
+                transB=1,
+            ),
+            oh.make_node("Relu", ["fc1"], ["fc1.relu"], name="fc1/Relu"),
+            # The ratio is a Constant node, not an initializer, so it is no trainable parameter.
+            oh.make_node(
+                "Constant",
+                [],
+                ["dropout.ratio"],
+                name="dropout/ratio",
+                value=onh.from_array(np.array(0.25, np.float32)),
+            ),
+            oh.make_node("Dropout", ["fc1.relu", "dropout.ratio"], ["dropped"], name="Dropout"),
+            oh.make_node(
+                "Gemm",
+                ["dropped", init("fc2.weight", he((CLASSES, 64), 64) * 0.5), init("fc2.bias", np.zeros(CLASSES))],
+                ["logits"],
+                name="fc2/Gemm",
+                transB=1,
+            ),
+        ]
+    )
     graph = oh.make_graph(
-        nodes, "digits_cnn",
+        nodes,
+        "digits_cnn",
         [oh.make_tensor_value_info("image", onnx.TensorProto.FLOAT, ["N", 1, 8, 8])],
         [oh.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", CLASSES])],
         initializer=inits,
@@ -123,7 +156,7 @@ def make_batches(x: np.ndarray, y: np.ndarray, batch_size: int, seed: int):
     def batches(epoch: int) -> list[dict[str, np.ndarray]]:
         order = np.random.default_rng((seed, epoch)).permutation(len(x))
         return [
-            {"image": x[order[i:i + batch_size]], "label": y[order[i:i + batch_size]]}
+            {"image": x[order[i : i + batch_size]], "label": y[order[i : i + batch_size]]}
             for i in range(0, len(x) - batch_size + 1, batch_size)
         ]
 
@@ -221,9 +254,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         0.0, args.lr, warmup_steps=min(20, steps_per_epoch), decay_steps=epochs * steps_per_epoch
     )
     loss_fn = training.classification_loss(model, target="label")
-    step = training.make_train_step(model, loss_fn, optax.adamw(schedule, weight_decay=1e-4),
-                                    mixed_precision=args.bf16)
-    test_batches = [{"image": x_test[i:i + 256], "label": y_test[i:i + 256]} for i in range(0, len(x_test), 256)]
+    step = training.make_train_step(model, loss_fn, optax.adamw(schedule, weight_decay=1e-4), mixed_precision=args.bf16)
+    test_batches = [{"image": x_test[i : i + 256], "label": y_test[i : i + 256]} for i in range(0, len(x_test), 256)]
 
     def eval_fn(ts):
         metrics = training.evaluate(model, ts, test_batches, loss_fn)
@@ -231,8 +263,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     key = jax.random.key(0)
     start = time.perf_counter()
-    ts, history = training.fit(step, step.init(), batches, epochs=epochs, key=key, eval_fn=eval_fn,
-                               progress=not args.no_progress)
+    ts, history = training.fit(
+        step, step.init(), batches, epochs=epochs, key=key, eval_fn=eval_fn, progress=not args.no_progress
+    )
     train_time = time.perf_counter() - start
     after = accuracy(model, ts, x_test, y_test)
     print(f"test accuracy after fine-tuning: {after:.1%} ({epochs} epochs, {int(ts.step)} steps, {train_time:.1f} s)")
@@ -267,8 +300,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         assert abs(ort_accuracy - after) < 1e-9, "onnxruntime's accuracy differs from jonnx's"
 
     step_time = median_step_time(step, ts, batches(0)[0], key, repeats=10 if args.fast else 50)
-    print(f"median train step: {step_time * 1e3:.2f} ms (batch {batch_size}, "
-          f"{'bfloat16' if args.bf16 else 'float32'} compute)")
+    print(
+        f"median train step: {step_time * 1e3:.2f} ms (batch {batch_size}, "
+        f"{'bfloat16' if args.bf16 else 'float32'} compute)"
+    )
 
     png = args.out / "loss_curve.png"
     library = plot_loss(history.loss, png, f"digits CNN fine-tuning: test accuracy {after:.1%}")

@@ -40,9 +40,7 @@ def _quantize_4bit(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lo, hi = blocks.min(-1), blocks.max(-1)
     scale = np.maximum(hi - lo, 1e-6) / 15
     zero = np.clip(np.round(-lo / scale), 0, 15).astype(np.uint8)
-    q = np.clip(np.round(blocks / scale[..., None]) + zero[..., None], 0, 15).astype(
-        np.uint8
-    )
+    q = np.clip(np.round(blocks / scale[..., None]) + zero[..., None], 0, 15).astype(np.uint8)
     packed = q[..., 0::2] | (q[..., 1::2] << 4)  # low nibble first
     zero_packed = zero[:, 0::2] | (zero[:, 1::2] << 4) if zero.shape[1] > 1 else zero
     return packed, scale.astype(np.float32), zero_packed.reshape(n, -1)
@@ -60,9 +58,7 @@ def build_decoder(seed: int = 0) -> onnx.ModelProto:
         return name
 
     def linear(x, k, n, name):
-        packed, scale, zero = _quantize_4bit(
-            (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-        )
+        packed, scale, zero = _quantize_4bit((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32))
         nodes.append(
             oh.make_node(
                 "MatMulNBits",
@@ -88,36 +84,22 @@ def build_decoder(seed: int = 0) -> onnx.ModelProto:
     const("cos_cache", np.cos(angles).astype(np.float32))
     const("sin_cache", np.sin(angles).astype(np.float32))
     const("embed", (rng.standard_normal((VOCAB, HIDDEN)) * 0.5).astype(np.float32))
-    nodes.append(
-        oh.make_node("Gather", ["embed", "input_ids"], ["h0"], name="embed_tokens")
-    )
+    nodes.append(oh.make_node("Gather", ["embed", "input_ids"], ["h0"], name="embed_tokens"))
 
     inputs = [
-        oh.make_tensor_value_info(
-            "input_ids", onnx.TensorProto.INT64, ["batch", "seq"]
-        ),
+        oh.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
         oh.make_tensor_value_info("seqlens_k", onnx.TensorProto.INT32, ["batch"]),
         oh.make_tensor_value_info("total_sequence_length", onnx.TensorProto.INT32, []),
     ]
-    outputs = [
-        oh.make_tensor_value_info(
-            "logits", onnx.TensorProto.FLOAT, ["batch", "seq", VOCAB]
-        )
-    ]
+    outputs = [oh.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["batch", "seq", VOCAB])]
     cache_shape = ["batch", KV_HEADS, MAX_LEN, HEAD]
     residual, hidden = "h0", None
     for i in range(LAYERS):
         p = f"layers.{i}"
         past = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
         present = [f"present.{i}.key", f"present.{i}.value"]
-        inputs += [
-            oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, cache_shape)
-            for n in past
-        ]
-        outputs += [
-            oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, cache_shape)
-            for n in present
-        ]
+        inputs += [oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, cache_shape) for n in past]
+        outputs += [oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, cache_shape) for n in present]
         gamma = const(
             f"{p}.input_norm",
             (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32),
@@ -169,9 +151,7 @@ def build_decoder(seed: int = 0) -> onnx.ModelProto:
             )
         )
         attn = linear(f"{p}.attn", HEADS * HEAD, HIDDEN, f"{p}.o_proj")
-        gamma = const(
-            f"{p}.post_norm", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)
-        )
+        gamma = const(f"{p}.post_norm", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
         nodes.append(
             oh.make_node(
                 "SkipSimplifiedLayerNormalization",
@@ -206,9 +186,7 @@ def build_decoder(seed: int = 0) -> onnx.ModelProto:
         "lm_head",
         (rng.standard_normal((HIDDEN, VOCAB)) / np.sqrt(HIDDEN)).astype(np.float32),
     )
-    nodes.append(
-        oh.make_node("MatMul", ["final", "lm_head"], ["logits"], name="lm_head")
-    )
+    nodes.append(oh.make_node("MatMul", ["final", "lm_head"], ["logits"], name="lm_head"))
     graph = oh.make_graph(nodes, "decoder", inputs, outputs, initializer=inits)
     model = oh.make_model(
         graph,
@@ -219,10 +197,7 @@ def build_decoder(seed: int = 0) -> onnx.ModelProto:
 
 
 def _empty_cache(batch: int) -> list[np.ndarray]:
-    return [
-        np.zeros((batch, KV_HEADS, MAX_LEN, HEAD), np.float32)
-        for _ in range(2 * LAYERS)
-    ]
+    return [np.zeros((batch, KV_HEADS, MAX_LEN, HEAD), np.float32) for _ in range(2 * LAYERS)]
 
 
 def generate(model: jonnx.Model, prompt: np.ndarray, steps: int):
@@ -233,9 +208,7 @@ def generate(model: jonnx.Model, prompt: np.ndarray, steps: int):
     """
     batch, prompt_len = prompt.shape
     if prompt_len + steps > MAX_LEN:
-        raise ValueError(
-            f"prompt ({prompt_len}) plus {steps} steps exceed the cache length {MAX_LEN}"
-        )
+        raise ValueError(f"prompt ({prompt_len}) plus {steps} steps exceed the cache length {MAX_LEN}")
 
     def run(params, tokens, seqlens_k, total, cache):
         logits, *present = model.apply(params, tokens, seqlens_k, total, *cache)
@@ -244,16 +217,12 @@ def generate(model: jonnx.Model, prompt: np.ndarray, steps: int):
     @jax.jit
     def decode(params, prompt):
         seqlens = jnp.full((batch,), prompt_len - 1, jnp.int32)
-        first, cache = run(
-            params, prompt, seqlens, jnp.int32(prompt_len), _empty_cache(batch)
-        )
+        first, cache = run(params, prompt, seqlens, jnp.int32(prompt_len), _empty_cache(batch))
         out = jnp.zeros((batch, steps), first.dtype).at[:, 0].set(first)
 
         def step(i, carry):
             out, cache = carry
-            length = (
-                prompt_len + i + 1
-            )  # valid tokens once this step's token is in the cache
+            length = prompt_len + i + 1  # valid tokens once this step's token is in the cache
             seqlens = jnp.full((batch,), length - 1, jnp.int32)
             token, cache = run(
                 params,
@@ -270,15 +239,11 @@ def generate(model: jonnx.Model, prompt: np.ndarray, steps: int):
     return decode
 
 
-def onnxruntime_generate(
-    proto: onnx.ModelProto, prompt: np.ndarray, steps: int
-) -> np.ndarray:
+def onnxruntime_generate(proto: onnx.ModelProto, prompt: np.ndarray, steps: int) -> np.ndarray:
     """The same greedy loop in onnxruntime, one session run per step."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(
-        proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     batch, length = prompt.shape
     cache = _empty_cache(batch)
     names = [i.name for i in proto.graph.input][3:]
@@ -310,12 +275,8 @@ def finetune(
     seqlens = np.full((batch,), length - 2, np.int32)
 
     def loss_fn(params):
-        logits = model.apply(
-            params, sequence[:, :-1], seqlens, np.int32(length - 1), *cache
-        )[0]
-        return optax.softmax_cross_entropy_with_integer_labels(
-            logits, sequence[:, 1:]
-        ).mean()
+        logits = model.apply(params, sequence[:, :-1], seqlens, np.int32(length - 1), *cache)[0]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, sequence[:, 1:]).mean()
 
     optimizer = optax.adam(learning_rate)
     params = model.params
@@ -351,9 +312,7 @@ def main() -> None:
         )
     except ImportError:
         print("(onnxruntime not installed: no comparison)")
-    losses, _ = finetune(
-        model, np.random.default_rng(2).integers(0, VOCAB, (2, 12)).astype(np.int64)
-    )
+    losses, _ = finetune(model, np.random.default_rng(2).integers(0, VOCAB, (2, 12)).astype(np.int64))
     print("fine-tuning loss:", " -> ".join(f"{x:.3f}" for x in losses))
 
 

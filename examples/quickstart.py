@@ -37,8 +37,10 @@ def main() -> None:
     first = time.perf_counter() - start
     start = time.perf_counter()
     model(images)[0].block_until_ready()
-    print(f"jit inference: logits {logits.shape}, first call {first * 1e3:.0f} ms "
-          f"(trace + compile), next call {(time.perf_counter() - start) * 1e3:.2f} ms")
+    print(
+        f"jit inference: logits {logits.shape}, first call {first * 1e3:.0f} ms "
+        f"(trace + compile), next call {(time.perf_counter() - start) * 1e3:.2f} ms"
+    )
 
     # 2. The same model in onnxruntime, when it is installed.
     try:
@@ -80,13 +82,17 @@ def main() -> None:
 
     # 5. vmap: per-example calls batched by JAX, and an ensemble of weight sets at once.
     per_example = jax.vmap(lambda x: model.apply(params, x[None])[0][0])(images)
-    print(f"vmap over examples: {per_example.shape}, matches the batched call: "
-          f"{bool(jnp.allclose(per_example, model.apply(params, images)[0], atol=1e-5))}")
+    print(
+        f"vmap over examples: {per_example.shape}, matches the batched call: "
+        f"{bool(jnp.allclose(per_example, model.apply(params, images)[0], atol=1e-5))}"
+    )
     ensemble = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), model.params, params)
     both = jax.vmap(lambda p: model.apply(p, images)[0])(ensemble)
     accuracy = (np.asarray(both).argmax(-1) == labels).mean(axis=1)
-    print(f"vmap over an ensemble of 2 weight sets: accuracy before {accuracy[0]:.2f}, "
-          f"after fine-tuning {accuracy[1]:.2f} (on the 8 training images)")
+    print(
+        f"vmap over an ensemble of 2 weight sets: accuracy before {accuracy[0]:.2f}, "
+        f"after fine-tuning {accuracy[1]:.2f} (on the 8 training images)"
+    )
 
 
 if __name__ == "__main__":

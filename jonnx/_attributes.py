@@ -100,8 +100,6 @@ def schema_defaults(schema: onnx.defs.OpSchema | None) -> dict[str, Any]:
 def _defaults(domain: str, op_type: str, since_version: int) -> Mapping[str, Any]:
     schema = onnx.defs.get_schema(op_type, since_version, domain)
     return {
-        name: decode_attribute(spec.default_value, "<defaults>")
-        if spec.default_value.type != _A.UNDEFINED
-        else None
+        name: decode_attribute(spec.default_value, "<defaults>") if spec.default_value.type != _A.UNDEFINED else None
         for name, spec in schema.attributes.items()
     }

@@ -66,9 +66,7 @@ def bound_sizes(graph: Graph, size_bounds: Mapping[str, int | None]) -> Graph:
             )
         bound = size_bounds[key]
         if bound is not None and (not isinstance(bound, int) or bound < 1):
-            raise errors.ModelStructureError(
-                f"size_bounds[{key!r}] must be a positive int or None, not {bound!r}"
-            )
+            raise errors.ModelStructureError(f"size_bounds[{key!r}] must be a positive int or None, not {bound!r}")
         used.add(key)
         fn, static = BOUNDED_OPS[node.op_type]
         op = dataclasses.replace(

@@ -68,9 +68,7 @@ def value_info(proto: onnx.ValueInfoProto) -> ValueInfo:
         ) from None
     shape = None
     if tensor.HasField("shape"):
-        shape = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
-        )
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
     return ValueInfo(proto.name, dtype=dtype, shape=shape)
 
 
@@ -113,9 +111,7 @@ class GraphBuilder:
                 _check_opset(o.domain, o.version, f"function {f.domain}:{f.name}")
             key = function_key(f.domain, f.name, f.overload)
             if key in self.functions:
-                raise errors.ModelStructureError(
-                    f"model-local function {f.domain}:{f.name} is defined twice"
-                )
+                raise errors.ModelStructureError(f"model-local function {f.domain}:{f.name} is defined twice")
             self.functions[key] = f
         self.unsupported: list[tuple[str, str, str, int]] = []
         self.allow_unknown_attributes = allow_unknown_attributes
@@ -140,8 +136,7 @@ class GraphBuilder:
             for node, op, dom, version, attr in self.unknown_attributes
         )
         message = (
-            f"{len(self.unknown_attributes)} attribute(s) that the nodes' operator schemas do not "
-            f"declare:\n{lines}\n"
+            f"{len(self.unknown_attributes)} attribute(s) that the nodes' operator schemas do not declare:\n{lines}\n"
         )
         if self.allow_unknown_attributes:
             warnings.warn(message + "They are ignored.", stacklevel=4)
@@ -242,8 +237,7 @@ class GraphBuilder:
         for out in outputs:
             if not self.unsupported and out.name not in local | produced | outer:
                 raise errors.ModelStructureError(
-                    f"graph {proto.name!r}: output {out.name!r} is produced by no node, input "
-                    "or initializer"
+                    f"graph {proto.name!r}: output {out.name!r} is produced by no node, input or initializer"
                 )
         return Graph(
             name=proto.name,
@@ -279,8 +273,7 @@ class GraphBuilder:
         check_recursion(stack, key, name)
         if len(stack) >= MAX_FUNCTION_DEPTH:
             raise errors.ModelStructureError(
-                f"node {name!r}: model-local function calls are nested more than "
-                f"{MAX_FUNCTION_DEPTH} deep"
+                f"node {name!r}: model-local function calls are nested more than {MAX_FUNCTION_DEPTH} deep"
             )
         if top:
             # Count the nodes the whole call will inline before copying any: a function that
@@ -288,14 +281,11 @@ class GraphBuilder:
             self._inlined += self._inlined_size(key, name, stack)
             if self._inlined > MAX_INLINED_NODES:
                 raise errors.ModelStructureError(
-                    f"inlining model-local functions (at node {name!r}) makes more than "
-                    f"{MAX_INLINED_NODES} nodes"
+                    f"inlining model-local functions (at node {name!r}) makes more than {MAX_INLINED_NODES} nodes"
                 )
         body = inline_call(proto, function, name)
         inner = function_opsets(function, opsets)
-        return [
-            item for node in body for item in self._expand(node, node.name, inner, (*stack, key), top=False)
-        ]
+        return [item for node in body for item in self._expand(node, node.name, inner, (*stack, key), top=False)]
 
     def _inlined_size(self, key: FunctionKey, node: str, stack: tuple[FunctionKey, ...]) -> int:
         """How many nodes a call of ``key`` inlines (its subgraphs' nodes not counted)."""
@@ -304,8 +294,7 @@ class GraphBuilder:
         check_recursion(stack, key, node)
         if len(stack) >= MAX_FUNCTION_DEPTH:
             raise errors.ModelStructureError(
-                f"node {node!r}: model-local function calls are nested more than "
-                f"{MAX_FUNCTION_DEPTH} deep"
+                f"node {node!r}: model-local function calls are nested more than {MAX_FUNCTION_DEPTH} deep"
             )
         total = 0
         for inner in self.functions[key].node:
@@ -384,9 +373,7 @@ class GraphBuilder:
                     f"{attr.ref_attr_name!r}, which only a function body may do"
                 )
             if attr.name in given:
-                raise errors.ModelStructureError(
-                    f"node {name!r} ({proto.op_type}) sets attribute {attr.name!r} twice"
-                )
+                raise errors.ModelStructureError(f"node {name!r} ({proto.op_type}) sets attribute {attr.name!r} twice")
             spec = schema.attributes.get(attr.name) if schema is not None else None
             if schema is not None and spec is None:
                 # Reported for the whole model at once (raise_if_unsupported); never read.
@@ -414,7 +401,10 @@ class GraphBuilder:
 
     def _attribute(self, attr: onnx.AttributeProto, node: str, visible: frozenset[str]) -> Any:
         return decode_attribute(
-            attr, node, base_dir=self.base_dir, memory_limit=self.memory_limit,
+            attr,
+            node,
+            base_dir=self.base_dir,
+            memory_limit=self.memory_limit,
             graph=lambda g: self.graph(g, visible),
         )
 
@@ -465,9 +455,7 @@ def _unique(name: str, seen: Collection[str], graph: str, what: str) -> None:
         raise errors.ModelStructureError(f"graph {graph!r}: {what} {name!r} is listed twice")
 
 
-def _topological(
-    nodes: list[Node], local: frozenset[str], outer: frozenset[str], graph: str
-) -> list[Node]:
+def _topological(nodes: list[Node], local: frozenset[str], outer: frozenset[str], graph: str) -> list[Node]:
     """Order ``nodes`` so each value is produced before it is read (stable for sorted input)."""
     producer: dict[str, int] = {}
     for i, node in enumerate(nodes):
@@ -508,7 +496,5 @@ def _topological(
     if len(order) != len(nodes):
         done = set(order)
         stuck = sorted(nodes[i].name for i in range(len(nodes)) if i not in done)
-        raise errors.ModelStructureError(
-            f"graph {graph!r} has a cycle through node(s) {stuck[:10]}"
-        )
+        raise errors.ModelStructureError(f"graph {graph!r} has a cycle through node(s) {stuck[:10]}")
     return [nodes[i] for i in order]

@@ -124,8 +124,7 @@ def save(
     path = os.fspath(path)
     if train not in (None, False):
         raise ValueError(
-            f"train={train!r}: jonnx.save writes the graph as it was (train=None) or its "
-            "inference form (train=False)"
+            f"train={train!r}: jonnx.save writes the graph as it was (train=None) or its inference form (train=False)"
         )
     if external_data not in (None, True, False):
         raise TypeError(f"external_data must be True, False or None, not {external_data!r}")
@@ -242,8 +241,11 @@ def detach_initializers(
             value = new[tensor.name]
         elif (_is_external(tensor) or not _has_data(tensor)) and tensor.name in ir.initializers:
             value = _to_numpy(
-                tensor.name, ir.initializers[tensor.name], np_dtype(tensor.data_type),
-                tuple(tensor.dims), "initializer",
+                tensor.name,
+                ir.initializers[tensor.name],
+                np_dtype(tensor.data_type),
+                tuple(tensor.dims),
+                "initializer",
             )
         else:
             continue
@@ -276,9 +278,7 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def serialize_with(
-    model: onnx.ModelProto, pending: list[tuple[onnx.TensorProto, np.ndarray]]
-) -> Iterator[Any]:
+def serialize_with(model: onnx.ModelProto, pending: list[tuple[onnx.TensorProto, np.ndarray]]) -> Iterator[Any]:
     """The serialized ``model`` with each pending tensor's data put back, as chunks.
 
     Protobuf accepts a message's fields in any order, so the graph is written last, its
@@ -365,9 +365,7 @@ def _new_values(
 
 def _to_numpy(name: str, value: Any, dtype: np.dtype, dims: tuple[int, ...], what: str) -> np.ndarray:
     if isinstance(value, jax.core.Tracer):
-        raise errors.InputError(
-            f"{what} {name!r} is a traced value: call jonnx.save outside jax.jit / jax.grad"
-        )
+        raise errors.InputError(f"{what} {name!r} is a traced value: call jonnx.save outside jax.jit / jax.grad")
     array = np.asarray(value)
     # With 64-bit types off, JAX holds a float64 initializer as float32: widen it back.
     if array.dtype != dtype and array.dtype != jax.dtypes.canonicalize_dtype(dtype):
@@ -392,8 +390,15 @@ def _encode(value: np.ndarray, name: str, elem_type: int) -> onnx.TensorProto:
 
 
 _DATA_FIELDS = (
-    "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data",
-    "raw_data", "external_data", "data_location",
+    "float_data",
+    "int32_data",
+    "string_data",
+    "int64_data",
+    "double_data",
+    "uint64_data",
+    "raw_data",
+    "external_data",
+    "data_location",
 )
 
 
@@ -413,9 +418,7 @@ def _replace_initializers(graph: onnx.GraphProto, new: Mapping[str, np.ndarray])
         graph.sparse_initializer.remove(s)
 
 
-def _materialize_state(
-    model: onnx.ModelProto, slots: tuple[StateSlot, ...], new: Mapping[str, np.ndarray]
-) -> None:
+def _materialize_state(model: onnx.ModelProto, slots: tuple[StateSlot, ...], new: Mapping[str, np.ndarray]) -> None:
     """Give each new statistic that an Identity produced an initializer of its own.
 
     The Identity producing it goes; its source initializer goes too when nothing else reads it.
@@ -468,9 +471,7 @@ def inline_external(out: onnx.ModelProto, ir: Graph) -> set[str]:
     return sources
 
 
-def _inline_graph(
-    graph: onnx.GraphProto, ir: Graph, sources: set[str], where: str
-) -> None:
+def _inline_graph(graph: onnx.GraphProto, ir: Graph, sources: set[str], where: str) -> None:
     for tensor in graph.initializer:
         if _is_external(tensor):
             _inline(tensor, ir.initializers[tensor.name], sources)
@@ -577,9 +578,7 @@ def _refuse_source_data(data_path: str, base_dir: str | None, sources: set[str])
     points into it; a copy of it elsewhere is another file and may be replaced.
     """
     if os.path.islink(data_path):
-        raise errors.ExternalDataError(
-            f"{data_path!r} is a symbolic link; jonnx.save writes no data through links"
-        )
+        raise errors.ExternalDataError(f"{data_path!r} is a symbolic link; jonnx.save writes no data through links")
     if base_dir is None or not os.path.lexists(data_path):
         return
     for location in sources:

@@ -26,9 +26,7 @@ def function_key(domain: str, name: str, overload: str = "") -> FunctionKey:
     return (normalize_domain(domain), name, overload)
 
 
-def _attribute_values(
-    call: onnx.NodeProto, function: onnx.FunctionProto
-) -> dict[str, onnx.AttributeProto]:
+def _attribute_values(call: onnx.NodeProto, function: onnx.FunctionProto) -> dict[str, onnx.AttributeProto]:
     """What each of the function's attributes is bound to for this call."""
     bound = {a.name: a for a in function.attribute_proto}  # defaults
     bound.update({a.name: a for a in call.attribute})
@@ -81,20 +79,14 @@ def inline_call(call: onnx.NodeProto, function: onnx.FunctionProto, call_name: s
     """
     where = f"node {call_name!r} calls function {function.domain}:{function.name}"
     if len(call.input) > len(function.input):
-        raise errors.ModelStructureError(
-            f"{where} with {len(call.input)} inputs, but it takes {len(function.input)}"
-        )
+        raise errors.ModelStructureError(f"{where} with {len(call.input)} inputs, but it takes {len(function.input)}")
     if len(call.output) > len(function.output):
-        raise errors.ModelStructureError(
-            f"{where} for {len(call.output)} outputs, but it gives {len(function.output)}"
-        )
+        raise errors.ModelStructureError(f"{where} for {len(call.output)} outputs, but it gives {len(function.output)}")
     # Formal inputs the call omits are absent (""); outputs it omits keep a private name, as
     # the body may still read them.
     inputs = {formal: (call.input[i] if i < len(call.input) else "") for i, formal in enumerate(function.input)}
     outputs = {
-        formal: call.output[i]
-        for i, formal in enumerate(function.output)
-        if i < len(call.output) and call.output[i]
+        formal: call.output[i] for i, formal in enumerate(function.output) if i < len(call.output) and call.output[i]
     }
     prefix = f"{call_name}/"
 

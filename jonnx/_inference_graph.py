@@ -81,7 +81,9 @@ def _batch_norm(node: onnx.NodeProto, since: int, names: set[str]) -> list[onnx.
         if not source:
             raise ValueError(f"BatchNormalization {node.name!r} has no running statistic for output {i}")
         identities.append(
-            onnx.helper.make_node("Identity", [source], [name], name=_fresh(f"{node.name or 'bn'}/inference_{i}", names))
+            onnx.helper.make_node(
+                "Identity", [source], [name], name=_fresh(f"{node.name or 'bn'}/inference_{i}", names)
+            )
         )
     return [node, *identities]
 
@@ -126,4 +128,3 @@ def _fresh(base: str, names: set[str]) -> str:
         name = f"{base}_{i}"
     names.add(name)
     return name
-

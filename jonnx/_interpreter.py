@@ -154,8 +154,9 @@ def run_nodes(
     return updates
 
 
-def _step(graph: Graph, index: int, node: Node, env: dict[str, Any], options: RunOptions,
-          updates: dict[str, Any]) -> None:
+def _step(
+    graph: Graph, index: int, node: Node, env: dict[str, Any], options: RunOptions, updates: dict[str, Any]
+) -> None:
     """Run ``node`` (position ``index``) and store its outputs and state updates."""
     args = node.padded(tuple(env[name] if name else None for name in node.inputs))
     key = None
@@ -196,19 +197,15 @@ def _run_node(
     if any(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) for a in args):
         # Concrete jax arrays (an eager run's params, a segment's results) are known values.
         args = tuple(
-            np.asarray(a) if i in node.static_inputs and isinstance(a, jax.Array)
-            and not isinstance(a, jax.core.Tracer) else a
+            np.asarray(a)
+            if i in node.static_inputs and isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+            else a
             for i, a in enumerate(args)
         )
     for i in node.static_inputs:
         if i < len(args) and not is_concrete(args[i]):
             raise errors.StaticValueError(_static_message(graph, node, i, env))
-    fold = (
-        not op.random
-        and not op.reads_graph
-        and is_concrete(args)
-        and not _reads_dynamic_outer(node, env)
-    )
+    fold = not op.random and not op.reads_graph and is_concrete(args) and not _reads_dynamic_outer(node, env)
     # Checked before promote_floats, which would narrow a float64 constant itself.
     if not fold and not jax.config.jax_enable_x64:
         # Static inputs stay on the host (Slice's INT64_MAX ends are fine), and so do
@@ -294,8 +291,7 @@ def _predict(node: Node, args: tuple, ctx: OpContext) -> Any:
     run abstractly (it needs a value at trace time that it does not declare) gives None.
     """
     abstract = [
-        i for i, a in enumerate(args)
-        if isinstance(a, np.ndarray) and a.dtype != object and i not in node.static_inputs
+        i for i, a in enumerate(args) if isinstance(a, np.ndarray) and a.dtype != object and i not in node.static_inputs
     ]
 
     def run(*values):
@@ -397,8 +393,10 @@ def _holds_symbolic(args: Sequence[Any]) -> bool:
     for a in args:
         if isinstance(a, list) and _holds_symbolic(a):
             return True
-        if isinstance(a, np.ndarray) and a.dtype == object and any(
-            jax.export.is_symbolic_dim(v) for v in a.reshape(-1)
+        if (
+            isinstance(a, np.ndarray)
+            and a.dtype == object
+            and any(jax.export.is_symbolic_dim(v) for v in a.reshape(-1))
         ):
             return True
     return False

@@ -120,9 +120,14 @@ def load(
         [0.0, 2.0]
     """
     options = {
-        "memory_limit": memory_limit, "checked": checked, "allow_newer_opset": allow_newer_opset,
-        "allow_unknown_attributes": allow_unknown_attributes, "mesh": mesh, "rules": rules,
-        "size_bounds": size_bounds, "optimize": optimize,
+        "memory_limit": memory_limit,
+        "checked": checked,
+        "allow_newer_opset": allow_newer_opset,
+        "allow_unknown_attributes": allow_unknown_attributes,
+        "mesh": mesh,
+        "rules": rules,
+        "size_bounds": size_bounds,
+        "optimize": optimize,
     }
     if isinstance(f, onnx.ModelProto):
         return Model(f, base_dir=base_dir, **options)
@@ -179,15 +184,13 @@ def _opsets(proto: onnx.ModelProto, allow_newer_opset: bool) -> dict[str, int]:
     newest = onnx.defs.onnx_opset_version()
     if opsets[""] > newest:
         message = (
-            f"the model imports ai.onnx opset {opsets['']}, newer than the {newest} the installed "
-            "onnx package knows"
+            f"the model imports ai.onnx opset {opsets['']}, newer than the {newest} the installed onnx package knows"
         )
         if not allow_newer_opset:
             # Ops may have changed meaning in the newer opset: running it with older semantics
             # could be silently wrong, so it takes an explicit choice.
             raise errors.UnsupportedOpError(
-                f"{message}; upgrade onnx, or pass allow_newer_opset=True to run it with opset "
-                f"{newest} semantics",
+                f"{message}; upgrade onnx, or pass allow_newer_opset=True to run it with opset {newest} semantics",
                 nodes=(("<model>", "<opset>", "", opsets[""]),),
             )
         warnings.warn(f"{message}; running it with opset {newest} semantics", stacklevel=4)
@@ -276,16 +279,23 @@ class Model:
         self.memory_limit = memory_limit
         # Every keyword option, so that a pickled model loads again the same way.
         self._load_options = dict(
-            base_dir=base_dir, memory_limit=memory_limit, checked=checked,
-            allow_newer_opset=allow_newer_opset, allow_unknown_attributes=allow_unknown_attributes,
+            base_dir=base_dir,
+            memory_limit=memory_limit,
+            checked=checked,
+            allow_newer_opset=allow_newer_opset,
+            allow_unknown_attributes=allow_unknown_attributes,
             size_bounds=None if size_bounds is None else dict(size_bounds),
             optimize=dict(self.optimize),
         )
         self.opsets = _opsets(proto, allow_newer_opset)
         progress = Progress("loading model")
         builder = GraphBuilder(
-            self.opsets, base_dir, functions=proto.functions, memory_limit=memory_limit,
-            allow_unknown_attributes=allow_unknown_attributes, inline=_inline,
+            self.opsets,
+            base_dir,
+            functions=proto.functions,
+            memory_limit=memory_limit,
+            allow_unknown_attributes=allow_unknown_attributes,
+            inline=_inline,
         )
         graph = builder.graph(proto.graph)
         builder.raise_if_unsupported()
@@ -339,8 +349,10 @@ class Model:
         # from scores) is data: the graph is cut there instead, and only the computed value
         # is static.
         shape_like = {
-            v.name for v in self.graph.inputs
-            if v.name in static and (
+            v.name
+            for v in self.graph.inputs
+            if v.name in static
+            and (
                 (v.dtype is not None and v.dtype.kind in "biu")
                 or (v.shape is not None and all(d == 1 for d in v.shape))
             )
@@ -358,9 +370,7 @@ class Model:
         # What apply needs concrete: every static chain's graph inputs, host ops' included.
         traced_apply = static_values(self.graph) | preferred_static_inputs(self.graph)
         static_inputs = {v.name for v in self.graph.inputs if v.dtype == np.dtype(object)}
-        self.static_input_names = tuple(
-            n for n in self.input_names if n in traced_apply or n in static_inputs
-        )
+        self.static_input_names = tuple(n for n in self.input_names if n in traced_apply or n in static_inputs)
         # Strings live on the host as numpy object arrays and cannot leave a jitted function.
         # A segment's strings are known at trace time, so they depend only on what its cache
         # key holds (static arguments, shapes): the trace records them here, under that key.
@@ -375,8 +385,9 @@ class Model:
             # nodes that only transform weights (BatchNorm folding, fused Q/K/V weights) fold
             # while tracing, and XLA specializes on the rest. Sharded weights stay arguments.
             weights = {n: np.asarray(v) if jax.default_backend() == "cpu" else v for n, v in self._params.items()}
-            jitted = jit(lambda index, dynamic, static, key: run(index, weights, dynamic, static, key),
-                         static_argnums=(0, 2))
+            jitted = jit(
+                lambda index, dynamic, static, key: run(index, weights, dynamic, static, key), static_argnums=(0, 2)
+            )
             self._segment = lambda index, params, dynamic, static, key: jitted(index, dynamic, static, key)
         else:
             self._segment = self._segment_params
@@ -532,7 +543,10 @@ class Model:
             >>> float(state["m"][0])
             0.0
         """
-        for given, known, what in ((params, self._params, "trainable initializers"), (state or {}, self._state, "state values")):
+        for given, known, what in (
+            (params, self._params, "trainable initializers"),
+            (state or {}, self._state, "state values"),
+        ):
             unknown = set(given) - set(known)
             if unknown:
                 raise errors.InputError(f"{sorted(unknown)[:10]} are not {what} of the model")
@@ -545,8 +559,12 @@ class Model:
         for name, value in zip(self.input_names, values):
             env[name] = self._prepare_input(name, value)
         options = RunOptions(
-            train=train, key=key, precision=precision, state=frozenset(self._state),
-            memory_limit=self.memory_limit, checked=self.checked,
+            train=train,
+            key=key,
+            precision=precision,
+            state=frozenset(self._state),
+            memory_limit=self.memory_limit,
+            checked=self.checked,
         )
         outputs, updates = run_graph(self._graph_for(train), env, options)
         self._refuse_host_outputs_under_trace(outputs, env)
@@ -666,7 +684,8 @@ class Model:
         # Tracers that carry their concrete value (jax.grad outside jax.jit) are fine: host
         # nodes and static arguments read that value; only abstract ones (jit, vmap) are not.
         traced = [
-            n for n, v in values.items()
+            n
+            for n, v in values.items()
             if any(isinstance(x, jax.core.Tracer) and not _has_value(x) for x in jax.tree_util.tree_leaves(v))
         ]
         if not traced:

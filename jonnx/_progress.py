@@ -151,9 +151,7 @@ class Progress:
                 )
             return elapsed
         text = f"{self.desc}: {summary or self._count()} in {_seconds(elapsed)}"
-        level = (
-            logging.INFO if self._shown or elapsed >= QUIET_SECONDS else logging.DEBUG
-        )
+        level = logging.INFO if self._shown or elapsed >= QUIET_SECONDS else logging.DEBUG
         self._emit(text, done=True, level=level)
         return elapsed
 
@@ -254,7 +252,5 @@ def _restore_quiet() -> None:
 
 
 def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
-    if event == "/jax/core/compile/backend_compile_duration" and logger.isEnabledFor(
-        logging.INFO
-    ):
+    if event == "/jax/core/compile/backend_compile_duration" and logger.isEnabledFor(logging.INFO):
         logger.info("XLA compiled in %s", _seconds(duration))

@@ -401,9 +401,7 @@ def lookup(domain: str, op_type: str, opset: int) -> OpDef | None:
         if found is not None:
             return found
     # Custom domains (and ops a user added to an onnx domain): newest version <= opset.
-    candidates = [
-        d for (dom, op, v), d in _REGISTRY.items() if dom == domain and op == op_type and v <= opset
-    ]
+    candidates = [d for (dom, op, v), d in _REGISTRY.items() if dom == domain and op == op_type and v <= opset]
     if schema is not None:
         # onnx knows this op but jonnx registered no implementation at the schema's own
         # since_version: one registered between it and the opset (a user's override) still

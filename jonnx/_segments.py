@@ -77,20 +77,12 @@ def _reads(node: Node, known: dict) -> list[str]:
 
 
 def _static_reads(node: Node, graph_inputs: set[str]) -> set[str]:
-    names = {
-        node.inputs[i]
-        for i in node.static_inputs
-        if i < len(node.inputs) and node.inputs[i]
-    }
+    names = {node.inputs[i] for i in node.static_inputs if i < len(node.inputs) and node.inputs[i]}
     for sub in node.subgraphs:
         names |= static_values(sub) & sub.outer_names
     # A graph input that drives control flow directly (If's condition, Loop's trip count) is
     # better static: one compilation per value of a scalar, and no lax.cond over both branches.
-    names |= {
-        node.inputs[i]
-        for i in node.prefer_static
-        if i < len(node.inputs) and node.inputs[i] in graph_inputs
-    }
+    names |= {node.inputs[i] for i in node.prefer_static if i < len(node.inputs) and node.inputs[i] in graph_inputs}
     return names
 
 
@@ -134,8 +126,7 @@ def plan_segments(
         else:
             static = _static_reads(node, graph_inputs) & set(level)
             at = max(
-                [level[r] for r in reads]
-                + [on_host_at[r] for r in static if not concrete[r]],
+                [level[r] for r in reads] + [on_host_at[r] for r in static if not concrete[r]],
                 default=0,
             )
             passed = static_at.setdefault(at, set())
@@ -148,9 +139,7 @@ def plan_segments(
                     passed.add(r)
             known = {r for r in reads if concrete[r] or r in passed}
             out_concrete = (
-                not node.op.random
-                and not node.op.reads_graph
-                and (node.op.shape_only or known == set(reads))
+                not node.op.random and not node.op.reads_graph and (node.op.shape_only or known == set(reads))
             )
         node_level.append(at)
         node_on_host.append(host)
@@ -164,16 +153,8 @@ def plan_segments(
     output_names = set(graph.output_names)
     stages = []
     for at in range(n_levels):
-        host_nodes = tuple(
-            p
-            for p, (lv, h) in enumerate(zip(node_level, node_on_host))
-            if lv == at and h
-        )
-        nodes = tuple(
-            p
-            for p, (lv, h) in enumerate(zip(node_level, node_on_host))
-            if lv == at and not h
-        )
+        host_nodes = tuple(p for p, (lv, h) in enumerate(zip(node_level, node_on_host)) if lv == at and h)
+        nodes = tuple(p for p, (lv, h) in enumerate(zip(node_level, node_on_host)) if lv == at and not h)
         made = {o for p in nodes for o in graph.nodes[p].outputs if o}
         reads: dict[str, None] = {}
         for p in nodes:
@@ -184,9 +165,7 @@ def plan_segments(
         for p, lv in enumerate(node_level):
             if lv > at:
                 later |= set(_reads(graph.nodes[p], level))
-        exports = tuple(
-            o for p in nodes for o in graph.nodes[p].outputs if o and o in later
-        )
+        exports = tuple(o for p in nodes for o in graph.nodes[p].outputs if o and o in later)
         stages.append(
             Stage(
                 host_nodes=host_nodes,
@@ -197,6 +176,4 @@ def plan_segments(
             )
         )
     # Levels with nothing in them (none today, but cheap to guarantee) are dropped.
-    return SegmentPlan(
-        tuple(s for s in stages if s.host_nodes or s.nodes) or (stages[0],)
-    )
+    return SegmentPlan(tuple(s for s in stages if s.host_nodes or s.nodes) or (stages[0],))

@@ -112,7 +112,9 @@ def plan_state(graph: Graph) -> StatePlan:
         # value (the node's own scale, a Conv bias) would read the running statistic instead of
         # a parameter, and follow its updates. Copies of it (Identity nodes, graph outputs, as
         # in the inference form jonnx.save writes) are meant to read the statistic.
-        others = [use for use in uses.get(name, ()) if use not in {(node.name, i) for i in node.op.state_updates.values()}]
+        others = [
+            use for use in uses.get(name, ()) if use not in {(node.name, i) for i in node.op.state_updates.values()}
+        ]
         if others:
             reasons.setdefault(node.name, []).append(
                 f"its running statistic {name!r} is also read as {_describe(others)}, which would "

@@ -59,9 +59,9 @@ def _data_values(graph: Graph) -> frozenset[str]:
     shape-like; integer, bool and scalar inputs may be sizes or flags), through every op but
     the shape-only ones (Shape, Size)."""
     data = {
-        v.name for v in graph.inputs
-        if v.dtype is not None and v.dtype.kind == "f"
-        and not (v.shape is not None and all(d == 1 for d in v.shape))
+        v.name
+        for v in graph.inputs
+        if v.dtype is not None and v.dtype.kind == "f" and not (v.shape is not None and all(d == 1 for d in v.shape))
     }
     for node in graph.nodes:
         if node.op.shape_only:

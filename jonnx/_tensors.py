@@ -72,14 +72,11 @@ def _open_inside(base_dir: str, location: str, what: str) -> int:
         raise errors.ExternalDataError(f"{what}: external data location contains a NUL byte")
     if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
         raise errors.ExternalDataError(
-            f"{what}: external data location {location!r} is absolute; only paths inside "
-            "the model's folder are read"
+            f"{what}: external data location {location!r} is absolute; only paths inside the model's folder are read"
         )
     parts = [p for p in location.replace("\\", "/").split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise errors.ExternalDataError(
-            f"{what}: external data location {location!r} climbs out of the model's folder"
-        )
+        raise errors.ExternalDataError(f"{what}: external data location {location!r} climbs out of the model's folder")
     if not parts:
         raise errors.ExternalDataError(f"{what}: external data location {location!r} names no file")
     base = os.path.realpath(base_dir)
@@ -87,9 +84,7 @@ def _open_inside(base_dir: str, location: str, what: str) -> int:
     for part in parts:
         path = os.path.join(path, part)
         if os.path.islink(path):
-            raise errors.ExternalDataError(
-                f"{what}: external data location {location!r} goes through a symbolic link"
-            )
+            raise errors.ExternalDataError(f"{what}: external data location {location!r} goes through a symbolic link")
     if os.path.commonpath([base, os.path.realpath(path)]) != base:
         raise errors.ExternalDataError(
             f"{what}: external data location {location!r} resolves outside the model's folder"
@@ -115,9 +110,7 @@ def _open_inside(base_dir: str, location: str, what: str) -> int:
             reason = "goes through a symbolic link"
         else:
             reason = f"cannot be opened: {e.strerror}"
-        raise errors.ExternalDataError(
-            f"{what}: cannot open external data file {location!r}: it {reason}"
-        ) from e
+        raise errors.ExternalDataError(f"{what}: cannot open external data file {location!r}: it {reason}") from e
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
@@ -143,9 +136,7 @@ def _parse_count(value: str | None, key: str, what: str) -> int | None:
     return number
 
 
-def _read_external(
-    tensor: onnx.TensorProto, base_dir: str | None, what: str, memory_limit: int | None
-) -> np.ndarray:
+def _read_external(tensor: onnx.TensorProto, base_dir: str | None, what: str, memory_limit: int | None) -> np.ndarray:
     info: dict[str, str] = {}
     for entry in tensor.external_data:
         if entry.key not in _EXTERNAL_KEYS:
@@ -245,9 +236,7 @@ def tensor_to_numpy(
         inline.raw_data = raw.tobytes()
         tensor = inline
     elif tensor.external_data:
-        raise errors.ExternalDataError(
-            f"{what} has external data entries but its data_location is not EXTERNAL"
-        )
+        raise errors.ExternalDataError(f"{what} has external data entries but its data_location is not EXTERNAL")
     elif tensor.HasField("raw_data"):
         if typed:
             raise errors.LoadError(f"{what} has both raw_data and {typed[0]}; ONNX allows one")
@@ -288,9 +277,7 @@ def _view(raw: np.ndarray, tensor: onnx.TensorProto) -> np.ndarray:
     return value
 
 
-def inline_tensor_to_numpy(
-    tensor: onnx.TensorProto, source: InlineData, span: tuple[int, int]
-) -> np.ndarray:
+def inline_tensor_to_numpy(tensor: onnx.TensorProto, source: InlineData, span: tuple[int, int]) -> np.ndarray:
     """Decode ``tensor``, whose ``raw_data`` was left in the model file at ``span``.
 
     The bytes go straight from the file into a 64-byte aligned buffer, which is the returned
@@ -318,8 +305,7 @@ def inline_tensor_to_numpy(
     expected = _expected_nbytes(tensor, count)
     if span[1] != expected:
         raise errors.LoadError(
-            f"{what} has {span[1]} bytes of raw_data but its dims {list(tensor.dims)} and dtype "
-            f"need {expected}"
+            f"{what} has {span[1]} bytes of raw_data but its dims {list(tensor.dims)} and dtype need {expected}"
         )
     buffer = aligned_empty(expected)
     try:

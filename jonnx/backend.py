@@ -65,9 +65,7 @@ class JonnxBackend(Backend):
         return JonnxRep(load(model, base_dir=kwargs.get("base_dir")), key=kwargs.get("key"))
 
     @classmethod
-    def run_model(
-        cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any
-    ) -> tuple[Any, ...]:
+    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod
@@ -82,9 +80,7 @@ class JonnxBackend(Backend):
         """Run one node on numpy ``inputs`` (opset: ``kwargs['opset_version']`` or newest)."""
         arrays = [np.asarray(x) if x is not None else None for x in inputs]
         graph_inputs = [
-            onnx.helper.make_tensor_value_info(
-                name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape
-            )
+            onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
             for name, a in zip(node.input, arrays)
             if name and a is not None
         ]

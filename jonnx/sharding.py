@@ -274,7 +274,9 @@ def _check_spec(name: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Me
         axes = (entry,) if isinstance(entry, str) else tuple(entry)
         for a in axes:
             if a not in mesh.shape:
-                raise ValueError(f"{name!r}: PartitionSpec {spec} names axis {a!r}, which the mesh {tuple(mesh.axis_names)} lacks")
+                raise ValueError(
+                    f"{name!r}: PartitionSpec {spec} names axis {a!r}, which the mesh {tuple(mesh.axis_names)} lacks"
+                )
         size = math.prod(mesh.shape[a] for a in axes)
         if shape[dim] % size:
             raise ValueError(
@@ -285,14 +287,57 @@ def _check_spec(name: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Me
 
 # Ops that work per feature (or per head): a column split before them stays a split of the
 # same features after them, so a row-split weight further on completes the pair.
-_PER_FEATURE = frozenset({
-    "Abs", "Add", "AveragePool", "BatchNormalization", "Cast", "Celu", "Clip", "Div", "Dropout",
-    "Elu", "Erf", "Exp", "Expand", "FastGelu", "Flatten", "Gelu", "GlobalAveragePool",
-    "GlobalMaxPool", "HardSigmoid", "HardSwish", "Identity", "LeakyRelu", "Log", "LogSoftmax",
-    "MatMul", "MaxPool", "Mish", "Mul", "Neg", "Pow", "PRelu", "Reciprocal", "Relu", "Reshape",
-    "Selu", "Sigmoid", "Softmax", "Softplus", "Softsign", "Sqrt", "Squeeze", "Sub", "Tanh",
-    "ThresholdedRelu", "Transpose", "Unsqueeze", "Where",
-})
+_PER_FEATURE = frozenset(
+    {
+        "Abs",
+        "Add",
+        "AveragePool",
+        "BatchNormalization",
+        "Cast",
+        "Celu",
+        "Clip",
+        "Div",
+        "Dropout",
+        "Elu",
+        "Erf",
+        "Exp",
+        "Expand",
+        "FastGelu",
+        "Flatten",
+        "Gelu",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "HardSigmoid",
+        "HardSwish",
+        "Identity",
+        "LeakyRelu",
+        "Log",
+        "LogSoftmax",
+        "MatMul",
+        "MaxPool",
+        "Mish",
+        "Mul",
+        "Neg",
+        "Pow",
+        "PRelu",
+        "Reciprocal",
+        "Relu",
+        "Reshape",
+        "Selu",
+        "Sigmoid",
+        "Softmax",
+        "Softplus",
+        "Softsign",
+        "Sqrt",
+        "Squeeze",
+        "Sub",
+        "Tanh",
+        "ThresholdedRelu",
+        "Transpose",
+        "Unsqueeze",
+        "Where",
+    }
+)
 
 _EMPTY: frozenset = frozenset()
 

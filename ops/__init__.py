@@ -109,7 +109,12 @@ def call(
             nodes=(("<call>", op_type, domain, opset),),
         )
     ctx = OpContext(
-        node="<call>", op_type=op_type, domain=domain, opset=opset, train=train, key=key,
+        node="<call>",
+        op_type=op_type,
+        domain=domain,
+        opset=opset,
+        train=train,
+        key=key,
         n_outputs=n_outputs,
     )
     schema = schema_for(domain, op_type, opset)

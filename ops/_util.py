@@ -57,9 +57,7 @@ def static_ints(value: Any) -> tuple[int, ...]:
     dims (an object array); they are kept as they are, for ops that take them (Reshape,
     Expand, ConstantOfShape).
     """
-    return tuple(
-        v if jax.export.is_symbolic_dim(v) else int(v) for v in np.asarray(value).reshape(-1)
-    )
+    return tuple(v if jax.export.is_symbolic_dim(v) else int(v) for v in np.asarray(value).reshape(-1))
 
 
 def normalize_axis(axis: int, rank: int, ctx: OpContext, what: str = "axis") -> int:

@@ -94,9 +94,7 @@ def _hard_sigmoid(x, alpha, beta):
     return jnp.clip(alpha * x + beta, 0, 1)
 
 
-register("HardSigmoid", since=(1, 6, 22))(
-    _unary(lambda x, attrs: _hard_sigmoid(x, attrs["alpha"], attrs["beta"]))
-)
+register("HardSigmoid", since=(1, 6, 22))(_unary(lambda x, attrs: _hard_sigmoid(x, attrs["alpha"], attrs["beta"])))
 register("HardSwish", since=(14, 22))(_unary(lambda x, attrs: x * _hard_sigmoid(x, 1 / 6, 0.5)))
 
 
@@ -187,8 +185,7 @@ def _unidirectional_slope(x, slope, ctx):
         out_shape = None
     if out_shape != jnp.shape(x):
         raise ctx.error(
-            f"slope of shape {jnp.shape(slope)} does not broadcast unidirectionally to X of "
-            f"shape {jnp.shape(x)}"
+            f"slope of shape {jnp.shape(slope)} does not broadcast unidirectionally to X of shape {jnp.shape(x)}"
         )
     return slope
 

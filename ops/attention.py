@@ -32,8 +32,7 @@ def split_heads(x, num_heads, what, attr, ctx):
     b, s, hidden = jnp.shape(x)
     if num_heads is None or num_heads <= 0 or hidden % num_heads:
         raise ctx.error(
-            f"3-D {what} of hidden size {hidden} needs a positive {attr} attribute that divides "
-            f"it (got {num_heads})"
+            f"3-D {what} of hidden size {hidden} needs a positive {attr} attribute that divides it (got {num_heads})"
         )
     return jnp.transpose(jnp.reshape(x, (b, s, num_heads, hidden // num_heads)), (0, 2, 1, 3))
 
@@ -74,8 +73,7 @@ def _attention(q, k, v, mask, past_k, past_v, nonpad, attrs, ctx, window=None):
     rank = jnp.ndim(q)
     if not (rank == jnp.ndim(k) == jnp.ndim(v)) or rank not in (3, 4):
         raise ctx.error(
-            f"Q, K and V must all be 3-D or all 4-D; got shapes {jnp.shape(q)}, {jnp.shape(k)}, "
-            f"{jnp.shape(v)}"
+            f"Q, K and V must all be 3-D or all 4-D; got shapes {jnp.shape(q)}, {jnp.shape(k)}, {jnp.shape(v)}"
         )
     if (past_k is None) != (past_v is None):
         raise ctx.error("past_key and past_value must be given together")
@@ -127,8 +125,14 @@ def _attention(q, k, v, mask, past_k, past_v, nonpad, attrs, ctx, window=None):
     if min(window) < -1:
         raise ctx.error(f"window sizes must be -1 or nonnegative, got {window}")
     bias = _attention_bias(
-        mask, dtype, q_len=q_len, kv_len=kv_len, causal_offset=offset,
-        causal=bool(attrs["is_causal"]), window=window, nonpad=nonpad,
+        mask,
+        dtype,
+        q_len=q_len,
+        kv_len=kv_len,
+        causal_offset=offset,
+        causal=bool(attrs["is_causal"]),
+        window=window,
+        nonpad=nonpad,
     )
     scores = scores + bias
 
@@ -269,8 +273,12 @@ def causal_conv_with_state(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outp
         raise ctx.error(f"past_state must have shape {(batch, channels, k - 1)}, got {jnp.shape(past)}")
     padded = jnp.concatenate([jnp.asarray(past, dtype), x], axis=2)
     out = lax.conv_general_dilated(
-        padded, jnp.asarray(w, dtype), window_strides=(1,), padding="VALID",
-        feature_group_count=channels, precision=ctx.precision,
+        padded,
+        jnp.asarray(w, dtype),
+        window_strides=(1,),
+        padding="VALID",
+        feature_group_count=channels,
+        precision=ctx.precision,
     )
     if bias is not None:
         out = out + jnp.reshape(jnp.asarray(bias, dtype), (channels, 1))

@@ -186,8 +186,7 @@ def cast_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return (_cast(inputs[0], _target_dtype(elem_type, ctx), attrs, ctx),)
 
 
-@register("Cast", since=(6, 9, 13, 19, 21, 23, 24, 25, 28),
-          host=lambda attrs: attrs["to"] == onnx.TensorProto.STRING)
+@register("Cast", since=(6, 9, 13, 19, 21, 23, 24, 25, 28), host=lambda attrs: attrs["to"] == onnx.TensorProto.STRING)
 def cast(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Cast``, opsets 6+ (``saturate`` from 19, ``round_mode`` from 24)."""
     return (_cast(inputs[0], _target_dtype(attrs["to"], ctx), attrs, ctx),)

@@ -60,14 +60,10 @@ def if_(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     if is_concrete(cond):
         return ctx.run_graph(then_branch if _is_true(cond) else else_branch, {})
     if len(then_branch.outputs) != len(else_branch.outputs):
-        raise ctx.error(
-            f"the branches have {len(then_branch.outputs)} and {len(else_branch.outputs)} outputs"
-        )
+        raise ctx.error(f"the branches have {len(then_branch.outputs)} and {len(else_branch.outputs)} outputs")
 
     def run(branch):
-        return lambda: tuple(
-            jnp.asarray(v) if isinstance(v, np.ndarray) else v for v in ctx.run_graph(branch, {})
-        )
+        return lambda: tuple(jnp.asarray(v) if isinstance(v, np.ndarray) else v for v in ctx.run_graph(branch, {}))
 
     then_shapes = jax.eval_shape(run(then_branch))
     else_shapes = jax.eval_shape(run(else_branch))
@@ -169,10 +165,7 @@ def _unrolled(trip, cond, state, step, n_scan, ctx):
                 "or has scan outputs, whose length would then depend on runtime data"
             )
         if i >= MAX_UNROLLED_ITERATIONS:
-            raise ctx.error(
-                f"the loop ran {i} iterations at trace time, the most jonnx unrolls, without "
-                "ending"
-            )
+            raise ctx.error(f"the loop ran {i} iterations at trace time, the most jonnx unrolls, without ending")
         flag, state, outs = step(np.asarray(i, np.int64), flag, state)
         for acc, value in zip(scans, outs):
             acc.append(value)

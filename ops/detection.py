@@ -130,7 +130,9 @@ def non_max_suppression_bounded(inputs, attrs, ctx, max_rows: int | None = None)
     n_batches, n_classes, n_boxes = scores.shape
     per_class = min(max(_scalar(max_out, 0, int), 0), n_boxes)
     dtype = scores.dtype
-    iou = jnp.asarray(0.0 if iou_threshold is None or np.size(iou_threshold) == 0 else jnp.reshape(iou_threshold, (-1,))[0], dtype)
+    iou = jnp.asarray(
+        0.0 if iou_threshold is None or np.size(iou_threshold) == 0 else jnp.reshape(iou_threshold, (-1,))[0], dtype
+    )
     if attrs["center_point_box"] == 0:
         y = jnp.sort(boxes[..., 0::2], axis=-1)
         x = jnp.sort(boxes[..., 1::2], axis=-1)
@@ -175,7 +177,9 @@ def non_max_suppression_bounded(inputs, attrs, ctx, max_rows: int | None = None)
     # Valid rows first, in ONNX's (batch, class, selection) order: a stable sort on validity.
     rows = rows[jnp.argsort(~valid, stable=True)]
     if max_rows is not None:
-        rows = rows[:max_rows] if max_rows <= rows.shape[0] else jnp.pad(
-            rows, ((0, max_rows - rows.shape[0]), (0, 0)), constant_values=-1
+        rows = (
+            rows[:max_rows]
+            if max_rows <= rows.shape[0]
+            else jnp.pad(rows, ((0, max_rows - rows.shape[0]), (0, 0)), constant_values=-1)
         )
     return (rows.astype(index_dtype()),)

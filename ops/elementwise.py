@@ -50,7 +50,10 @@ def _plain(fn):
 
 
 for _name, _fn in (
-    ("Add", _plain(jnp.add)), ("Sub", _plain(jnp.subtract)), ("Mul", _plain(jnp.multiply)), ("Div", _div),
+    ("Add", _plain(jnp.add)),
+    ("Sub", _plain(jnp.subtract)),
+    ("Mul", _plain(jnp.multiply)),
+    ("Div", _div),
 ):
     register(_name, since=(1, 6))(_binary(_fn, legacy=True))
     register(_name, since=(7, 13, 14))(_binary(_fn, legacy=False))

@@ -53,9 +53,7 @@ def _check_range(indices, size: int, ctx, what: str = "index") -> None:
     bad = (indices < -size) | (indices >= size)
     if bad.any():
         pos = tuple(int(p) for p in np.argwhere(bad)[0])
-        raise ctx.error(
-            f"{what} {int(indices[pos])} at position {pos} is out of range [-{size}, {size - 1}]"
-        )
+        raise ctx.error(f"{what} {int(indices[pos])} at position {pos} is out of range [-{size}, {size - 1}]")
 
 
 def _wrap(indices, size):
@@ -112,9 +110,7 @@ def gather_elements(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         raise ctx.error(f"indices have rank {np.ndim(indices)}, data rank {rank}; they must match")
     for d, (n, m) in enumerate(zip(np.shape(indices), np.shape(data))):
         if d != axis and n > m:
-            raise ctx.error(
-                f"indices shape {np.shape(indices)} exceeds data shape {np.shape(data)} on axis {d}"
-            )
+            raise ctx.error(f"indices shape {np.shape(indices)} exceeds data shape {np.shape(data)} on axis {d}")
     size = np.shape(data)[axis]
     _check_range(indices, size, ctx)
     idx = _as_int_indices(_wrap(indices, size))
@@ -136,10 +132,8 @@ def _nd_index(data, indices, batch_dims, ctx):
     if dshape[:batch_dims] != ishape[:batch_dims]:
         raise ctx.error(f"batch dims of data {dshape} and indices {ishape} differ")
     if k > len(dshape) - batch_dims:
-        raise ctx.error(
-            f"indices' last dim {k} exceeds rank(data) - batch_dims = {len(dshape) - batch_dims}"
-        )
-    sizes = dshape[batch_dims:batch_dims + k]
+        raise ctx.error(f"indices' last dim {k} exceeds rank(data) - batch_dims = {len(dshape) - batch_dims}")
+    sizes = dshape[batch_dims : batch_dims + k]
     for j, n in enumerate(sizes):
         _check_range(indices[..., j], n, ctx, f"index (coordinate {j})")
     sizes_arr = np.asarray(sizes, dtype=index_dtype()).reshape((1,) * (len(ishape) - 1) + (k,))
@@ -156,7 +150,7 @@ def _gather_nd(inputs, batch_dims, ctx):
     data, indices = inputs
     index, flat_shape = _nd_index(data, indices, batch_dims, ctx)
     dshape, ishape = np.shape(data), np.shape(indices)
-    out_shape = dshape[:batch_dims] + ishape[batch_dims:-1] + dshape[batch_dims + ishape[-1]:]
+    out_shape = dshape[:batch_dims] + ishape[batch_dims:-1] + dshape[batch_dims + ishape[-1] :]
     if _is_strings(data):
         _strings_need_concrete(ctx, indices)
         return (data.reshape(flat_shape)[index].reshape(out_shape),)
@@ -221,7 +215,7 @@ def _targets_unique(index, shape) -> bool | None:
     if not all(isinstance(i, np.ndarray) for i in index):
         return None
     arrays = np.broadcast_arrays(*index)
-    flat = np.ravel_multi_index(tuple(a.reshape(-1) for a in arrays), shape[:len(index)], mode="clip")
+    flat = np.ravel_multi_index(tuple(a.reshape(-1) for a in arrays), shape[: len(index)], mode="clip")
     return np.unique(flat).size == flat.size
 
 
@@ -233,7 +227,7 @@ def _scatter_mul_repeated(data, index, updates):
     scan; each position of ``data`` then gathers its target's product (1 where nothing lands).
     Out-of-range targets are dropped, as by the other scatters.
     """
-    lead, rest = np.shape(data)[:len(index)], np.shape(data)[len(index):]
+    lead, rest = np.shape(data)[: len(index)], np.shape(data)[len(index) :]
     arrays = jnp.broadcast_arrays(*(jnp.asarray(i) for i in index))
     count, size = arrays[0].size, math.prod(lead)
     if count == 0 or size == 0:
@@ -268,7 +262,7 @@ def _scatter_nd(inputs, reduction, ctx):
     data, indices, updates = inputs
     dshape, ishape = np.shape(data), np.shape(indices)
     index, _ = _nd_index(data, indices, 0, ctx)
-    want = ishape[:-1] + dshape[ishape[-1]:]
+    want = ishape[:-1] + dshape[ishape[-1] :]
     if np.shape(updates) != want:
         raise ctx.error(f"updates have shape {np.shape(updates)}; expected {want}")
     # _nd_index adds a leading batch dim of size 1: scatter into data[None].
@@ -486,7 +480,10 @@ def unique(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         axis = normalize_axis(axis, x.ndim, ctx)
     flat = x.reshape(-1) if axis is None else x
     y, first, inverse, counts = np.unique(
-        flat, return_index=True, return_inverse=True, return_counts=True,
+        flat,
+        return_index=True,
+        return_inverse=True,
+        return_counts=True,
         axis=None if axis is None else axis,
     )
     inverse = inverse.reshape(-1)
@@ -515,8 +512,13 @@ def unique_bounded(inputs, attrs, ctx, max_rows: int | None = None):
     if max_rows is None:
         max_rows = flat.shape[0 if axis is None else axis]
     y, first, inverse, counts = jnp.unique(
-        flat, return_index=True, return_inverse=True, return_counts=True,
-        axis=axis, size=max_rows, fill_value=0,
+        flat,
+        return_index=True,
+        return_inverse=True,
+        return_counts=True,
+        axis=axis,
+        size=max_rows,
+        fill_value=0,
     )
     inverse = inverse.reshape(-1)
     valid = counts > 0

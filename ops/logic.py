@@ -29,9 +29,7 @@ def _binary(fn, legacy: bool, np_fn=None):
             if np_fn is None:
                 raise ctx.error("string tensors are not supported by this op")
             if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
-                raise ctx.error(
-                    "string tensors must be known at trace time (JAX has no string arrays)"
-                )
+                raise ctx.error("string tensors must be known at trace time (JAX has no string arrays)")
             return (np.asarray(np_fn(a, b), dtype=bool),)
         return (fn(a, b),)
 

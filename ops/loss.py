@@ -22,8 +22,7 @@ def _check(x, target, weight, what: str, ctx) -> None:
         raise ctx.error(f"{what} must have shape (N, C, d1, ..., dk); got {shape}")
     if t_shape != shape[:1] + shape[2:]:
         raise ctx.error(
-            f"target shape {t_shape} does not match {what} shape {shape} "
-            f"(expected {shape[:1] + shape[2:]})"
+            f"target shape {t_shape} does not match {what} shape {shape} (expected {shape[:1] + shape[2:]})"
         )
     if not jnp.issubdtype(jnp.result_type(target), jnp.integer):
         raise ctx.error(f"target must be an integer tensor, got {jnp.result_type(target)}")

@@ -150,8 +150,14 @@ def convolve(x, w, b, attrs, ctx):
     lowering = conv_lowering(jnp.shape(x), jnp.shape(w), strides, group, jnp.result_type(x, w))
     if lowering == "xla":
         y = lax.conv_general_dilated(
-            x, w, window_strides=strides, padding=tuple(zip(lo, hi)), rhs_dilation=dilations,
-            dimension_numbers=_dimension_numbers(n), feature_group_count=group, precision=ctx.precision,
+            x,
+            w,
+            window_strides=strides,
+            padding=tuple(zip(lo, hi)),
+            rhs_dilation=dilations,
+            dimension_numbers=_dimension_numbers(n),
+            feature_group_count=group,
+            precision=ctx.precision,
         )
     else:
         y = _LOWERINGS[lowering](x, w, strides, dilations, lo, hi, ctx.precision)
@@ -214,7 +220,9 @@ def _out_spatial(xp, kernel, strides, dilations):
 def _conv_matmul(x, w, strides, dilations, lo, hi, precision):
     """A 1x1 convolution: a product over channels of the (padded, strided) input."""
     xp = _pad_spatial(x, lo, hi)
-    (xs,) = _taps(xp, (1,) * (jnp.ndim(x) - 2), strides, dilations, _out_spatial(xp, (1,) * (jnp.ndim(x) - 2), strides, dilations))
+    (xs,) = _taps(
+        xp, (1,) * (jnp.ndim(x) - 2), strides, dilations, _out_spatial(xp, (1,) * (jnp.ndim(x) - 2), strides, dilations)
+    )
     w2 = jnp.reshape(w, jnp.shape(w)[:2])
     return jnp.einsum("nc...,mc->nm...", xs, w2, precision=precision)
 
@@ -314,10 +322,15 @@ def conv_transpose(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     conv_lo = [w_ - 1 - p for w_, p in zip(span, lo)]
     conv_hi = [w_ - 1 - p + op for w_, p, op in zip(span, hi, out_pad)]
     y = lax.conv_general_dilated(
-        x, kw, window_strides=(1,) * n,
+        x,
+        kw,
+        window_strides=(1,) * n,
         padding=tuple((max(a, 0), max(c, 0)) for a, c in zip(conv_lo, conv_hi)),
-        lhs_dilation=strides, rhs_dilation=dilations,
-        dimension_numbers=_dimension_numbers(n), feature_group_count=group, precision=ctx.precision,
+        lhs_dilation=strides,
+        rhs_dilation=dilations,
+        dimension_numbers=_dimension_numbers(n),
+        feature_group_count=group,
+        precision=ctx.precision,
     )
     if any(a < 0 or c < 0 for a, c in zip(conv_lo, conv_hi)):
         # Pads larger than the kernel span crop the output; XLA wants non-negative padding.
@@ -353,8 +366,11 @@ def _reduce_window(x, init, op, kernel, strides, dilations, lo, hi, extra):
     # A numpy init value stays concrete under jit, so JAX picks its max/sum window primitives
     # (with their efficient gradients) instead of a generic reduction.
     return lax.reduce_window(
-        x, np.asarray(init, np.dtype(jnp.result_type(x))), op,
-        window_dimensions=(1, 1) + kernel, window_strides=(1, 1) + strides,
+        x,
+        np.asarray(init, np.dtype(jnp.result_type(x))),
+        op,
+        window_dimensions=(1, 1) + kernel,
+        window_strides=(1, 1) + strides,
         padding=((0, 0), (0, 0)) + tuple((a, b + e) for a, b, e in zip(lo, hi, extra)),
         window_dilation=(1, 1) + dilations,
     )
@@ -382,7 +398,8 @@ def _argmax_window(x, kernel, strides, dilations, lo, hi, extra):
         (lax.stop_gradient(x), flat),
         (jnp.asarray(_lowest(dtype), dtype), jnp.asarray(np.iinfo(idx_dtype).max, idx_dtype)),
         pick,
-        window_dimensions=(1, 1) + kernel, window_strides=(1, 1) + strides,
+        window_dimensions=(1, 1) + kernel,
+        window_strides=(1, 1) + strides,
         padding=((0, 0), (0, 0)) + tuple((a, b + e) for a, b, e in zip(lo, hi, extra)),
         window_dilation=(1, 1) + dilations,
     )
@@ -455,12 +472,17 @@ def average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx)
     total = _reduce_window(x, 0, lax.add, kernel, strides, dilations, lo, hi, extra)
     count = _window_count(
-        jnp.shape(x)[2:], kernel, strides, dilations, lo, hi, extra,
-        bool(attrs.get("count_include_pad")), jnp.result_type(x),
+        jnp.shape(x)[2:],
+        kernel,
+        strides,
+        dilations,
+        lo,
+        hi,
+        extra,
+        bool(attrs.get("count_include_pad")),
+        jnp.result_type(x),
     )
     return (total / count,)
-
-
 
 
 def _p_norm(total, p):
@@ -485,8 +507,6 @@ def lp_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx)
     total = _reduce_window(_abs_pow(x, p), 0, lax.add, kernel, strides, dilations, lo, hi, extra)
     return (_p_norm(total, p).astype(jnp.result_type(x)),)
-
-
 
 
 def _spatial_axes(x, ctx):
@@ -650,8 +670,13 @@ def col2im(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
     def im2col(img):
         return lax.conv_general_dilated_patches(
-            img, block, strides, tuple(zip(lo, hi)), rhs_dilation=dilations,
-            dimension_numbers=_dimension_numbers(n), precision=ctx.precision,
+            img,
+            block,
+            strides,
+            tuple(zip(lo, hi)),
+            rhs_dilation=dilations,
+            dimension_numbers=_dimension_numbers(n),
+            precision=ctx.precision,
         )
 
     adjoint = jax.linear_transpose(im2col, jax.ShapeDtypeStruct((batch, channels) + image, dtype))
@@ -673,7 +698,7 @@ def _deform_sample(x, coords, offset_group):
     rows = jnp.arange(n)[:, None, None]
     groups = jnp.arange(offset_group)[None, :, None]
     out = 0
-    for corner in range(2 ** nd):
+    for corner in range(2**nd):
         flat, weight, inside = 0, 1, True
         for d in range(nd):
             q = lower[d] + ((corner >> (nd - 1 - d)) & 1)
@@ -741,6 +766,16 @@ def deform_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     )
     if out != want:
         raise ctx.error(f"offset's spatial shape {out} differs from the output shape {want}")
-    y = _deform_core(x, w, offset, mask, group=group, offset_group=offset_group, strides=strides,
-                     dilations=dilations, lo=lo, precision=ctx.precision)
+    y = _deform_core(
+        x,
+        w,
+        offset,
+        mask,
+        group=group,
+        offset_group=offset_group,
+        strides=strides,
+        dilations=dilations,
+        lo=lo,
+        precision=ctx.precision,
+    )
     return (_add_bias(y, b, ctx),)

@@ -120,7 +120,9 @@ _RUNNING_STATS = {1: 3, 2: 4}  # outputs 1 and 2 are the new running mean and va
 
 
 @register(
-    "BatchNormalization", since=(1, 6), state_updates=_RUNNING_STATS,
+    "BatchNormalization",
+    since=(1, 6),
+    state_updates=_RUNNING_STATS,
     trains=lambda attrs: not attrs["is_test"],
 )
 def batch_normalization_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
@@ -145,7 +147,9 @@ def batch_normalization_9(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outpu
 
 
 @register(
-    "BatchNormalization", since=(14, 15), state_updates=_RUNNING_STATS,
+    "BatchNormalization",
+    since=(14, 15),
+    state_updates=_RUNNING_STATS,
     trains=lambda attrs: bool(attrs["training_mode"]),
 )
 def batch_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:

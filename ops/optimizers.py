@@ -35,9 +35,7 @@ TRAINING = "ai.onnx.preview.training"
 def _groups(inputs: tuple, roles: int, ctx: OpContext) -> tuple[Any, Any, list[tuple]]:
     """``R``, ``T`` and ``roles`` lists (X, G, states...) of equal length."""
     if len(inputs) < 2 + roles or (len(inputs) - 2) % roles:
-        raise ctx.error(
-            f"expects R, T and {roles} inputs per optimized tensor, got {len(inputs)} inputs"
-        )
+        raise ctx.error(f"expects R, T and {roles} inputs per optimized tensor, got {len(inputs)} inputs")
     if any(x is None for x in inputs):
         raise ctx.error("no input may be omitted")
     r, t = inputs[0], inputs[1]
@@ -81,8 +79,10 @@ def adam(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     # Bias correction only once T > 0; T = 0 would divide by 1 - alpha**0 = 0.
     started = t > 0
     t_safe = jnp.where(started, t, 1).astype(r.dtype)
-    corrected = r * jnp.sqrt(1 - jnp.power(jnp.asarray(beta, r.dtype), t_safe)) / (
-        1 - jnp.power(jnp.asarray(alpha, r.dtype), t_safe)
+    corrected = (
+        r
+        * jnp.sqrt(1 - jnp.power(jnp.asarray(beta, r.dtype), t_safe))
+        / (1 - jnp.power(jnp.asarray(alpha, r.dtype), t_safe))
     )
     rate = jnp.where(started, corrected, r)
     x_new, v_new, h_new = [], [], []
@@ -165,9 +165,7 @@ def gradient(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     if not xs or not y:
         raise ctx.error("attributes xs and y are required")
     if len(inputs) != len(xs) + len(zs):
-        raise ctx.error(
-            f"has {len(inputs)} inputs but xs and zs name {len(xs) + len(zs)} values ({xs + zs})"
-        )
+        raise ctx.error(f"has {len(inputs)} inputs but xs and zs name {len(xs) + len(zs)} values ({xs + zs})")
     if any(v is None for v in inputs):
         raise ctx.error("no input may be omitted: each gives the value of a name in xs or zs")
     graph = ctx.graph
@@ -195,7 +193,5 @@ def gradient(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
     out, vjp = jax.vjp(forward, *x_vals)
     if out.size != 1 or not jnp.issubdtype(out.dtype, jnp.floating):
-        raise ctx.error(
-            f"y ({y!r}) must be a float scalar, got shape {out.shape} and dtype {out.dtype}"
-        )
+        raise ctx.error(f"y ({y!r}) must be a float scalar, got shape {out.shape} and dtype {out.dtype}")
     return tuple(vjp(jnp.ones_like(out)))

@@ -140,7 +140,7 @@ def _apply_axis(x, axis, idx, w, outside, extrapolation):
     if w is None:
         y = g
     else:
-        g = g.reshape(shape[:axis] + (out_len, k) + shape[axis + 1:])
+        g = g.reshape(shape[:axis] + (out_len, k) + shape[axis + 1 :])
         wb = jnp.asarray(w.reshape((out_len, k) + (1,) * (x.ndim - axis - 1)), g.dtype)
         y = jnp.sum(g * wb, axis=axis + 1)
     if outside is not None:
@@ -177,10 +177,7 @@ def _resize(x, scales, sizes, roi, axes, opt, ctx):
             raise ctx.error(f"scales must be positive, got {scale_list}")
         # output_dimension = floor(input_dimension * (roi_end - roi_start) * scale); roi only
         # counts for tf_crop_and_resize, the one mode that reads it.
-        out_float = [
-            in_shape[a] * ((r[1] - r[0]) if crop else 1.0) * s
-            for a, r, s in zip(axes, rois, scale_list)
-        ]
+        out_float = [in_shape[a] * ((r[1] - r[0]) if crop else 1.0) * s for a, r, s in zip(axes, rois, scale_list)]
         out_len = [int(math.floor(f)) for f in out_float]
     elif sizes is not None and sizes.size:
         size_list = static_ints(sizes)
@@ -247,9 +244,16 @@ def _legacy_options(mode, ctx):
         mode = "linear"
     if mode not in ("nearest", "linear"):
         raise ctx.error(f"unsupported mode {mode!r} (nearest or linear)")
-    opt = {"mode": mode, "ctm": "asymmetric", "nearest_mode": "legacy", "cubic_coeff_a": -0.75,
-           "exclude_outside": False, "extrapolation_value": 0.0, "antialias": False,
-           "keep_aspect_ratio_policy": "stretch"}
+    opt = {
+        "mode": mode,
+        "ctm": "asymmetric",
+        "nearest_mode": "legacy",
+        "cubic_coeff_a": -0.75,
+        "exclude_outside": False,
+        "extrapolation_value": 0.0,
+        "antialias": False,
+        "keep_aspect_ratio_policy": "stretch",
+    }
     return opt
 
 
@@ -346,7 +350,9 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners, ctx):
         raise ctx.error(f"grid has shape {jnp.shape(grid)}; expected (N={n}, *out, {r}) for X {jnp.shape(x)}")
     out_dims = jnp.shape(grid)[1:-1]
     dtype = np.dtype(jnp.result_type(x))
-    cdtype = np.dtype(jnp.result_type(grid)) if jnp.issubdtype(jnp.result_type(grid), jnp.floating) else np.dtype(np.float32)
+    cdtype = (
+        np.dtype(jnp.result_type(grid)) if jnp.issubdtype(jnp.result_type(grid), jnp.floating) else np.dtype(np.float32)
+    )
     cdtype = np.promote_types(cdtype, np.float32) if cdtype != np.float64 else cdtype
     grid = jnp.asarray(grid, cdtype).reshape(n, -1, r)  # (N, M, r)
     per_dim = []
@@ -387,7 +393,7 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners, ctx):
                 tap = jnp.trunc(_reflect(tap, lo, hi))
             resolved.append((jnp.clip(tap, 0, d - 1).astype(jnp.int32), w))
         per_dim.append(resolved)
-    strides = [int(np.prod(dims[i + 1:])) for i in range(r)]
+    strides = [int(np.prod(dims[i + 1 :])) for i in range(r)]
     flat_idx, flat_w = [], []
     for combo in itertools.product(*per_dim):
         idx = sum(t * s for (t, _), s in zip(combo, strides))
@@ -481,8 +487,11 @@ def _roi_axis_samples(start, size, pooled, grid_count, max_count, extent, base=N
     if base is not None:
         k = k + base[:, :, None].astype(start.dtype)
     count = grid_count.astype(start.dtype)
-    pos = (start[:, None, None] + p[None, :, None] * bin_size[:, None, None]
-           + (k + 0.5) * bin_size[:, None, None] / jnp.maximum(count, 1)[:, None, None])
+    pos = (
+        start[:, None, None]
+        + p[None, :, None] * bin_size[:, None, None]
+        + (k + 0.5) * bin_size[:, None, None] / jnp.maximum(count, 1)[:, None, None]
+    )
     valid = (pos >= -1.0) & (pos <= extent)
     used = (k < count[:, None, None]) & jnp.ones_like(pos, bool)
     pos = jnp.maximum(pos, 0)
@@ -524,8 +533,12 @@ def _roi_block(images, ys, xs, mode):
     def wgt(wy, wx):
         return wy[:, None, :, :, None, None] * wx[:, None, None, None, :, :]
 
-    terms = [corner(ylo, xlo) * wgt(wylo, wxlo), corner(ylo, xhi) * wgt(wylo, wxhi),
-             corner(yhi, xlo) * wgt(wyhi, wxlo), corner(yhi, xhi) * wgt(wyhi, wxhi)]
+    terms = [
+        corner(ylo, xlo) * wgt(wylo, wxlo),
+        corner(ylo, xhi) * wgt(wylo, wxhi),
+        corner(yhi, xlo) * wgt(wyhi, wxlo),
+        corner(yhi, xhi) * wgt(wyhi, wxhi),
+    ]
     used = uy[:, None, :, :, None, None] & ux[:, None, None, None, :, :]
     if mode == "avg":
         return jnp.sum(jnp.where(used, sum(terms), 0), axis=(3, 5)), None
@@ -555,7 +568,7 @@ def _roi_traced_adaptive(images, start_h, roi_h, start_w, roi_w, gh, gw, ph, pw,
     xs = _roi_axis_samples(start_w, roi_w, pw, gw, nbx * mw, w, base_x)
     taken_y = jnp.sum(ys[4] & ys[5], axis=-1)  # (R, ph): samples on the map in the window
     taken_x = jnp.sum(xs[4] & xs[5], axis=-1)
-    outside = (gh[:, None, None] * gw[:, None, None] > taken_y[:, :, None] * taken_x[:, None, :])
+    outside = gh[:, None, None] * gw[:, None, None] > taken_y[:, :, None] * taken_x[:, None, :]
     need_y = jnp.any(ys[4] & ys[5], axis=(0, 1)).reshape(nby, mh).any(axis=1)
     need_x = jnp.any(xs[4] & xs[5], axis=(0, 1)).reshape(nbx, mw).any(axis=1)
     dtype = images.dtype

@@ -68,7 +68,7 @@ def _activations(kind: str, attrs, num_directions: int, ctx) -> list[list[_Act]]
         if beta is not None and betas:
             beta = float(betas.pop(0))
         funcs.append(lambda x, fn=fn, alpha=alpha, beta=beta: fn(x, alpha, beta))
-    return [funcs[d * per_dir:(d + 1) * per_dir] for d in range(num_directions)]
+    return [funcs[d * per_dir : (d + 1) * per_dir] for d in range(num_directions)]
 
 
 def _reverse_within_lengths(x: jax.Array, lengths: jax.Array | None) -> jax.Array:
@@ -97,26 +97,26 @@ def _cell(kind: str, acts: Sequence[_Act], r, rb, p, clip, linear_before_reset, 
             f, g = acts
             hr = h @ r[: 2 * hidden].T + rb[: 2 * hidden]
             z = f(clipped(xw[:, :hidden] + hr[:, :hidden]))
-            rg = f(clipped(xw[:, hidden:2 * hidden] + hr[:, hidden:]))
-            rh, rbh = r[2 * hidden:], rb[2 * hidden:]
+            rg = f(clipped(xw[:, hidden : 2 * hidden] + hr[:, hidden:]))
+            rh, rbh = r[2 * hidden :], rb[2 * hidden :]
             if linear_before_reset:
-                pre = xw[:, 2 * hidden:] + rg * (h @ rh.T + rbh)
+                pre = xw[:, 2 * hidden :] + rg * (h @ rh.T + rbh)
             else:
-                pre = xw[:, 2 * hidden:] + (rg * h) @ rh.T + rbh
+                pre = xw[:, 2 * hidden :] + (rg * h) @ rh.T + rbh
             ht = g(clipped(pre))
             new = ((1 - z) * ht + z * h,)
         else:  # LSTM, gates in order i, o, f, c; peepholes in order i, o, f
             f, g, hact = acts
             c = state[1]
             gates = xw + h @ r.T + rb
-            gi, go, gf, gc = (gates[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            gi, go, gf, gc = (gates[:, k * hidden : (k + 1) * hidden] for k in range(4))
             i = f(clipped(gi + p[:hidden] * c))
             if input_forget:
                 fg = 1 - i
             else:
-                fg = f(clipped(gf + p[2 * hidden:] * c))
+                fg = f(clipped(gf + p[2 * hidden :] * c))
             c_new = fg * c + i * g(clipped(gc))
-            o = f(clipped(go + p[hidden:2 * hidden] * c_new))
+            o = f(clipped(go + p[hidden : 2 * hidden] * c_new))
             new = (o * hact(c_new), c_new)
         if mask is not None:
             new = tuple(jnp.where(mask, n, s) for n, s in zip(new, state))
@@ -172,8 +172,14 @@ def _recurrent(kind: str, inputs, attrs, ctx):
         xd = _reverse_within_lengths(x, lens) if reverse else x
         xw = jnp.einsum("tbi,gi->tbg", xd, w[d]) + b[d, : gates * hidden]
         step = _cell(
-            kind, acts[d], r[d], b[d, gates * hidden:], p[d] if p is not None else None, clip,
-            attrs.get("linear_before_reset"), attrs.get("input_forget"),
+            kind,
+            acts[d],
+            r[d],
+            b[d, gates * hidden :],
+            p[d] if p is not None else None,
+            clip,
+            attrs.get("linear_before_reset"),
+            attrs.get("input_forget"),
         )
         init = (h0[d], c0[d]) if kind == "LSTM" else (h0[d],)
         state, y = lax.scan(step, init, (xw, mask))

@@ -80,8 +80,10 @@ def split_to_sequence(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
     dim = jnp.shape(x)[axis]
     if split is None:
-        parts = [jnp.take(x, i, axis=axis) for i in range(dim)] if not attrs["keepdims"] else (
-            jnp.split(x, dim, axis=axis) if dim else []
+        parts = (
+            [jnp.take(x, i, axis=axis) for i in range(dim)]
+            if not attrs["keepdims"]
+            else (jnp.split(x, dim, axis=axis) if dim else [])
         )
         return (list(parts),)
     sizes = static_ints(split)
@@ -143,4 +145,3 @@ def optional_get_element(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Output
     if not inputs or inputs[0] is None:
         raise ctx.error("the optional is empty")
     return (inputs[0],)
-

@@ -29,11 +29,17 @@ def constant(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     given = {k: v for k, v in attrs.items() if v is not None}
     if len(given) != 1:
         raise ctx.error(f"needs exactly one value attribute, got {sorted(given) or 'none'}")
-    (name, value), = given.items()
+    ((name, value),) = given.items()
     if name in ("value", "sparse_value"):
         return (np.asarray(value),)
-    dtypes = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
-              "value_ints": np.int64, "value_string": object, "value_strings": object}
+    dtypes = {
+        "value_float": np.float32,
+        "value_floats": np.float32,
+        "value_int": np.int64,
+        "value_ints": np.int64,
+        "value_string": object,
+        "value_strings": object,
+    }
     return (np.asarray(value, dtype=dtypes[name]),)
 
 
@@ -298,8 +304,7 @@ def _slice(x, starts, ends, axes, steps, ctx):
         steps = (1,) * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.error(
-            f"starts {tuple(starts)}, ends {tuple(ends)}, axes {tuple(axes)} and steps "
-            f"{tuple(steps)} differ in length"
+            f"starts {tuple(starts)}, ends {tuple(ends)}, axes {tuple(axes)} and steps {tuple(steps)} differ in length"
         )
     axes = normalize_axes(axes, len(dims), ctx)
     index = [slice(None)] * len(dims)
@@ -330,9 +335,12 @@ def slice_(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Slice``, opsets 10+: static ``starts``/``ends``/``axes``/``steps`` inputs."""
     x, starts, ends, axes, steps = inputs
     return _slice(
-        x, static_ints(starts), static_ints(ends),
+        x,
+        static_ints(starts),
+        static_ints(ends),
         None if axes is None else static_ints(axes),
-        None if steps is None else static_ints(steps), ctx,
+        None if steps is None else static_ints(steps),
+        ctx,
     )
 
 

@@ -60,8 +60,11 @@ def encoder(layers: int = 2, hidden: int = 16, heads: int = 4, ffn: int = 32, vo
         x = norm(op("Add", [x, dense(h, ffn, hidden, f"{t}.ffn2")]), f"{t}.ln2")
         names[t] = {n: f"{t}.{n}" for n in ("q", "k", "v", "o", "ffn1", "ffn2")}
     graph = oh.make_graph(
-        nodes, "encoder", [oh.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["N", seq])],
-        [oh.make_tensor_value_info(x, F, ["N", seq, hidden])], inits,
+        nodes,
+        "encoder",
+        [oh.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["N", seq])],
+        [oh.make_tensor_value_info(x, F, ["N", seq, hidden])],
+        inits,
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     batch = {
@@ -82,21 +85,46 @@ def cnn(channels: int = 8, classes: int = 4):
 
     x, cin = "image", 3
     for i in range(2):
-        nodes.append(oh.make_node("Conv", [x, w(f"c{i}.w", rng.standard_normal((channels, cin, 3, 3)) * 0.3),
-                                           w(f"c{i}.b", rng.standard_normal(channels) * 0.1)], [f"conv{i}"], pads=[1, 1, 1, 1]))
-        bn = [w(f"bn{i}.{n}", v) for n, v in (
-            ("scale", 1 + 0.1 * rng.standard_normal(channels)), ("bias", 0.1 * rng.standard_normal(channels)),
-            ("mean", np.zeros(channels)), ("var", np.ones(channels)))]
+        nodes.append(
+            oh.make_node(
+                "Conv",
+                [
+                    x,
+                    w(f"c{i}.w", rng.standard_normal((channels, cin, 3, 3)) * 0.3),
+                    w(f"c{i}.b", rng.standard_normal(channels) * 0.1),
+                ],
+                [f"conv{i}"],
+                pads=[1, 1, 1, 1],
+            )
+        )
+        bn = [
+            w(f"bn{i}.{n}", v)
+            for n, v in (
+                ("scale", 1 + 0.1 * rng.standard_normal(channels)),
+                ("bias", 0.1 * rng.standard_normal(channels)),
+                ("mean", np.zeros(channels)),
+                ("var", np.ones(channels)),
+            )
+        ]
         nodes.append(oh.make_node("BatchNormalization", [f"conv{i}", *bn], [f"bnout{i}"]))
         nodes.append(oh.make_node("Relu", [f"bnout{i}"], [f"relu{i}"]))
         x, cin = f"relu{i}", channels
     nodes.append(oh.make_node("GlobalAveragePool", [x], ["pool"]))
     nodes.append(oh.make_node("Flatten", ["pool"], ["flat"]))
-    nodes.append(oh.make_node("Gemm", ["flat", w("fc.w", rng.standard_normal((classes, channels)) * 0.3),
-                                       w("fc.b", np.zeros(classes))], ["logits"], transB=1))
+    nodes.append(
+        oh.make_node(
+            "Gemm",
+            ["flat", w("fc.w", rng.standard_normal((classes, channels)) * 0.3), w("fc.b", np.zeros(classes))],
+            ["logits"],
+            transB=1,
+        )
+    )
     graph = oh.make_graph(
-        nodes, "cnn", [oh.make_tensor_value_info("image", F, ["N", 3, 8, 8])],
-        [oh.make_tensor_value_info("logits", F, ["N", classes])], inits,
+        nodes,
+        "cnn",
+        [oh.make_tensor_value_info("image", F, ["N", 3, 8, 8])],
+        [oh.make_tensor_value_info("logits", F, ["N", classes])],
+        inits,
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 15)])
     batch = {
@@ -171,10 +199,12 @@ def run_mesh(out_path: str) -> None:
                     float(np.max(np.abs(np.asarray(ts.params[n]) - np.asarray(single.params[n])))) for n in ts.params
                 ),
                 "max_state_diff": max(
-                    [float(np.max(np.abs(np.asarray(ts.state[n]) - np.asarray(single.state[n])))) for n in ts.state] or [0.0]
+                    [float(np.max(np.abs(np.asarray(ts.state[n]) - np.asarray(single.state[n])))) for n in ts.state]
+                    or [0.0]
                 ),
                 "params_keep_shardings": params_kept,
-                "opt_state_sharded_like_params": sorted(momentum) == sorted(ts.params) and all(
+                "opt_state_sharded_like_params": sorted(momentum) == sorted(ts.params)
+                and all(
                     momentum[n].sharding.is_equivalent_to(ts.params[n].sharding, ts.params[n].ndim) for n in ts.params
                 ),
                 "specs": {n: _spec(a.sharding) for n, a in {**model.params, **model.state}.items()},

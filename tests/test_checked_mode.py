@@ -17,7 +17,8 @@ I32, I64, F32 = onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto
 
 def _model(op, inputs, checked, **attrs):
     graph = oh.make_graph(
-        [oh.make_node(op, [name for name, _ in inputs], ["y"], name="culprit", **attrs)], "g",
+        [oh.make_node(op, [name for name, _ in inputs], ["y"], name="culprit", **attrs)],
+        "g",
         [oh.make_tensor_value_info(name, elem, None) for name, elem in inputs],
         [oh.make_empty_tensor_value_info("y")],
     )
@@ -28,16 +29,43 @@ CASES = [
     # op, inputs (name, type), attrs, bad feed, message
     ("Div", [("a", I32), ("b", I32)], {}, [np.array([4, 6], np.int32), np.array([2, 0], np.int32)], "division by zero"),
     ("Mod", [("a", I32), ("b", I32)], {}, [np.array([4, 6], np.int32), np.array([3, 0], np.int32)], "modulo by zero"),
-    ("Mod", [("a", I32), ("b", I32)], {"fmod": 1}, [np.array([4, 6], np.int32), np.array([0, 4], np.int32)], "modulo by zero"),
-    ("Gather", [("x", F32), ("i", I64)], {"axis": 0}, [np.arange(3, dtype=np.float32), np.array([0, 3])], "out of range"),
+    (
+        "Mod",
+        [("a", I32), ("b", I32)],
+        {"fmod": 1},
+        [np.array([4, 6], np.int32), np.array([0, 4], np.int32)],
+        "modulo by zero",
+    ),
+    (
+        "Gather",
+        [("x", F32), ("i", I64)],
+        {"axis": 0},
+        [np.arange(3, dtype=np.float32), np.array([0, 3])],
+        "out of range",
+    ),
     ("Gather", [("x", F32), ("i", I64)], {"axis": 0}, [np.arange(3, dtype=np.float32), np.array([-4])], "out of range"),
-    ("GatherElements", [("x", F32), ("i", I64)], {"axis": 1},
-     [np.ones((2, 2), np.float32), np.array([[0, 2], [1, 0]])], "out of range"),
+    (
+        "GatherElements",
+        [("x", F32), ("i", I64)],
+        {"axis": 1},
+        [np.ones((2, 2), np.float32), np.array([[0, 2], [1, 0]])],
+        "out of range",
+    ),
     ("GatherND", [("x", F32), ("i", I64)], {}, [np.ones((2, 2), np.float32), np.array([[0, 5]])], "coordinate 1"),
-    ("ScatterElements", [("x", F32), ("i", I64), ("u", F32)], {"axis": 0},
-     [np.zeros(3, np.float32), np.array([1, 7]), np.ones(2, np.float32)], "out of range"),
-    ("ScatterND", [("x", F32), ("i", I64), ("u", F32)], {},
-     [np.zeros((2, 2), np.float32), np.array([[2, 0]]), np.ones(1, np.float32)], "coordinate 0"),
+    (
+        "ScatterElements",
+        [("x", F32), ("i", I64), ("u", F32)],
+        {"axis": 0},
+        [np.zeros(3, np.float32), np.array([1, 7]), np.ones(2, np.float32)],
+        "out of range",
+    ),
+    (
+        "ScatterND",
+        [("x", F32), ("i", I64), ("u", F32)],
+        {},
+        [np.zeros((2, 2), np.float32), np.array([[2, 0]]), np.ones(1, np.float32)],
+        "coordinate 0",
+    ),
 ]
 
 
@@ -80,8 +108,10 @@ def test_checked_eager_apply_raises_immediately():
 
 def test_constant_indices_are_checked_in_either_mode():
     graph = oh.make_graph(
-        [oh.make_node("Gather", ["x", "i"], ["y"], name="const_gather", axis=0)], "g",
-        [oh.make_tensor_value_info("x", F32, [3])], [oh.make_empty_tensor_value_info("y")],
+        [oh.make_node("Gather", ["x", "i"], ["y"], name="const_gather", axis=0)],
+        "g",
+        [oh.make_tensor_value_info("x", F32, [3])],
+        [oh.make_empty_tensor_value_info("y")],
         initializer=[onnx.numpy_helper.from_array(np.array([0, 9], np.int64), "i")],
     )
     model = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))

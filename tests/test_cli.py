@@ -22,12 +22,8 @@ TRANSFORMER = MODELS / "tiny_transformer.onnx"
 SCRIPT = pathlib.Path(sys.executable).with_name("jonnx")
 
 
-def jonnx_cli(
-    *args: str, cwd: pathlib.Path | None = None
-) -> subprocess.CompletedProcess:
-    assert SCRIPT.exists(), (
-        f"console script {SCRIPT} missing: reinstall with pip install -e ."
-    )
+def jonnx_cli(*args: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess:
+    assert SCRIPT.exists(), f"console script {SCRIPT} missing: reinstall with pip install -e ."
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     return subprocess.run(
         [str(SCRIPT), *map(str, args)],
@@ -46,9 +42,7 @@ def as_json(result: subprocess.CompletedProcess) -> dict:
 
 
 def no_traceback(result: subprocess.CompletedProcess) -> None:
-    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, (
-        result.stderr
-    )
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr
 
 
 @pytest.fixture
@@ -117,15 +111,11 @@ def test_info_against_the_protobuf():
     proto = onnx.load(TRANSFORMER)
     report = as_json(jonnx_cli("info", TRANSFORMER, "--json"))
     assert report["ir_version"] == proto.ir_version
-    assert report["opsets"] == {
-        o.domain or "ai.onnx": o.version for o in proto.opset_import
-    }
+    assert report["opsets"] == {o.domain or "ai.onnx": o.version for o in proto.opset_import}
     assert [i["name"] for i in report["inputs"]] == [i.name for i in proto.graph.input]
     assert report["inputs"][0]["shape"] == ["B", "T"]
     histogram = {o["op"]: o["count"] for o in report["ops"]}
-    assert histogram == {
-        op: sum(n.op_type == op for n in proto.graph.node) for op in histogram
-    }
+    assert histogram == {op: sum(n.op_type == op for n in proto.graph.node) for op in histogram}
     assert sum(histogram.values()) == len(proto.graph.node)
     arrays = [onnx.numpy_helper.to_array(t) for t in proto.graph.initializer]
     floats = [a for a in arrays if a.dtype.kind == "f"]
@@ -133,23 +123,14 @@ def test_info_against_the_protobuf():
     assert report["parameters"]["bytes"] == sum(a.nbytes for a in floats)
     assert report["external_data"]["tensors"] == 0
     text = jonnx_cli("info", TRANSFORMER)
-    assert (
-        text.returncode == 0
-        and "LayerNormalization" in text.stdout
-        and "input_ids" in text.stdout
-    )
+    assert text.returncode == 0 and "LayerNormalization" in text.stdout and "input_ids" in text.stdout
 
 
 def test_check_passes_a_bundled_model_and_traces_at_given_dims():
-    report = as_json(
-        jonnx_cli("check", TRANSFORMER, "--dim", "B=3", "--dim", "T=5", "--json")
-    )
+    report = as_json(jonnx_cli("check", TRANSFORMER, "--dim", "B=3", "--dim", "T=5", "--json"))
     assert report["ok"] and not report["unsupported"]
     shapes = {o["name"]: o["shape"] for o in report["trace"]["outputs"]}
-    declared = {
-        o.name: o.type.tensor_type.shape.dim
-        for o in onnx.load(TRANSFORMER).graph.output
-    }
+    declared = {o.name: o.type.tensor_type.shape.dim for o in onnx.load(TRANSFORMER).graph.output}
     assert shapes["logits"] == [3, declared["logits"][1].dim_value]
     assert shapes["hidden"][:2] == [3, 5]
 
@@ -158,11 +139,7 @@ def test_check_names_every_unsupported_node_and_exits_1(custom_op_model):
     result = jonnx_cli("check", custom_op_model)
     assert result.returncode == 1
     no_traceback(result)
-    assert (
-        "FancyNorm" in result.stdout
-        and "fancy_1" in result.stdout
-        and "fancy_2" in result.stdout
-    )
+    assert "FancyNorm" in result.stdout and "fancy_1" in result.stdout and "fancy_2" in result.stdout
     report = json.loads(jonnx_cli("check", custom_op_model, "--json").stdout)
     assert [(u["node"], u["op"], u["domain"]) for u in report["unsupported"]] == [
         ("fancy_1", "FancyNorm", "com.example"),
@@ -187,17 +164,11 @@ def test_check_lists_static_inputs(tmp_path):
     path = tmp_path / "reshape.onnx"
     onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), path)
     report = as_json(jonnx_cli("check", path, "--json"))
-    assert report["static_inputs"] == [
-        {"input": "shape", "needed_by": ["Reshape 'reshape'"]}
-    ]
+    assert report["static_inputs"] == [{"input": "shape", "needed_by": ["Reshape 'reshape'"]}]
     assert report["trace"]["status"] == "skipped"
     np.save(tmp_path / "shape.npy", np.array([3, 2], np.int64))
-    traced = as_json(
-        jonnx_cli("check", path, "--input", f"shape={tmp_path / 'shape.npy'}", "--json")
-    )
-    assert traced["trace"]["outputs"] == [
-        {"name": "y", "dtype": "float32", "shape": [3, 2]}
-    ]
+    traced = as_json(jonnx_cli("check", path, "--input", f"shape={tmp_path / 'shape.npy'}", "--json"))
+    assert traced["trace"]["outputs"] == [{"name": "y", "dtype": "float32", "shape": [3, 2]}]
 
 
 def test_run_compares_with_onnxruntime_and_saves_outputs(tmp_path):
@@ -217,27 +188,19 @@ def test_run_compares_with_onnxruntime_and_saves_outputs(tmp_path):
             "--json",
         )
     )
-    (expected,) = ort.InferenceSession(
-        str(CNN), providers=["CPUExecutionProvider"]
-    ).run(None, {"image": x})
+    (expected,) = ort.InferenceSession(str(CNN), providers=["CPUExecutionProvider"]).run(None, {"image": x})
     saved = np.load(tmp_path / "out" / "logits.npy")
     np.testing.assert_allclose(saved, expected, rtol=1e-4, atol=1e-5)
     (summary,) = report["outputs"]
-    assert summary["shape"] == [2, 10] and summary["max"] == pytest.approx(
-        float(saved.max())
-    )
+    assert summary["shape"] == [2, 10] and summary["max"] == pytest.approx(float(saved.max()))
     (diff,) = report["compare"]["outputs"]
-    assert diff["max_abs"] == pytest.approx(
-        float(np.abs(saved.astype(np.float64) - expected).max()), abs=1e-12
-    )
+    assert diff["max_abs"] == pytest.approx(float(np.abs(saved.astype(np.float64) - expected).max()), abs=1e-12)
     assert diff["max_abs"] < 1e-4
 
 
 def test_run_random_inputs_on_the_transformer():
     pytest.importorskip("onnxruntime")
-    result = jonnx_cli(
-        "run", TRANSFORMER, "--random", "--dim", "T=6", "--compare", "onnxruntime"
-    )
+    result = jonnx_cli("run", TRANSFORMER, "--random", "--dim", "T=6", "--compare", "onnxruntime")
     assert result.returncode == 0, result.stderr
     assert "hidden" in result.stdout and "max abs" in result.stdout
 
@@ -260,10 +223,7 @@ def test_bench_reports_both_runtimes_per_batch():
     assert [b["batch"] for b in report["batches"]] == [1, 4]
     assert report["batches"][1]["shapes"] == {"image": [4, 3, 16, 16]}
     for b in report["batches"]:
-        assert (
-            set(b["steady"]) == {"jonnx", "onnxruntime"}
-            and b["steady"]["jonnx"]["calls"] == 3
-        )
+        assert set(b["steady"]) == {"jonnx", "onnxruntime"} and b["steady"]["jonnx"]["calls"] == 3
         assert b["first_call"]["jonnx"] > 0 and b["steady"]["onnxruntime"]["median"] > 0
     assert set(report["load"]) == {"jonnx", "onnxruntime"}
 

@@ -46,12 +46,23 @@ def _follow_the_guide(block: str) -> tuple[str, tuple[int, ...]]:
         schema = onnx.defs.get_schema(op_type, max(versions), "")
         # Step 4: onnx has no schema for the test domain, so the op declares its input count.
         return jonnx.register(
-            op_type, since=versions, domain=DOMAIN, n_inputs=len(schema.inputs),
-            attributes=schema_defaults(schema), **options,
+            op_type,
+            since=versions,
+            domain=DOMAIN,
+            n_inputs=len(schema.inputs),
+            attributes=schema_defaults(schema),
+            **options,
         )
 
-    names = {"register": register, "jnp": jnp, "static_ints": static_ints,
-             "Inputs": Inputs, "Attrs": Attrs, "OpContext": OpContext, "Outputs": Outputs}
+    names = {
+        "register": register,
+        "jnp": jnp,
+        "static_ints": static_ints,
+        "Inputs": Inputs,
+        "Attrs": Attrs,
+        "OpContext": OpContext,
+        "Outputs": Outputs,
+    }
     exec(compile(block, "CONTRIBUTING.md", "exec"), names)
     return claimed["op_type"], claimed["since"]
 
@@ -59,7 +70,9 @@ def _follow_the_guide(block: str) -> tuple[str, tuple[int, ...]]:
 def test_example_op_follows_the_guide():
     op_type, since = _follow_the_guide(_example()[0])
     # Step 1 and 2: the op lives in the module the guide names, with every version onnx defines.
-    versions = sorted(s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.name == op_type and not s.domain)
+    versions = sorted(
+        s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.name == op_type and not s.domain
+    )
     assert sorted(since) == versions
     assert registered()[("", op_type, versions[-1])].fn.__module__ == "jonnx.ops.shape"
     # Step 3: an omitted optional input arrives as None; attrs hold the schema's defaults.

@@ -101,8 +101,9 @@ def test_dense(activation, x_shape, bias):
     x, w = f32(*x_shape, low=-4, high=4), f32(3, 7, low=-3, high=3)
     b = f32(7) if bias else None
     attrs = {} if activation is None else {"activation": activation}
-    expected = ex.np_dense(x.astype(np.float64), w.astype(np.float64),
-                           None if b is None else b.astype(np.float64), activation or "linear")
+    expected = ex.np_dense(
+        x.astype(np.float64), w.astype(np.float64), None if b is None else b.astype(np.float64), activation or "linear"
+    )
     close(call("Dense", x, w, b, **attrs), expected, 1e-5)
 
 
@@ -136,8 +137,9 @@ def test_depthwise_conv2d_against_numpy(h, w, c, m, kh, kw, attrs, bias, data_fo
     kernel, b = f32(kh, kw, c, m), (f32(c * m) if bias else None)
     given = {**attrs, **({"data_format": data_format} if data_format != "NHWC" else {})}
     numpy_attrs = {k: v for k, v in given.items() if k not in ("kernel_shape", "group")}
-    expected = ex.np_depthwise_conv2d(x.astype(np.float64), kernel.astype(np.float64),
-                                      None if b is None else b.astype(np.float64), **numpy_attrs)
+    expected = ex.np_depthwise_conv2d(
+        x.astype(np.float64), kernel.astype(np.float64), None if b is None else b.astype(np.float64), **numpy_attrs
+    )
     close(call("DepthwiseConv2d", x, kernel, b, **given), expected, 1e-5)
 
 
@@ -156,7 +158,8 @@ def test_depthwise_conv2d_against_onnxruntime_grouped_conv(h, w, c, m, kh, kw, a
             begin[i], end[i] = total // 2, total - total // 2
     conv_attrs = {"group": c, "strides": strides, "dilations": dilations, "pads": begin + end}
     graph = oh.make_graph(
-        [oh.make_node("Conv", ["x", "w", "b"], ["y"], **conv_attrs)], "g",
+        [oh.make_node("Conv", ["x", "w", "b"], ["y"], **conv_attrs)],
+        "g",
         [oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in ("x", "w", "b")],
         [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
     )
@@ -222,8 +225,11 @@ def test_add_keeps_float16():
     [
         ("Relu6", lambda: (f32(3, 4, low=0.5, high=5.5),), {}),
         ("Dense", lambda: (f32(2, 3), f32(3, 4), f32(4)), {"activation": "linear"}),
-        ("DepthwiseConv2d", lambda: (f32(1, 5, 5, 2), f32(3, 3, 2, 2), f32(4)),
-         {"pads": "SAME", "strides": [2, 1], "dilations": [1, 2]}),
+        (
+            "DepthwiseConv2d",
+            lambda: (f32(1, 5, 5, 2), f32(3, 3, 2, 2), f32(4)),
+            {"pads": "SAME", "strides": [2, 1], "dilations": [1, 2]},
+        ),
         ("UpSampling2D", lambda: (f32(1, 2, 3, 2),), {"size": [2, 3]}),
         ("Add_", lambda: (f32(2, 3), f32(3)), {"alpha": -1.5}),
     ],
@@ -239,18 +245,42 @@ def test_gradients(op_type, make_inputs, attrs):
     [
         ("Relu6", (np.ones(2, np.float32),), {"beta": 1.0}, r"unknown attribute\(s\) \['beta'\]"),
         ("Dense", (np.ones((2, 3), np.float32), np.ones((4, 2), np.float32)), {}, "cannot multiply"),
-        ("Dense", (np.ones((2, 3), np.float32), np.ones((3, 2), np.float32)), {"activation": "tanh"},
-         "activation must be one of"),
-        ("DepthwiseConv2d", (np.ones((1, 4, 4, 2), np.float32), np.ones((3, 3, 2, 1), np.float32)),
-         {"pads": "FULL"}, "pads must be 'SAME' or 'VALID'"),
-        ("DepthwiseConv2d", (np.ones((1, 4, 4, 3), np.float32), np.ones((3, 3, 2, 1), np.float32)),
-         {}, "X has 3 channels"),
-        ("DepthwiseConv2d", (np.ones((1, 4, 4, 2), np.float32), np.ones((3, 3, 2, 1), np.float32)),
-         {"group": 1}, "group 1 must equal the channel count 2"),
-        ("DepthwiseConv2d", (np.ones((1, 4, 4, 2), np.float32), np.ones((3, 3, 2, 1), np.float32)),
-         {"kernel_shape": [2, 2]}, "kernel_shape"),
-        ("DepthwiseConv2d", (np.ones((1, 4, 4, 2), np.float32), np.ones((3, 3, 2, 1), np.float32)),
-         {"strides": [0, 1]}, "strides must be two positive integers"),
+        (
+            "Dense",
+            (np.ones((2, 3), np.float32), np.ones((3, 2), np.float32)),
+            {"activation": "tanh"},
+            "activation must be one of",
+        ),
+        (
+            "DepthwiseConv2d",
+            (np.ones((1, 4, 4, 2), np.float32), np.ones((3, 3, 2, 1), np.float32)),
+            {"pads": "FULL"},
+            "pads must be 'SAME' or 'VALID'",
+        ),
+        (
+            "DepthwiseConv2d",
+            (np.ones((1, 4, 4, 3), np.float32), np.ones((3, 3, 2, 1), np.float32)),
+            {},
+            "X has 3 channels",
+        ),
+        (
+            "DepthwiseConv2d",
+            (np.ones((1, 4, 4, 2), np.float32), np.ones((3, 3, 2, 1), np.float32)),
+            {"group": 1},
+            "group 1 must equal the channel count 2",
+        ),
+        (
+            "DepthwiseConv2d",
+            (np.ones((1, 4, 4, 2), np.float32), np.ones((3, 3, 2, 1), np.float32)),
+            {"kernel_shape": [2, 2]},
+            "kernel_shape",
+        ),
+        (
+            "DepthwiseConv2d",
+            (np.ones((1, 4, 4, 2), np.float32), np.ones((3, 3, 2, 1), np.float32)),
+            {"strides": [0, 1]},
+            "strides must be two positive integers",
+        ),
         ("UpSampling2D", (np.ones((1, 2, 2, 1), np.float32),), {"data_format": "NCDHW"}, "data_format"),
         ("UpSampling2D", (np.ones((2, 2, 1), np.float32),), {}, "X must be 4-D"),
     ],
@@ -280,7 +310,9 @@ def test_undeclared_attribute_is_refused_at_load_naming_the_node():
         [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21), oh.make_opsetid(ex.DOMAIN, 1)])
-    with pytest.raises(errors.ModelStructureError, match=r"'scaled_add'.*unknown attribute\(s\) \['beta'\].*\['alpha'\]"):
+    with pytest.raises(
+        errors.ModelStructureError, match=r"'scaled_add'.*unknown attribute\(s\) \['beta'\].*\['alpha'\]"
+    ):
         jonnx.load(model)
 
 

@@ -42,8 +42,20 @@ def test_two_process_data_parallel_step_equals_the_single_process_step(tmp_path)
     outs = [tmp_path / f"worker{i}.json" for i in range(2)]
     workers = [
         subprocess.Popen(
-            [sys.executable, _sharded_steps.__file__, "worker", address, str(i), str(model_path), str(batch_path), str(outs[i])],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                _sharded_steps.__file__,
+                "worker",
+                address,
+                str(i),
+                str(model_path),
+                str(batch_path),
+                str(outs[i]),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for i in range(2)
     ]
@@ -65,4 +77,6 @@ def test_two_process_data_parallel_step_equals_the_single_process_step(tmp_path)
         assert abs(result["loss"] - loss) <= 1e-5 * max(1.0, abs(loss))
         assert sorted(result["params"]) == sorted(ts.params)
         for name, value in result["params"].items():
-            np.testing.assert_allclose(np.asarray(value, np.float32), np.asarray(ts.params[name]), rtol=1e-5, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(
+                np.asarray(value, np.float32), np.asarray(ts.params[name]), rtol=1e-5, atol=1e-6, err_msg=name
+            )

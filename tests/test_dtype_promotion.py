@@ -208,9 +208,7 @@ def _mixing_ops() -> set[str]:
 
 def test_every_mixing_op_is_covered():
     missing = sorted(_mixing_ops() - set(CASES) - set(NOT_TESTED))
-    assert not missing, (
-        f"ops sharing a float type variable without a dtype-promotion case: {missing}"
-    )
+    assert not missing, f"ops sharing a float type variable without a dtype-promotion case: {missing}"
 
 
 def _model(op, inputs, attrs, feed):
@@ -220,16 +218,10 @@ def _model(op, inputs, attrs, feed):
     graph = oh.make_graph(
         [oh.make_node(op, names, [f"y{i}" for i in range(_n_outputs(op))], **attrs)],
         op,
-        [
-            oh.make_tensor_value_info(
-                feed, onnx.TensorProto.FLOAT, np.shape(inputs[feed])
-            )
-        ],
+        [oh.make_tensor_value_info(feed, onnx.TensorProto.FLOAT, np.shape(inputs[feed]))],
         [oh.make_empty_tensor_value_info(f"y{i}") for i in range(_n_outputs(op))],
         initializer=[
-            onnx.numpy_helper.from_array(np.asarray(v), k)
-            for k, v in inputs.items()
-            if v is not None and k != feed
+            onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in inputs.items() if v is not None and k != feed
         ],
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
@@ -250,8 +242,7 @@ def _expected_dtypes(op, inputs, feed, width, x64):
         bound = [
             (width if name == feed else np.asarray(v).dtype)
             for j, (name, v) in enumerate(inputs.items())
-            if v is not None
-            and schema.inputs[min(j, len(schema.inputs) - 1)].type_str == var
+            if v is not None and schema.inputs[min(j, len(schema.inputs) - 1)].type_str == var
         ]
         if not bound:
             out.append(None)
@@ -271,9 +262,7 @@ def _reference(op, model, feeds):
         old = onnx.ModelProto()
         old.CopyFrom(model)
         old.opset_import[0].version = 21
-        session = ort.InferenceSession(
-            old.SerializeToString(), providers=["CPUExecutionProvider"]
-        )
+        session = ort.InferenceSession(old.SerializeToString(), providers=["CPUExecutionProvider"])
         return session.run(None, feeds)
     return ReferenceEvaluator(model).run(None, feeds)
 
@@ -301,9 +290,7 @@ def test_other_float_width_into_float32_weights(op, x64):
             got = m(value)
         got = got if isinstance(got, (tuple, list)) else (got,)
         dtypes = _expected_dtypes(op, inputs, feed, np.dtype(width), x64)
-        narrow = width_name != "float64" and any(
-            d is not None and d.itemsize == 2 for d in dtypes
-        )
+        narrow = width_name != "float64" and any(d is not None and d.itemsize == 2 for d in dtypes)
         tol = 2e-2 if narrow else 1e-4
         for k, (g, w, d) in enumerate(zip(got, want, dtypes)):
             g = np.asarray(g)
@@ -312,9 +299,7 @@ def test_other_float_width_into_float32_weights(op, x64):
                 assert g.dtype == d, f"{where}: dtype {g.dtype}, expected {d}"
             np.testing.assert_allclose(
                 g.astype(np.float64) if g.dtype != bool else g,
-                np.asarray(w).astype(g.dtype).astype(np.float64)
-                if g.dtype != bool
-                else w,
+                np.asarray(w).astype(g.dtype).astype(np.float64) if g.dtype != bool else w,
                 rtol=tol,
                 atol=tol,
                 err_msg=where,

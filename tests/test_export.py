@@ -201,7 +201,8 @@ def _mlp() -> onnx.ModelProto:
         n("Add", ["o", "b2"], ["y"], name="add2"),
     ]
     graph = oh.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [oh.make_tensor_value_info("x", F, ["N", 512])],
         [oh.make_tensor_value_info("y", F, ["N", 3])],
         initializer=inits,
@@ -287,11 +288,13 @@ def _source_with_external_data(folder: pathlib.Path) -> tuple[pathlib.Path, dict
     """The MLP plus odd-typed initializers, saved by onnx with external data; raw bytes by name."""
     proto = _mlp()
     nan = np.frombuffer(np.array([0x7FC00001, 0xFFC12345] * 300, np.uint32).tobytes(), np.float32)
-    proto.graph.initializer.extend([
-        onh.from_array(nan, "nan_payloads"),
-        onh.from_array(np.arange(300, dtype=np.int64), "int_table"),
-        onh.from_array(np.linspace(-3, 3, 600).astype(ml_dtypes.bfloat16), "bf16"),
-    ])
+    proto.graph.initializer.extend(
+        [
+            onh.from_array(nan, "nan_payloads"),
+            onh.from_array(np.arange(300, dtype=np.int64), "int_table"),
+            onh.from_array(np.linspace(-3, 3, 600).astype(ml_dtypes.bfloat16), "bf16"),
+        ]
+    )
     raw = {t.name: t.raw_data for t in proto.graph.initializer}
     path = folder / "src.onnx"
     onnx.save_model(proto, path, save_as_external_data=True, location="src.onnx.data", size_threshold=1024)
@@ -332,13 +335,25 @@ def _branchy_model() -> onnx.ModelProto:
     big_const = onh.from_array(rng.normal(size=400).astype(np.float32), "c")
     then_init = onh.from_array(rng.normal(size=400).astype(np.float32), "t_init")
     then_graph = oh.make_graph(
-        [oh.make_node("Add", ["t_init", "k"], ["t_out"], name="then_add")], "then", [],
-        [oh.make_tensor_value_info("t_out", F, [400])], initializer=[then_init],
+        [oh.make_node("Add", ["t_init", "k"], ["t_out"], name="then_add")],
+        "then",
+        [],
+        [oh.make_tensor_value_info("t_out", F, [400])],
+        initializer=[then_init],
     )
     else_graph = oh.make_graph(
-        [oh.make_node("Constant", [], ["e_out"], name="else_const",
-                      value=onh.from_array(rng.normal(size=400).astype(np.float32), "e_value"))],
-        "else", [], [oh.make_tensor_value_info("e_out", F, [400])],
+        [
+            oh.make_node(
+                "Constant",
+                [],
+                ["e_out"],
+                name="else_const",
+                value=onh.from_array(rng.normal(size=400).astype(np.float32), "e_value"),
+            )
+        ],
+        "else",
+        [],
+        [oh.make_tensor_value_info("e_out", F, [400])],
     )
     nodes = [
         oh.make_node("Constant", [], ["k"], name="const", value=big_const),
@@ -347,8 +362,11 @@ def _branchy_model() -> onnx.ModelProto:
     ]
     w = onh.from_array(np.linspace(0, 1, 400).astype(np.float32), "w")
     graph = oh.make_graph(
-        nodes, "branchy", [oh.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
-        [oh.make_tensor_value_info("y", F, [400])], initializer=[w],
+        nodes,
+        "branchy",
+        [oh.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
+        [oh.make_tensor_value_info("y", F, [400])],
+        initializer=[w],
     )
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
 
@@ -359,8 +377,14 @@ def test_external_subgraph_and_attribute_tensors_are_resolved(tmp_path):
     out_dir.mkdir()
     proto = _branchy_model()
     # (save_model moves the data out of the proto it is given: save a copy)
-    onnx.save_model(_branchy_model(), src_dir / "b.onnx", save_as_external_data=True, location="b.data",
-                    size_threshold=1024, convert_attribute=True)
+    onnx.save_model(
+        _branchy_model(),
+        src_dir / "b.onnx",
+        save_as_external_data=True,
+        location="b.data",
+        size_threshold=1024,
+        convert_attribute=True,
+    )
     stored = onnx.load(src_dir / "b.onnx", load_external_data=False)
     assert stored.graph.node[0].attribute[0].t.data_location == onnx.TensorProto.EXTERNAL
     assert stored.graph.node[1].attribute[1].g.initializer[0].data_location == onnx.TensorProto.EXTERNAL
@@ -472,4 +496,3 @@ def test_bad_options(tmp_path):
         jonnx.save(model, tmp_path / "m.onnx", external_data="yes")
     with pytest.raises(ValueError, match="size_threshold"):
         jonnx.save(model, tmp_path / "m.onnx", size_threshold=-1)
-

@@ -20,7 +20,12 @@ def _leaky_function(default: float | None = None) -> onnx.FunctionProto:
     node = oh.make_node("LeakyRelu", ["x"], ["y"])
     node.attribute.append(oh.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT))
     function = oh.make_function(
-        DOMAIN, "Leaky", ["x"], ["y"], [node], opset_imports=[oh.make_opsetid("", 18)],
+        DOMAIN,
+        "Leaky",
+        ["x"],
+        ["y"],
+        [node],
+        opset_imports=[oh.make_opsetid("", 18)],
         attributes=[] if default is not None else ["alpha"],
     )
     if default is not None:
@@ -30,11 +35,14 @@ def _leaky_function(default: float | None = None) -> onnx.FunctionProto:
 
 def _model(nodes, functions, outputs=("y",)) -> onnx.ModelProto:
     graph = oh.make_graph(
-        nodes, "g", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
         [oh.make_tensor_value_info(o, onnx.TensorProto.FLOAT, [4]) for o in outputs],
     )
     model = oh.make_model(
-        graph, functions=functions,
+        graph,
+        functions=functions,
         opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid(DOMAIN, 1)],
     )
     model.ir_version = 10  # onnx's default is newer than onnxruntime reads
@@ -61,9 +69,14 @@ def test_attribute_default_applies_when_the_call_omits_it():
 
 def test_function_defined_after_its_caller_and_nested_calls():
     outer = oh.make_function(
-        DOMAIN, "Twice", ["a"], ["b"],
-        [oh.make_node("Leaky", ["a"], ["t"], domain=DOMAIN, alpha=0.5),
-         oh.make_node("Leaky", ["t"], ["b"], domain=DOMAIN, alpha=0.5)],
+        DOMAIN,
+        "Twice",
+        ["a"],
+        ["b"],
+        [
+            oh.make_node("Leaky", ["a"], ["t"], domain=DOMAIN, alpha=0.5),
+            oh.make_node("Leaky", ["t"], ["b"], domain=DOMAIN, alpha=0.5),
+        ],
         opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid(DOMAIN, 1)],
     )
     # "Twice" calls "Leaky", which is listed after it.
@@ -92,8 +105,9 @@ def test_omitted_optional_input_and_unread_output():
         oh.make_node("Clip", ["x", "lo", ""], ["y"]),
         oh.make_node("Neg", ["x"], ["unused"]),
     ]
-    function = oh.make_function(DOMAIN, "Floor0", ["x", "lo"], ["y", "unused"], body,
-                                opset_imports=[oh.make_opsetid("", 18)])
+    function = oh.make_function(
+        DOMAIN, "Floor0", ["x", "lo"], ["y", "unused"], body, opset_imports=[oh.make_opsetid("", 18)]
+    )
     lo = oh.make_node("Constant", [], ["lo"], value=onnx.numpy_helper.from_array(np.array(0.0, np.float32)))
     with_lo = _model([lo, oh.make_node("Floor0", ["x", "lo"], ["y"], domain=DOMAIN)], [function])
     np.testing.assert_allclose(_run(with_lo)[0], np.maximum(X, 0))
@@ -102,17 +116,30 @@ def test_omitted_optional_input_and_unread_output():
 
 
 def test_recursive_functions_are_refused():
-    a = oh.make_function(DOMAIN, "A", ["x"], ["y"], [oh.make_node("B", ["x"], ["y"], domain=DOMAIN)],
-                         opset_imports=[oh.make_opsetid(DOMAIN, 1)])
-    b = oh.make_function(DOMAIN, "B", ["x"], ["y"], [oh.make_node("A", ["x"], ["y"], domain=DOMAIN)],
-                         opset_imports=[oh.make_opsetid(DOMAIN, 1)])
+    a = oh.make_function(
+        DOMAIN,
+        "A",
+        ["x"],
+        ["y"],
+        [oh.make_node("B", ["x"], ["y"], domain=DOMAIN)],
+        opset_imports=[oh.make_opsetid(DOMAIN, 1)],
+    )
+    b = oh.make_function(
+        DOMAIN,
+        "B",
+        ["x"],
+        ["y"],
+        [oh.make_node("A", ["x"], ["y"], domain=DOMAIN)],
+        opset_imports=[oh.make_opsetid(DOMAIN, 1)],
+    )
     with pytest.raises(errors.ModelStructureError, match="call themselves.*A -> .*B -> .*A"):
         jonnx.load(_model([oh.make_node("A", ["x"], ["y"], domain=DOMAIN)], [a, b]))
 
 
 def test_call_with_too_many_inputs_names_the_call():
-    model = _model([oh.make_node("Leaky", ["x", "x"], ["y"], domain=DOMAIN, name="bad", alpha=0.1)],
-                   [_leaky_function()])
+    model = _model(
+        [oh.make_node("Leaky", ["x", "x"], ["y"], domain=DOMAIN, name="bad", alpha=0.1)], [_leaky_function()]
+    )
     with pytest.raises(errors.ModelStructureError, match="'bad'.*2 inputs.*takes 1"):
         jonnx.load(model)
 
@@ -124,9 +151,12 @@ def test_function_body_uses_its_own_opset():
     body = [axes, oh.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=1), oh.make_node("Sub", ["x", "s"], ["y"])]
     function = oh.make_function(DOMAIN, "Center", ["x"], ["y"], body, opset_imports=[oh.make_opsetid("", 18)])
     graph = oh.make_graph(
-        [oh.make_node("Center", ["x"], ["y"], domain=DOMAIN)], "g",
-        [oh.make_tensor_value_info("x", 1, [4])], [oh.make_tensor_value_info("y", 1, [4])],
+        [oh.make_node("Center", ["x"], ["y"], domain=DOMAIN)],
+        "g",
+        [oh.make_tensor_value_info("x", 1, [4])],
+        [oh.make_tensor_value_info("y", 1, [4])],
     )
-    model = oh.make_model(graph, functions=[function],
-                          opset_imports=[oh.make_opsetid("", 11), oh.make_opsetid(DOMAIN, 1)])
+    model = oh.make_model(
+        graph, functions=[function], opset_imports=[oh.make_opsetid("", 11), oh.make_opsetid(DOMAIN, 1)]
+    )
     np.testing.assert_allclose(_run(model)[0], X - X.sum(), rtol=1e-6)

@@ -197,8 +197,7 @@ def _to_float64(model: onnx.ModelProto, feeds: list[np.ndarray], *, beyond_schem
     cast = {
         name
         for i, name in enumerate(node.input)
-        if name in by_name and _formal(schema.inputs, i).type_str in type_vars
-        and _is_float_dtype(by_name[name].dtype)
+        if name in by_name and _formal(schema.inputs, i).type_str in type_vars and _is_float_dtype(by_name[name].dtype)
     }
     model = onnx.ModelProto.FromString(model.SerializeToString())
     for v in model.graph.input:
@@ -265,7 +264,7 @@ def _node_cases() -> tuple[list[GradCase], dict[str, list[str]], list[GradCase]]
         if case.name in _EXCLUDED:
             skipped[f"excluded: {_EXCLUDED[case.name]}"].append(case.name)
             continue
-        (inputs, _), = case.data_sets  # every node case has one data set
+        ((inputs, _),) = case.data_sets  # every node case has one data set
         result = _to_float64(case.model, [_as_array(x) for x in inputs])
         if isinstance(result, str):
             skipped[result].append(case.name)
@@ -444,9 +443,7 @@ def _handmade_cases() -> list[GradCase]:
     }
     cases = []
     for op, (node, feeds) in models.items():
-        inputs = [
-            oh.make_tensor_value_info(k, oh.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()
-        ]
+        inputs = [oh.make_tensor_value_info(k, oh.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()]
         graph = oh.make_graph([node], op, inputs, [oh.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)])
         model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 22)])
         since = onnx.defs.get_schema(op, 22).since_version
@@ -546,11 +543,7 @@ def test_coverage():
         *(f"  {len(v):4d}  {reason}" for reason, v in sorted(skipped.items(), key=lambda kv: -len(kv[1]))),
     ]
     print("\n" + "\n".join(lines))
-    differentiable = {
-        s.name
-        for s in onnx.defs.get_all_schemas()
-        if not s.deprecated and _is_differentiable(s)
-    }
+    differentiable = {s.name for s in onnx.defs.get_all_schemas() if not s.deprecated and _is_differentiable(s)}
     assert differentiable <= all_ops, f"differentiable ops never checked: {sorted(differentiable - all_ops)}"
     assert len(node_ops) >= _MIN_NODE_OPS and len(kept) >= _MIN_NODE_CASES, "\n".join(lines)
     assert len(random_ops) >= _MIN_RANDOM_OPS, "\n".join(lines)
@@ -568,12 +561,15 @@ def test_coverage():
 
 def _model(nodes, inputs: dict, outputs, *, opset: int = 22, initializers: dict | None = None):
     """A float64 model of ``nodes``; ``inputs`` and ``initializers`` map names to arrays."""
+
     def info(name, value):
         value = np.asarray(value)
         return oh.make_tensor_value_info(name, oh.np_dtype_to_tensor_dtype(value.dtype), value.shape)
 
     graph = oh.make_graph(
-        nodes, "g", [info(k, v) for k, v in inputs.items()],
+        nodes,
+        "g",
+        [info(k, v) for k, v in inputs.items()],
         [oh.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outputs],
         initializer=[onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()],
     )
@@ -639,8 +635,12 @@ def test_div_at_zero_numerator():
 
 @pytest.mark.parametrize(
     "op,attrs",
-    [("ReduceL2", {"keepdims": 0}), ("LpNormalization", {"p": 2, "axis": 1}), ("LpNormalization", {"p": 1, "axis": 1}),
-     ("ReduceL1", {"keepdims": 0})],
+    [
+        ("ReduceL2", {"keepdims": 0}),
+        ("LpNormalization", {"p": 2, "axis": 1}),
+        ("LpNormalization", {"p": 1, "axis": 1}),
+        ("ReduceL1", {"keepdims": 0}),
+    ],
 )
 def test_norms_of_a_zero_vector_have_finite_gradients(op, attrs):
     # Row 0 is all zeros: ||x|| has no derivative there (a cone's tip; x / ||x|| is
@@ -720,8 +720,9 @@ def test_max_pool_ties_and_padding():
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 def test_average_pool_with_padding(count_include_pad):
     x = np.arange(9.0).reshape(1, 1, 3, 3)
-    node = oh.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], pads=[1, 1, 1, 1],
-                        count_include_pad=count_include_pad)
+    node = oh.make_node(
+        "AveragePool", ["x"], ["y"], kernel_shape=[2, 2], pads=[1, 1, 1, 1], count_include_pad=count_include_pad
+    )
     model = _model([node], {"x": x}, ["y"], opset=19)
     # Each of the 16 windows divides by 4 (padding counted) or by its number of real inputs.
     counts = np.array([[1, 2, 2, 1], [2, 4, 4, 2], [2, 4, 4, 2], [1, 2, 2, 1]])
@@ -729,7 +730,7 @@ def test_average_pool_with_padding(count_include_pad):
     want = np.zeros((3, 3))
     for i in range(4):
         for j in range(4):
-            want[max(i - 1, 0):i + 1, max(j - 1, 0):j + 1] += 1 / divisor[i, j]
+            want[max(i - 1, 0) : i + 1, max(j - 1, 0) : j + 1] += 1 / divisor[i, j]
     np.testing.assert_allclose(_grad(model, {"x": x}, "x")[0, 0], want, rtol=1e-12)
     with jax.enable_x64(True):
         m = jonnx.load(model)
@@ -773,11 +774,16 @@ def test_empty_reduction_has_zero_tangent():
 
 def _with_constant_indices(name: str) -> GradCase:
     case = _suite()[name]
-    (inputs, _), = case.data_sets
+    ((inputs, _),) = case.data_sets
     data, indices, updates = (_as_array(v) for v in inputs)
     node = case.model.graph.node[0]
-    model = _model([node], {"data": data.astype(np.float64), "updates": updates.astype(np.float64)},
-                   list(node.output), opset=18, initializers={node.input[1]: indices})
+    model = _model(
+        [node],
+        {"data": data.astype(np.float64), "updates": updates.astype(np.float64)},
+        list(node.output),
+        opset=18,
+        initializers={node.input[1]: indices},
+    )
     # The graph inputs are the node's names for data and updates.
     model.graph.input[0].name, model.graph.input[1].name = node.input[0], node.input[2]
     return GradCase(name, node.op_type, 18, model, [data.astype(np.float64), updates.astype(np.float64)], [0, 1], [0])

@@ -14,9 +14,7 @@ import pytest
 import jonnx
 
 ROOT = pathlib.Path(__file__).parent.parent
-BLOCKS = re.findall(
-    r"```python\n(.*?)```", (ROOT / "docs" / "interop.md").read_text(), re.DOTALL
-)
+BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "interop.md").read_text(), re.DOTALL)
 # The library each block needs beyond jonnx's own dependencies, in the page's order.
 NEEDS = {
     "flax.nnx": "flax",

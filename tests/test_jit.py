@@ -28,7 +28,8 @@ def _constant_weight_classifier() -> onnx.ModelProto:
         oh.make_node("Softmax", ["logits"], ["probs"], axis=1),
     ]
     graph = oh.make_graph(
-        nodes, "constant_weight_classifier",
+        nodes,
+        "constant_weight_classifier",
         [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 64])],
         [oh.make_tensor_value_info("probs", onnx.TensorProto.FLOAT, ["n", 100])],
         initializer=[onnx.numpy_helper.from_array(np.linspace(-1, 1, 100, dtype=np.float32), "b")],

@@ -53,9 +53,7 @@ def test_greedy_decoding_matches_onnxruntime_for_32_steps_with_one_compilation(d
     decode = ex.generate(model, prompt, 32)
     before = len(_COMPILES)
     tokens = np.asarray(decode(model.params, prompt))
-    assert len(_COMPILES) - before == 1, (
-        f"{len(_COMPILES) - before} compilations for the whole loop"
-    )
+    assert len(_COMPILES) - before == 1, f"{len(_COMPILES) - before} compilations for the whole loop"
     np.testing.assert_array_equal(tokens, ex.onnxruntime_generate(proto, prompt, 32))
     # A second prompt of the same shape reuses the compiled loop.
     other = np.random.default_rng(2).integers(0, ex.VOCAB, (2, 5)).astype(np.int64)
@@ -71,6 +69,4 @@ def test_finetuning_the_float_weights_lowers_the_loss(decoder):
     assert losses[-1] < 0.7 * losses[0], losses
     # The 4-bit weights' scales are float parameters too, and training moved them.
     name = "layers.0.q_proj.scales"
-    assert name in params and not np.allclose(
-        np.asarray(params[name]), np.asarray(model.params[name])
-    )
+    assert name in params and not np.allclose(np.asarray(params[name]), np.asarray(model.params[name]))

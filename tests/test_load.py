@@ -16,7 +16,8 @@ from jonnx import errors
 def _add_model(weight: onnx.TensorProto | None = None) -> onnx.ModelProto:
     w = weight if weight is not None else onnx.numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")
     graph = oh.make_graph(
-        [oh.make_node("Add", ["x", "w"], ["y"], name="add")], "g",
+        [oh.make_node("Add", ["x", "w"], ["y"], name="add")],
+        "g",
         [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
         [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])],
         initializer=[w],
@@ -165,7 +166,9 @@ def test_three_unsupported_nodes_in_one_error():
         oh.make_node("AlsoMissing", ["b"], ["c"], name="second", domain="my.domain"),
         oh.make_node("NoSuchOp", ["c"], ["y"], name="third"),
     ]
-    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])])
+    graph = oh.make_graph(
+        nodes, "g", [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])]
+    )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("my.domain", 3)])
     with pytest.raises(errors.UnsupportedOpError) as info:
         jonnx.load(model)
@@ -179,7 +182,9 @@ def test_three_unsupported_nodes_in_one_error():
 
 def test_unsorted_nodes_are_ordered():
     nodes = [oh.make_node("Abs", ["a"], ["y"], name="second"), oh.make_node("Neg", ["x"], ["a"], name="first")]
-    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])])
+    graph = oh.make_graph(
+        nodes, "g", [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])]
+    )
     model = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
     assert [n.name for n in model.graph.nodes] == ["first", "second"]
     np.testing.assert_array_equal(np.asarray(model(np.array([1.0, -2.0], np.float32))[0]), [1.0, 2.0])
@@ -194,21 +199,29 @@ def test_unsorted_nodes_are_ordered():
     ],
 )
 def test_malformed_graphs(nodes, match):
-    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])])
+    graph = oh.make_graph(
+        nodes, "g", [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])]
+    )
     with pytest.raises(errors.ModelStructureError, match=match):
         jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
 
 
 def test_missing_required_attribute_names_node():
     node = oh.make_node("Cast", ["x"], ["y"], name="needs_to")
-    graph = oh.make_graph([node], "g", [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])])
+    graph = oh.make_graph(
+        [node], "g", [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])]
+    )
     with pytest.raises(errors.ModelStructureError, match="'needs_to'.*'to'"):
         jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
 
 
 def test_opset_newer_than_onnx_is_refused_unless_allowed():
-    graph = oh.make_graph([oh.make_node("Relu", ["x"], ["y"])], "g",
-                          [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])])
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [oh.make_tensor_value_info("x", 1, [2])],
+        [oh.make_tensor_value_info("y", 1, [2])],
+    )
     newer = onnx.defs.onnx_opset_version() + 5
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", newer)])
     with pytest.raises(errors.UnsupportedOpError, match=f"opset {newer}.*allow_newer_opset=True"):
@@ -225,7 +238,8 @@ def _two_adds(opset: int, first=None, relu=None, second=None) -> onnx.ModelProto
         oh.make_node("Add", ["r", "b"], ["y"], name="second", **(second or {})),
     ]
     graph = oh.make_graph(
-        nodes, "g",
+        nodes,
+        "g",
         [oh.make_tensor_value_info("x", 1, [2, 3]), oh.make_tensor_value_info("b", 1, [3])],
         [oh.make_tensor_value_info("y", 1, [2, 3])],
     )

@@ -68,14 +68,18 @@ _CHILD = textwrap.dedent(
 
 def _mlp(path: pathlib.Path) -> tuple[int, np.ndarray]:
     rng = np.random.default_rng(0)
-    weights = [(rng.standard_normal((WIDTH, WIDTH), np.float32) / np.sqrt(WIDTH)).astype(np.float32) for _ in range(LAYERS)]
+    weights = [
+        (rng.standard_normal((WIDTH, WIDTH), np.float32) / np.sqrt(WIDTH)).astype(np.float32) for _ in range(LAYERS)
+    ]
     nodes, x = [], "x"
     for i in range(LAYERS):
         nodes.append(oh.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]))
         nodes.append(oh.make_node("Tanh", [f"m{i}"], [f"h{i}"]))
         x = f"h{i}"
     graph = oh.make_graph(
-        nodes, "mlp", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, WIDTH])],
+        nodes,
+        "mlp",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, WIDTH])],
         [oh.make_tensor_value_info(x, onnx.TensorProto.FLOAT, [1, WIDTH])],
         [onh.from_array(w, f"w{i}") for i, w in enumerate(weights)],
     )
@@ -91,7 +95,10 @@ def test_load_first_call_and_save_stay_near_the_weights_size(tmp_path):
     nbytes, expected = _mlp(path)
     child = subprocess.run(
         [sys.executable, "-c", _CHILD, str(path), str(nbytes), str(WIDTH)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert child.returncode == 0, child.stderr[-3000:]
     result = json.loads(child.stdout.strip().splitlines()[-1])

@@ -53,8 +53,9 @@ def _flatten_by_shape() -> onnx.ModelProto:
         onnx.numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
         onnx.numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(6, 2) / 10, "w"),
     ]
-    return _model(nodes, [oh.make_tensor_value_info("x", 1, ["N", 2, 3])],
-                  [oh.make_tensor_value_info("y", 1, ["N", 2])], inits)
+    return _model(
+        nodes, [oh.make_tensor_value_info("x", 1, ["N", 2, 3])], [oh.make_tensor_value_info("y", 1, ["N", 2])], inits
+    )
 
 
 def test_params_are_the_float_initializers():
@@ -68,7 +69,8 @@ def test_params_are_the_float_initializers():
 def test_float_initializer_feeding_a_static_input_is_a_constant():
     model = _model(
         [oh.make_node("ScaleBy", ["x", "factor"], ["y"], domain=TEST_DOMAIN)],
-        [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])],
+        [oh.make_tensor_value_info("x", 1, [2])],
+        [oh.make_tensor_value_info("y", 1, [2])],
         [onnx.numpy_helper.from_array(np.array(3.0, np.float32), "factor")],
         [oh.make_opsetid(TEST_DOMAIN, 1)],
     )
@@ -161,7 +163,8 @@ def test_traced_static_input_names_node_input_and_chain():
 def test_call_compiles_once_per_signature():
     model = _model(
         [oh.make_node("CountTraces", ["x"], ["y"], domain=TEST_DOMAIN)],
-        [oh.make_tensor_value_info("x", 1, ["N"])], [oh.make_tensor_value_info("y", 1, ["N"])],
+        [oh.make_tensor_value_info("x", 1, ["N"])],
+        [oh.make_tensor_value_info("y", 1, ["N"])],
         extra_opsets=[oh.make_opsetid(TEST_DOMAIN, 1)],
     )
     m = jonnx.load(model)
@@ -175,7 +178,8 @@ def test_call_compiles_once_per_signature():
 def test_custom_domain_op_runs_and_double_registration_raises():
     model = _model(
         [oh.make_node("ScaleBy", ["x", "f"], ["y"], domain=TEST_DOMAIN)],
-        [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [2])],
+        [oh.make_tensor_value_info("x", 1, [2])],
+        [oh.make_tensor_value_info("y", 1, [2])],
         [onnx.numpy_helper.from_array(np.array(2.0, np.float32), "f")],
         [oh.make_opsetid(TEST_DOMAIN, 4)],  # newest registered version <= 4 is used
     )
@@ -208,7 +212,8 @@ def test_int64_with_x64_disabled_computes_in_int32():
 def test_node_errors_name_the_node():
     model = _model(
         [oh.make_node("Reshape", ["x", "shape"], ["y"], name="bad_reshape")],
-        [oh.make_tensor_value_info("x", 1, [6])], [oh.make_tensor_value_info("y", 1, None)],
+        [oh.make_tensor_value_info("x", 1, [6])],
+        [oh.make_tensor_value_info("y", 1, None)],
         [onnx.numpy_helper.from_array(np.array([4, 4], np.int64), "shape")],
     )
     with pytest.raises(errors.NodeError, match="'bad_reshape'.*cannot reshape"):

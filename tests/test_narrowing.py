@@ -44,9 +44,7 @@ def test_int64_constant_beyond_int32_warns_naming_the_node():
         model(X)
     (warning,) = record  # one warning for the model's trace
     message = str(warning.message)
-    assert (
-        "node 'scale' (Mul)" in message and "'c'" in message and "3000000000" in message
-    )
+    assert "node 'scale' (Mul)" in message and "'c'" in message and "3000000000" in message
     assert "jax_enable_x64" in message
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -64,9 +62,7 @@ def test_with_x64_the_same_model_is_exact():
 
 def test_checked_mode_raises_instead():
     model = jonnx.load(scaled_argmax(3_000_000_000), checked=True)
-    with pytest.raises(
-        errors.NumericCheckError, match=r"node 'scale' \(Mul\).*3000000000.*int32"
-    ):
+    with pytest.raises(errors.NumericCheckError, match=r"node 'scale' \(Mul\).*3000000000.*int32"):
         model(X)
 
 
@@ -107,16 +103,8 @@ def test_folded_float64_beyond_float32_range_warns():
         model(np.array([1.0, 0.0]))
     # numpy also warns ("overflow encountered in cast") when JAX casts the folded value; only
     # jonnx's warning names the node.
-    ours = [
-        str(w.message)
-        for w in record
-        if issubclass(w.category, errors.NarrowingWarning)
-    ]
-    assert (
-        len(ours) == 1
-        and "node 'scale' (Mul) value 'big'" in ours[0]
-        and "float32" in ours[0]
-    )
+    ours = [str(w.message) for w in record if issubclass(w.category, errors.NarrowingWarning)]
+    assert len(ours) == 1 and "node 'scale' (Mul) value 'big'" in ours[0] and "float32" in ours[0]
 
 
 def test_slice_ends_at_int64_max_are_not_narrowed():
@@ -134,9 +122,9 @@ def test_slice_ends_at_int64_max_are_not_narrowed():
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        (got,) = jonnx.load(
-            oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
-        )(np.arange(4, dtype=np.float32))
+        (got,) = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))(
+            np.arange(4, dtype=np.float32)
+        )
     np.testing.assert_array_equal(got, [1, 2, 3])
 
 

@@ -49,7 +49,12 @@ def test_operators_page_lists_onnx_domains_only():
     text = _load_generator().render()
     headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
     assert headings == [
-        "ai.onnx", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training", "com.microsoft", "Totals",
+        "ai.onnx",
+        "ai.onnx.ml",
+        "ai.onnx.preview",
+        "ai.onnx.preview.training",
+        "com.microsoft",
+        "Totals",
     ]
     # Custom ops registered by tests and examples never reach the page.
     assert "DocsProbe" not in text and "jonnx.tests.docs" not in text
@@ -59,8 +64,13 @@ def test_operators_page_lists_onnx_domains_only():
 def test_microsoft_table_lists_every_registered_contrib_op():
     generator = _load_generator()
     text = generator.render()
-    ours = sorted({op for (domain, op, _), d in registered().items()
-                   if domain == "com.microsoft" and generator._is_jonnx_own(d.fn)})
+    ours = sorted(
+        {
+            op
+            for (domain, op, _), d in registered().items()
+            if domain == "com.microsoft" and generator._is_jonnx_own(d.fn)
+        }
+    )
     assert "GroupQueryAttention" in ours and "MatMulNBits" in ours
     for op in ours:
         assert f"| {op} | 1 | |" in text

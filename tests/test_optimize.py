@@ -32,9 +32,7 @@ def rand(*shape):
 
 
 def _model(nodes, inputs, outputs, inits, opset=17):
-    graph = oh.make_graph(
-        nodes, "g", inputs, outputs, [onh.from_array(v, k) for k, v in inits.items()]
-    )
+    graph = oh.make_graph(nodes, "g", inputs, outputs, [onh.from_array(v, k) for k, v in inits.items()])
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
 
 
@@ -54,9 +52,7 @@ def conv_bn(opset=17):
     }
     nodes = [
         oh.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-        oh.make_node(
-            "BatchNormalization", ["c", "s", "beta", "m", "v"], ["y"], epsilon=1e-3
-        ),
+        oh.make_node("BatchNormalization", ["c", "s", "beta", "m", "v"], ["y"], epsilon=1e-3),
         oh.make_node("Relu", ["y"], ["r"]),
         oh.make_node("Conv", ["r", "w2"], ["c2"]),  # no bias
         oh.make_node("BatchNormalization", ["c2", "s2", "beta2", "m2", "v2"], ["out"]),
@@ -96,9 +92,7 @@ def qkv():
         oh.make_node("Add", ["q0", "bq"], ["q"]),
         oh.make_node("MatMul", ["x", "w1"], ["k"]),
         oh.make_node("MatMul", ["x", "w2"], ["v"]),
-        oh.make_node(
-            "MatMul", ["q", "k"], ["qk"], name="not_parallel"
-        ),  # reads x only indirectly
+        oh.make_node("MatMul", ["q", "k"], ["qk"], name="not_parallel"),  # reads x only indirectly
         oh.make_node("Concat", ["qk", "v"], ["out"], axis=-1),
     ]
     io = (
@@ -183,12 +177,8 @@ def _compare(proto, feeds, switches):
     for train in (False, True):
         got = on.apply_with_state(on.params, **feeds, train=train, key=key)
         want = off.apply_with_state(off.params, **feeds, train=train, key=key)
-        for a, b in zip(
-            jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
-        ):
-            np.testing.assert_allclose(
-                np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5
-            )
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
         g_on = jax.grad(_loss(on, feeds, train, key))(on.params)
         g_off = jax.grad(_loss(off, feeds, train, key))(off.params)
         for name in g_off:
@@ -204,11 +194,7 @@ def _compare(proto, feeds, switches):
 
 
 # Each pass alone on the graphs it rewrites and one it does not; all passes on every graph.
-COMBOS = [
-    (p, g)
-    for p in (*optimize.PASSES, "constant_weights")
-    for g in REWRITES.get(p, ["small_cnn"]) + ["qkv"]
-]
+COMBOS = [(p, g) for p in (*optimize.PASSES, "constant_weights") for g in REWRITES.get(p, ["small_cnn"]) + ["qkv"]]
 COMBOS += [("all", g) for g in (*BUILT, *BUNDLED)]
 
 
@@ -231,12 +217,8 @@ def test_pass_on_equals_off(pass_name, name):
 def test_optimized_matches_onnxruntime(name):
     proto, feeds = BUILT[name]()
     if name == "dead_and_random":
-        pytest.skip(
-            "Dropout in inference is the identity; covered by the comparison above"
-        )
-    session = ort.InferenceSession(
-        proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+        pytest.skip("Dropout in inference is the identity; covered by the comparison above")
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     want = session.run(None, feeds)
     got = jonnx.load(proto)(**feeds)
     for a, b in zip(got, want):
@@ -247,9 +229,7 @@ def test_batchnorm_folds_only_in_inference():
     proto, _ = conv_bn()
     model = jonnx.load(proto, optimize={"fold_batchnorm": True})
     ops = lambda train: [n.op_type for n in model._graph_for(train).nodes]
-    assert "BatchNormalization" not in ops(False) and "BatchNormalization" not in ops(
-        None
-    )
+    assert "BatchNormalization" not in ops(False) and "BatchNormalization" not in ops(None)
     assert ops(True).count("BatchNormalization") == 2
 
 
@@ -288,13 +268,8 @@ def test_options_survive_pickling():
     import pickle
 
     proto, _feeds = conv_bn()
-    model = pickle.loads(
-        pickle.dumps(jonnx.load(proto, optimize={"fold_batchnorm": False}))
-    )
-    assert (
-        model.optimize["fold_batchnorm"] is False
-        and model.optimize["dead_nodes"] is True
-    )
+    model = pickle.loads(pickle.dumps(jonnx.load(proto, optimize={"fold_batchnorm": False})))
+    assert model.optimize["fold_batchnorm"] is False and model.optimize["dead_nodes"] is True
 
 
 def test_constant_weights_is_off_unless_named():
@@ -327,6 +302,9 @@ def test_training_gradients_equal_the_plain_graph(monkeypatch):
         want = np.asarray(g_plain[name])
         scale = float(np.max(np.abs(want), initial=1.0))
         np.testing.assert_allclose(
-            np.asarray(g_fast[name]), want, rtol=1e-5, atol=1e-5 * scale,
+            np.asarray(g_fast[name]),
+            want,
+            rtol=1e-5,
+            atol=1e-5 * scale,
             err_msg=f"gradient of {name}",
         )

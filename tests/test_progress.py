@@ -81,10 +81,7 @@ def test_progress_into_a_pipe_is_plain_lines(restore_logger, always_shown):
     assert "\r" not in text and "\x1b" not in text
     lines = text.splitlines()
     assert any(line.startswith("reading initializers:") for line in lines)
-    assert any(
-        line.startswith("tracing graph 'small_cnn':") and "nodes" in line
-        for line in lines
-    )
+    assert any(line.startswith("tracing graph 'small_cnn':") and "nodes" in line for line in lines)
     assert any(line.startswith("XLA compiled in") for line in lines)
 
 
@@ -120,25 +117,19 @@ def test_quiet_tasks_leave_only_a_debug_record(caplog):
     with caplog.at_level(logging.DEBUG, logger="jonnx"):
         jonnx.load(CNN)
     levels = {r.levelno for r in caplog.records if r.name == "jonnx"}
-    assert levels == {
-        logging.DEBUG
-    }  # loading small_cnn takes far less than QUIET_SECONDS
+    assert levels == {logging.DEBUG}  # loading small_cnn takes far less than QUIET_SECONDS
 
 
 def _cli_stderr(use_terminal: bool) -> str:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     args = [str(SCRIPT), "run", str(CNN), "--random", "-vv"]
     if not use_terminal:
-        result = subprocess.run(
-            args, check=False, capture_output=True, text=True, timeout=300, env=env
-        )
+        result = subprocess.run(args, check=False, capture_output=True, text=True, timeout=300, env=env)
         assert result.returncode == 0, result.stderr
         return result.stderr
     leader, follower = pty.openpty()
     try:
-        process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=follower, env=env
-        )
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=follower, env=env)
         os.close(follower)
         chunks = []
         while True:

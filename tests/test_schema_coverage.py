@@ -29,7 +29,5 @@ def test_registered_versions_are_real_schemas():
     # onnxruntime registers two of its contrib ops in the default domain, and files from its
     # optimizer and the genai builder carry them there (ops/microsoft/normalization.py).
     onnxruntime_contrib = {("", "LayerNormalization", 1), ("", "SimplifiedLayerNormalization", 1)}
-    extra = sorted(
-        k for k in registered() if k[0] in domains and k not in schemas and k not in onnxruntime_contrib
-    )
+    extra = sorted(k for k in registered() if k[0] in domains and k not in schemas and k not in onnxruntime_contrib)
     assert not extra, f"registered versions onnx does not define: {extra}"

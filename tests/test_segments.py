@@ -35,9 +35,7 @@ def count_compiles():
     # Listeners cannot be removed: register one for the whole session.
     if not _listening:
         jax.monitoring.register_event_duration_secs_listener(
-            lambda event, duration, **kw: (
-                _compiles.append(event) if event == _COMPILE_EVENT else None
-            )
+            lambda event, duration, **kw: _compiles.append(event) if event == _COMPILE_EVENT else None
         )
         _listening = True
     start = len(_compiles)
@@ -47,9 +45,7 @@ def count_compiles():
 
 
 def _ort(model: onnx.ModelProto, feeds: dict) -> list:
-    session = ort.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
 
 
@@ -61,9 +57,7 @@ def _detector() -> onnx.ModelProto:
     """Conv backbone -> per-pixel box deltas and a score -> decoded boxes -> NMS -> Gather."""
     rng = np.random.default_rng(0)
     ys, xs = np.meshgrid(np.arange(8.0), np.arange(8.0), indexing="ij")
-    anchors = (
-        np.stack([ys, xs, ys + 2.0, xs + 2.0], -1).reshape(1, 64, 4).astype(np.float32)
-    )
+    anchors = np.stack([ys, xs, ys + 2.0, xs + 2.0], -1).reshape(1, 64, 4).astype(np.float32)
     inits = [
         _init("w1", rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32)),
         _init("b1", np.zeros(8, np.float32)),
@@ -121,9 +115,7 @@ def test_detector_compiles_backbone_once_and_tail_once_per_count():
             detections, selected = model(image)
             want_detections, want_selected = _ort(proto, {"image": image})
             np.testing.assert_array_equal(np.asarray(selected), want_selected)
-            np.testing.assert_allclose(
-                np.asarray(detections), want_detections, rtol=1e-5, atol=1e-5
-            )
+            np.testing.assert_allclose(np.asarray(detections), want_detections, rtol=1e-5, atol=1e-5)
             counts.add(len(want_selected))
     assert len(counts) > 2, "the images should give several numbers of detections"
     # The backbone segment once, the tail once per number of detections.
@@ -241,15 +233,11 @@ def _sample(rng, name):
     return x
 
 
-@pytest.mark.parametrize(
-    "name, proto", list(_value_models()), ids=lambda v: v if isinstance(v, str) else ""
-)
+@pytest.mark.parametrize("name, proto", list(_value_models()), ids=lambda v: v if isinstance(v, str) else "")
 def test_new_values_of_one_shape_do_not_recompile(name, proto):
     model = jonnx.load(proto)
     # No graph input is a static argument of a segment: each call's data is traced.
-    assert not set(model.input_names) & {
-        n for s in model.segment_plan.stages for n in s.static
-    }
+    assert not set(model.input_names) & {n for s in model.segment_plan.stages for n in s.static}
     rng = np.random.default_rng(2)
     shapes = set()
     for _ in range(12):
@@ -317,18 +305,10 @@ def _zipmap_model(labels) -> onnx.ModelProto:
     kind = TensorProto.STRING if key == "classlabels_strings" else TensorProto.INT64
     z = oh.make_value_info(
         "z",
-        oh.make_sequence_type_proto(
-            oh.make_map_type_proto(
-                kind, oh.make_tensor_type_proto(TensorProto.FLOAT, [])
-            )
-        ),
+        oh.make_sequence_type_proto(oh.make_map_type_proto(kind, oh.make_tensor_type_proto(TensorProto.FLOAT, []))),
     )
-    graph = oh.make_graph(
-        nodes, "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n])], [z]
-    )
-    return oh.make_model(
-        graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 1)]
-    )
+    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n])], [z])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 1)])
 
 
 @pytest.mark.parametrize("labels", [[3, 7, 11], ["a", "b", "c"]], ids=["int", "str"])
@@ -342,15 +322,9 @@ def test_zipmap_over_1000_rows_is_fast_and_plain(labels):
     (want,) = _ort(proto, {"x": x})
     assert elapsed < 2.0, elapsed
     assert isinstance(got, list) and len(got) == 1000
-    assert all(
-        type(k) is type(labels[0]) and type(v) is float
-        for row in got
-        for k, v in row.items()
-    )
+    assert all(type(k) is type(labels[0]) and type(v) is float for row in got for k, v in row.items())
     assert [list(r) for r in got] == [list(r) for r in want]
-    np.testing.assert_allclose(
-        [list(r.values()) for r in got], [list(r.values()) for r in want], rtol=1e-6
-    )
+    np.testing.assert_allclose([list(r.values()) for r in got], [list(r.values()) for r in want], rtol=1e-6)
 
 
 def test_string_output_under_users_jit_names_the_output():
@@ -371,9 +345,7 @@ def test_string_output_under_users_jit_names_the_output():
     )
     model = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
     x = np.array([-1.0, 2.0], np.float32)
-    with pytest.raises(
-        errors.StaticValueError, match=r"'label_names'.*Model\(\*inputs\)"
-    ):
+    with pytest.raises(errors.StaticValueError, match=r"'label_names'.*Model\(\*inputs\)"):
         jax.jit(model.apply)(model.params, x)
     y, names = model(x)
     np.testing.assert_array_equal(np.asarray(y), [0.0, 2.0])
@@ -399,9 +371,7 @@ def test_bounded_detector_runs_inside_users_jit_and_matches_up_to_padding():
             assert count == len(want_selected)
             np.testing.assert_array_equal(selected[:count], want_selected)
             assert (selected[count:] == -1).all()
-            np.testing.assert_allclose(
-                detections[:count], want_detections, rtol=1e-5, atol=1e-5
-            )
+            np.testing.assert_allclose(detections[:count], want_detections, rtol=1e-5, atol=1e-5)
     assert len(compiles) == 1
 
 
@@ -465,16 +435,25 @@ def test_bounded_compress_pads_with_zeros_and_counts(axis):
 @pytest.mark.parametrize("axis", [None, 0])
 def test_bounded_unique_pads_and_matches_onnxruntime(sorted_, axis):
     node = oh.make_node(
-        "Unique", ["r"], ["y", "indices", "inverse", "counts"], sorted=sorted_,
+        "Unique",
+        ["r"],
+        ["y", "indices", "inverse", "counts"],
+        sorted=sorted_,
         **({} if axis is None else {"axis": axis}),
     )
     graph = oh.make_graph(
         [oh.make_node("Floor", ["x"], ["r"]), node],
         "g",
         [oh.make_tensor_value_info("x", TensorProto.FLOAT, [8, 2])],
-        [oh.make_tensor_value_info(n, t, None) for n, t in [
-            ("y", TensorProto.FLOAT), ("indices", TensorProto.INT64),
-            ("inverse", TensorProto.INT64), ("counts", TensorProto.INT64)]],
+        [
+            oh.make_tensor_value_info(n, t, None)
+            for n, t in [
+                ("y", TensorProto.FLOAT),
+                ("indices", TensorProto.INT64),
+                ("inverse", TensorProto.INT64),
+                ("counts", TensorProto.INT64),
+            ]
+        ],
     )
     proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     bound = 16 if axis is None else 8

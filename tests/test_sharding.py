@@ -30,11 +30,18 @@ KINDS = ("data_parallel", "fsdp", "tensor_parallel")
 @pytest.fixture(scope="module")
 def mesh_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("mesh") / "report.json"
-    env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip(),
+    }
     env["JAX_PLATFORMS"] = "cpu"
     child = subprocess.run(
-        [sys.executable, str(SCRIPT), "mesh", str(out)], env=env, capture_output=True, text=True,
-        timeout=600, check=False,
+        [sys.executable, str(SCRIPT), "mesh", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert child.returncode == 0, child.stderr[-4000:]
     return json.loads(out.read_text())

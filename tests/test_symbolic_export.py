@@ -29,15 +29,9 @@ def test_cnn_exports_with_a_symbolic_batch_and_runs_at_three_sizes():
     spec = jax.ShapeDtypeStruct(export.symbolic_shape("b, 3, 16, 16"), jnp.float32)
     exported = export.export(jax.jit(model.apply))(model.params, spec)
     restored = export.deserialize(exported.serialize())
-    session = ort.InferenceSession(
-        str(MODELS / "small_cnn.onnx"), providers=["CPUExecutionProvider"]
-    )
+    session = ort.InferenceSession(str(MODELS / "small_cnn.onnx"), providers=["CPUExecutionProvider"])
     for batch in (1, 3, 8):
-        image = (
-            np.random.default_rng(batch)
-            .standard_normal((batch, 3, 16, 16))
-            .astype(np.float32)
-        )
+        image = np.random.default_rng(batch).standard_normal((batch, 3, 16, 16)).astype(np.float32)
         (got,) = restored.call(model.params, image)
         (want,) = session.run(None, {"image": image})
         assert got.shape == want.shape
@@ -48,9 +42,7 @@ def test_a_node_needing_a_concrete_dim_names_itself():
     # Without a bound on t, Slice cannot tell whether t passes the 64-row position table.
     model = jonnx.load(MODELS / "tiny_transformer.onnx")
     spec = jax.ShapeDtypeStruct(export.symbolic_shape("b, t"), jnp.int32)
-    with pytest.raises(
-        errors.StaticValueError, match=r"node 'Slice_pos' \(Slice.*constraints"
-    ):
+    with pytest.raises(errors.StaticValueError, match=r"node 'Slice_pos' \(Slice.*constraints"):
         export.export(jax.jit(model.apply))(model.params, spec, spec)
 
 
@@ -66,12 +58,8 @@ def test_transformer_exports_with_symbolic_batch_and_length():
     # The position table has 64 rows: the bound makes Slice's clamp decidable for every t.
     b, t = export.symbolic_shape("b, t", constraints=["t <= 64"])
     spec = jax.ShapeDtypeStruct((b, t), jnp.int32)
-    restored = export.deserialize(
-        export.export(jax.jit(model.apply))(model.params, spec, spec).serialize()
-    )
-    session = ort.InferenceSession(
-        str(MODELS / "tiny_transformer.onnx"), providers=["CPUExecutionProvider"]
-    )
+    restored = export.deserialize(export.export(jax.jit(model.apply))(model.params, spec, spec).serialize())
+    session = ort.InferenceSession(str(MODELS / "tiny_transformer.onnx"), providers=["CPUExecutionProvider"])
     for batch, length in ((1, 5), (3, 11), (4, 64)):
         feeds = _transformer_inputs(batch, length, seed=batch)
         got = restored.call(model.params, *(v.astype(np.int32) for v in feeds.values()))
@@ -125,12 +113,8 @@ def test_shape_arithmetic_exports_symbolically():
     proto = _shape_arithmetic_model()
     model = jonnx.load(proto)
     spec = jax.ShapeDtypeStruct(export.symbolic_shape("n, 6"), jnp.float32)
-    restored = export.deserialize(
-        export.export(jax.jit(model.apply))(model.params, spec).serialize()
-    )
-    session = ort.InferenceSession(
-        proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    restored = export.deserialize(export.export(jax.jit(model.apply))(model.params, spec).serialize())
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for n in (1, 4, 9):
         x = np.random.default_rng(n).standard_normal((n, 6)).astype(np.float32)
         (got,) = restored.call(model.params, x)

@@ -32,16 +32,27 @@ def _eval_mode_model(bn_opset: int) -> onnx.ModelProto:
     ratio = onnx.numpy_helper.from_array(np.array(RATIO, np.float32), "ratio")
     nodes = [
         oh.make_node("BatchNormalization", bn_inputs, ["bn"], name="bn", **bn_attrs),
-        oh.make_node("Dropout", ["bn", "ratio"] if bn_opset >= 12 else ["bn"], ["d1"], name="drop1",
-                     **({} if bn_opset >= 12 else {"ratio": RATIO, **({"is_test": 1} if bn_opset < 7 else {})})),
-        oh.make_node("Dropout", ["x", "ratio"] if bn_opset >= 12 else ["x"], ["d2"], name="drop2",
-                     **({} if bn_opset >= 12 else {"ratio": RATIO, **({"is_test": 1} if bn_opset < 7 else {})})),
+        oh.make_node(
+            "Dropout",
+            ["bn", "ratio"] if bn_opset >= 12 else ["bn"],
+            ["d1"],
+            name="drop1",
+            **({} if bn_opset >= 12 else {"ratio": RATIO, **({"is_test": 1} if bn_opset < 7 else {})}),
+        ),
+        oh.make_node(
+            "Dropout",
+            ["x", "ratio"] if bn_opset >= 12 else ["x"],
+            ["d2"],
+            name="drop2",
+            **({} if bn_opset >= 12 else {"ratio": RATIO, **({"is_test": 1} if bn_opset < 7 else {})}),
+        ),
     ]
     inits = [onnx.numpy_helper.from_array(v, k) for k, v in STATS.items()]
     if bn_opset >= 12:
         inits.append(ratio)
     graph = oh.make_graph(
-        nodes, "eval_mode",
+        nodes,
+        "eval_mode",
         [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", C, 4, 4])],
         [oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, ["N", C, 4, 4]) for n in ("bn", "d1", "d2")],
         initializer=inits,
@@ -65,8 +76,12 @@ def test_train_uses_batch_statistics_and_the_onnx_momentum_rule(opset):
     want = (X - batch_mean.reshape(shape)) / np.sqrt(batch_var.reshape(shape) + EPS)
     want = want * STATS["scale"].reshape(shape) + STATS["bias"].reshape(shape)
     np.testing.assert_allclose(np.asarray(bn), want, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(np.asarray(new_state["mean"]), STATS["mean"] * MOMENTUM + batch_mean * (1 - MOMENTUM), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(new_state["var"]), STATS["var"] * MOMENTUM + batch_var * (1 - MOMENTUM), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(new_state["mean"]), STATS["mean"] * MOMENTUM + batch_mean * (1 - MOMENTUM), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        np.asarray(new_state["var"]), STATS["var"] * MOMENTUM + batch_var * (1 - MOMENTUM), rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("opset", [7, 13, 15])

@@ -41,12 +41,17 @@ def _resnet_block(rng: np.random.Generator, *, read_stats: bool = False) -> onnx
     With ``read_stats`` the first BatchNormalization's new running mean is also a graph
     output (some exports expose it); otherwise the statistics outputs dangle, as PyTorch's do.
     """
+
     def bn(i: int, x: str, y: str) -> list[onnx.NodeProto]:
         return [
             oh.make_node(
-                "BatchNormalization", [x, f"bn{i}.weight", f"bn{i}.bias", f"bn{i}.running_mean", f"bn{i}.running_var"],
-                [y, f"bn{i}.mean_out", f"bn{i}.var_out"], name=f"/bn{i}/BatchNormalization",
-                epsilon=1e-5, momentum=MOMENTUM, training_mode=1,
+                "BatchNormalization",
+                [x, f"bn{i}.weight", f"bn{i}.bias", f"bn{i}.running_mean", f"bn{i}.running_var"],
+                [y, f"bn{i}.mean_out", f"bn{i}.var_out"],
+                name=f"/bn{i}/BatchNormalization",
+                epsilon=1e-5,
+                momentum=MOMENTUM,
+                training_mode=1,
             )
         ]
 
@@ -174,7 +179,11 @@ def test_statistics_read_downstream_pass_through_in_inference(tmp_path):
     np.testing.assert_array_equal(np.asarray(mean_out), np.asarray(state["bn0.running_mean"]))
 
     (logits_t, mean_t), new_state = model.apply(model.params, x, state=state, key=jax.random.key(0))
-    batch_mean = np.asarray(jax.jit(lambda p, x: model.apply(p, x, state=state, train=True, key=jax.random.key(0)))(model.params, x)[1]["bn0.running_mean"])
+    batch_mean = np.asarray(
+        jax.jit(lambda p, x: model.apply(p, x, state=state, train=True, key=jax.random.key(0)))(model.params, x)[1][
+            "bn0.running_mean"
+        ]
+    )
     np.testing.assert_allclose(np.asarray(mean_t), batch_mean, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(new_state["bn0.running_mean"]), batch_mean, rtol=1e-6)
 
@@ -273,12 +282,18 @@ def _shared_statistic() -> onnx.ModelProto:
         oh.make_node("BatchNormalization", ["y1", "s", "b", "m", "v"], ["y2"], name="bn_b"),
         oh.make_node("BatchNormalization", ["y2", "s", "b", "m_in", "v"], ["y3"], name="bn_c"),
     ]
-    inits = [_init("s", np.ones(2, np.float32)), _init("b", np.zeros(2, np.float32)),
-             _init("m", np.zeros(2, np.float32)), _init("v", np.ones(2, np.float32))]
+    inits = [
+        _init("s", np.ones(2, np.float32)),
+        _init("b", np.zeros(2, np.float32)),
+        _init("m", np.zeros(2, np.float32)),
+        _init("v", np.ones(2, np.float32)),
+    ]
     graph = oh.make_graph(
-        nodes, "g",
+        nodes,
+        "g",
         [oh.make_tensor_value_info("x", FLOAT, [4, 2]), oh.make_tensor_value_info("m_in", FLOAT, [2])],
-        [oh.make_tensor_value_info("y3", FLOAT, [4, 2])], inits,
+        [oh.make_tensor_value_info("y3", FLOAT, [4, 2])],
+        inits,
     )
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 15)])
 
@@ -294,19 +309,32 @@ def test_statistics_that_cannot_be_state_refuse_training_by_name():
         model.apply(model.params, x, m_in, train=True)
     (y,) = model.apply(model.params, x, m_in, train=False)  # inference needs no state
     (theirs,) = ort.InferenceSession(_shared_statistic().SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x, "m_in": m_in})
+        None, {"x": x, "m_in": m_in}
+    )
     np.testing.assert_allclose(np.asarray(y), theirs, rtol=1e-5, atol=1e-5)
 
 
 def test_statistics_updated_inside_a_subgraph_are_refused():
     bn = oh.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="inner_bn")
     body = oh.make_graph([bn], "then", [], [oh.make_tensor_value_info("y", FLOAT, [4, 2])])
-    other = oh.make_graph([oh.make_node("Identity", ["x"], ["z"])], "else", [], [oh.make_tensor_value_info("z", FLOAT, [4, 2])])
+    other = oh.make_graph(
+        [oh.make_node("Identity", ["x"], ["z"])], "else", [], [oh.make_tensor_value_info("z", FLOAT, [4, 2])]
+    )
     node = oh.make_node("If", ["c"], ["out"], name="branch", then_branch=body, else_branch=other)
-    inits = [_init("s", np.ones(2, np.float32)), _init("b", np.zeros(2, np.float32)),
-             _init("m", np.zeros(2, np.float32)), _init("v", np.ones(2, np.float32)), _init("c", np.array(True))]
-    graph = oh.make_graph([node], "g", [oh.make_tensor_value_info("x", FLOAT, [4, 2])],
-                          [oh.make_tensor_value_info("out", FLOAT, [4, 2])], inits)
+    inits = [
+        _init("s", np.ones(2, np.float32)),
+        _init("b", np.zeros(2, np.float32)),
+        _init("m", np.zeros(2, np.float32)),
+        _init("v", np.ones(2, np.float32)),
+        _init("c", np.array(True)),
+    ]
+    graph = oh.make_graph(
+        [node],
+        "g",
+        [oh.make_tensor_value_info("x", FLOAT, [4, 2])],
+        [oh.make_tensor_value_info("out", FLOAT, [4, 2])],
+        inits,
+    )
     model = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 15)]))
     x = np.arange(8, dtype=np.float32).reshape(4, 2)
     model.apply(model.params, x, train=False)
@@ -325,10 +353,18 @@ def test_statistics_that_are_also_parameters_are_refused_not_tied():
         oh.make_node("BatchNormalization", ["x", "ones", "zeros", "zeros", "ones"], ["y"], name="bn", epsilon=1e-3),
         oh.make_node("Gemm", ["y", "w", "zeros"], ["out"], name="fc"),
     ]
-    inits = [_init("ones", np.ones(2, np.float32)), _init("zeros", np.zeros(2, np.float32)),
-             _init("w", rng.normal(0, 1, (2, 2)).astype(np.float32))]
-    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", FLOAT, ["N", 2])],
-                          [oh.make_tensor_value_info("out", FLOAT, ["N", 2])], inits)
+    inits = [
+        _init("ones", np.ones(2, np.float32)),
+        _init("zeros", np.zeros(2, np.float32)),
+        _init("w", rng.normal(0, 1, (2, 2)).astype(np.float32)),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", FLOAT, ["N", 2])],
+        [oh.make_tensor_value_info("out", FLOAT, ["N", 2])],
+        inits,
+    )
     proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 15)])
     model = jonnx.load(proto)
     assert model.state == {} and set(model.params) == {"ones", "zeros", "w"}
@@ -348,11 +384,19 @@ def test_legacy_batchnorm_with_five_outputs_saves_for_inference(tmp_path, opset)
     names = ["y", "mean_out", "var_out", "saved_mean", "saved_var"]
     bn = oh.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], names, name="bn", momentum=0.8)
     rng = np.random.default_rng(opset)
-    inits = [_init("s", rng.uniform(0.5, 1.5, 2).astype(np.float32)), _init("b", np.zeros(2, np.float32)),
-             _init("m", rng.normal(0, 1, 2).astype(np.float32)), _init("v", rng.uniform(0.5, 2, 2).astype(np.float32))]
-    graph = oh.make_graph([bn, oh.make_node("Add", ["y", "saved_mean"], ["out"])], "g",
-                          [oh.make_tensor_value_info("x", FLOAT, [5, 2])],
-                          [oh.make_tensor_value_info("out", FLOAT, [5, 2])], inits)
+    inits = [
+        _init("s", rng.uniform(0.5, 1.5, 2).astype(np.float32)),
+        _init("b", np.zeros(2, np.float32)),
+        _init("m", rng.normal(0, 1, 2).astype(np.float32)),
+        _init("v", rng.uniform(0.5, 2, 2).astype(np.float32)),
+    ]
+    graph = oh.make_graph(
+        [bn, oh.make_node("Add", ["y", "saved_mean"], ["out"])],
+        "g",
+        [oh.make_tensor_value_info("x", FLOAT, [5, 2])],
+        [oh.make_tensor_value_info("out", FLOAT, [5, 2])],
+        inits,
+    )
     model = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)]))
     x = rng.normal(0, 2, (5, 2)).astype(np.float32)
     (_,), new_state = model.apply(model.params, x, train=True)
@@ -384,8 +428,14 @@ def test_pickled_model_with_external_data_is_self_contained(tmp_path):
     rng = np.random.default_rng(6)
     proto = _resnet_block(rng)
     path = str(tmp_path / "ext.onnx")
-    onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="ext.onnx.data", size_threshold=0)
+    onnx.save_model(
+        proto,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="ext.onnx.data",
+        size_threshold=0,
+    )
     model = jonnx.load(path)
     x, _ = _task(rng, 4)
     blob = pickle.dumps(model)

@@ -184,6 +184,6 @@ def fit(
         if progress:
             shown = "  ".join(f"{k} {v:.4g}" for k, v in record.items() if k not in ("epoch", "steps"))
             line.line(f"epoch {epoch + 1}/{epochs}: {shown}")
-        if not all(math.isfinite(v) for v in history.steps["loss"][-len(host):]):
+        if not all(math.isfinite(v) for v in history.steps["loss"][-len(host) :]):
             line.line(f"warning: non-finite loss in epoch {epoch + 1}")
     return train_state, history

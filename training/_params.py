@@ -132,4 +132,3 @@ def mask_frozen(optimizer: optax.GradientTransformation, mask: Mapping[str, bool
         return optimizer
     labels = {n: TRAINABLE if m else FROZEN for n, m in mask.items()}
     return optax.multi_transform({TRAINABLE: optimizer, FROZEN: optax.set_to_zero()}, labels)
-

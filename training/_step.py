@@ -76,7 +76,9 @@ def split_loss(result: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
             raise TypeError("a loss function returns a scalar, or (scalar, dict of metrics)")
         loss, aux = result
         if "loss" in aux:
-            raise ValueError("a loss function's metrics dict cannot use the name 'loss' (the step reports the loss itself)")
+            raise ValueError(
+                "a loss function's metrics dict cannot use the name 'loss' (the step reports the loss itself)"
+            )
         aux = dict(aux)
     else:
         loss, aux = result, {}
@@ -187,7 +189,9 @@ class TrainStep:
             opt_state=opt_state,
         )
 
-    def __call__(self, train_state: TrainState, batch: Any, key: jax.Array | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+    def __call__(
+        self, train_state: TrainState, batch: Any, key: jax.Array | None = None
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
         """One optimization step (jit-compiled; compiled once per batch shape).
 
         Args:
@@ -208,9 +212,7 @@ class TrainStep:
         shardings = jax.tree.map(lambda x: getattr(x, "sharding", None), train_state)
         if self._sharded is None or self._sharded[0] != shardings:
             whole = NamedSharding(self.model.mesh, PartitionSpec())
-            step = jonnx.jit(
-                self._step, donate_argnums=(0,) if self.donate else (), out_shardings=(shardings, whole)
-            )
+            step = jonnx.jit(self._step, donate_argnums=(0,) if self.donate else (), out_shardings=(shardings, whole))
             self._sharded = (shardings, step)
         return self._sharded[1](train_state, batch, key)
 

@@ -35,9 +35,7 @@ Exit codes: 0 success, 1 the model has a problem (unsupported op, load or run er
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("model", metavar="MODEL", help="path to an .onnx file")
-    common.add_argument(
-        "--json", action="store_true", help="print one JSON object instead of text"
-    )
+    common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     common.add_argument(
         "-v",
         "--verbose",
@@ -72,9 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         help="fill inputs not given with --input with random values (floats: standard normal; "
         "integers feeding a Gather: valid indices, else 0 or 1; bools: random)",
     )
-    inputs.add_argument(
-        "--seed", type=int, default=0, help="seed for --random (default 0)"
-    )
+    inputs.add_argument("--seed", type=int, default=0, help="seed for --random (default 0)")
 
     parser = argparse.ArgumentParser(
         prog="jonnx",
@@ -92,9 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         "shapes, parameter count and bytes, op histogram, subgraphs and functions, external data. "
         "Reads the file only; external data is not read.",
     )
-    info.add_argument(
-        "--top", type=int, default=0, metavar="N", help="show only the N most used ops"
-    )
+    info.add_argument("--top", type=int, default=0, metavar="N", help="show only the N most used ops")
 
     sub.add_parser(
         "check",
@@ -119,9 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=["onnxruntime"],
         help="compare every output with this runtime",
     )
-    run.add_argument(
-        "--output", metavar="DIR", help="save every output as DIR/<name>.npy"
-    )
+    run.add_argument("--output", metavar="DIR", help="save every output as DIR/<name>.npy")
 
     bench = sub.add_parser(
         "bench",
@@ -137,9 +129,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="B[,B...]",
         help="batch sizes: the size of every symbolic leading dimension (default 1), e.g. 1,32",
     )
-    bench.add_argument(
-        "--compare", choices=["onnxruntime"], help="time this runtime alongside"
-    )
+    bench.add_argument("--compare", choices=["onnxruntime"], help="time this runtime alongside")
     bench.add_argument(
         "--repeat",
         type=int,

@@ -79,9 +79,7 @@ def _batches(text: str) -> list[int]:
     except ValueError:
         batches = []
     if not batches or any(b < 1 for b in batches):
-        raise UsageError(
-            f"--batch {text!r}: expected positive integers separated by commas, e.g. 1,32"
-        )
+        raise UsageError(f"--batch {text!r}: expected positive integers separated by commas, e.g. 1,32")
     return batches
 
 
@@ -113,15 +111,9 @@ def _steady(runners: dict[str, Callable[[], Any]], repeat: int) -> dict[str, dic
         calls += 1
         if repeat and calls >= repeat:
             break
-        if not repeat and (
-            calls >= MAX_CALLS
-            or (calls >= MIN_CALLS and time.perf_counter() > deadline)
-        ):
+        if not repeat and (calls >= MAX_CALLS or (calls >= MIN_CALLS and time.perf_counter() > deadline)):
             break
-    return {
-        name: {"median": statistics.median(t), "min": min(t), "calls": len(t)}
-        for name, t in times.items()
-    }
+    return {name: {"median": statistics.median(t), "min": min(t), "calls": len(t)} for name, t in times.items()}
 
 
 def _ms(seconds: float) -> str:

@@ -63,14 +63,11 @@ def run(args: argparse.Namespace) -> tuple[dict, int]:
         if info.kind != "tensor" or info.dtype is None or info.shape is None:
             report["trace"] = {
                 "status": "skipped",
-                "reason": f"input {info.name!r} has no declared tensor shape: "
-                "give it with --input to trace",
+                "reason": f"input {info.name!r} has no declared tensor shape: give it with --input to trace",
             }
             report["ok"] = True
             return report, 0
-        abstract[info.name] = jax.ShapeDtypeStruct(
-            concrete_shape(info, dims), info.dtype
-        )
+        abstract[info.name] = jax.ShapeDtypeStruct(concrete_shape(info, dims), info.dtype)
     static = {n: v for n, v in given.items() if n in model.static_input_names}
     dynamic_given = {n: v for n, v in given.items() if n not in static}
 
@@ -78,12 +75,7 @@ def run(args: argparse.Namespace) -> tuple[dict, int]:
         outputs, _ = model.apply_with_state(params, **inputs, **static)
         return outputs
 
-    shapes = {
-        n: concrete_shape(v, dims)
-        for v in model.graph.inputs
-        for n in [v.name]
-        if v.shape is not None
-    }
+    shapes = {n: concrete_shape(v, dims) for v in model.graph.inputs for n in [v.name] if v.shape is not None}
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -113,9 +105,7 @@ def _static_requirements(model: Any) -> list[dict]:
     """Each static graph input and the nodes that need it at trace time."""
     found = []
     for name in model.static_input_names:
-        users = sorted(
-            {f"{n.op_type} {n.name!r}" for n in _static_users(model.graph, name)}
-        )
+        users = sorted({f"{n.op_type} {n.name!r}" for n in _static_users(model.graph, name)})
         found.append({"input": name, "needed_by": users})
     return found
 
@@ -138,10 +128,7 @@ def _static_users(graph: Any, source: str) -> list[Any]:
                     frontier.append(out)
     users = []
     for node in graph.nodes:
-        if any(
-            i < len(node.inputs) and node.inputs[i] in reached
-            for i in node.static_inputs
-        ):
+        if any(i < len(node.inputs) and node.inputs[i] in reached for i in node.static_inputs):
             users.append(node)
     return users
 
@@ -155,35 +142,24 @@ def _data_dependent(model: Any) -> list[dict]:
     found: dict[str, dict] = {}
     for name in model.static_input_names:
         for node in _static_users(model.graph, name):
-            entry = found.setdefault(
-                node.name, {"node": node.name, "op": node.op_type, "inputs": []}
-            )
+            entry = found.setdefault(node.name, {"node": node.name, "op": node.op_type, "inputs": []})
             entry["inputs"].append(name)
     return list(found.values())
 
 
 def render(report: dict, out: TextIO) -> None:
-    out.write(
-        f"{report['model']}: {'OK, jonnx can run it' if report['ok'] else 'PROBLEMS'}\n"
-    )
+    out.write(f"{report['model']}: {'OK, jonnx can run it' if report['ok'] else 'PROBLEMS'}\n")
     if report["unsupported"]:
         out.write(f"unsupported operators ({len(report['unsupported'])} nodes):\n")
         table(
-            [
-                (u["node"], u["op"], u["domain"], u["opset"])
-                for u in report["unsupported"]
-            ],
+            [(u["node"], u["op"], u["domain"], u["opset"]) for u in report["unsupported"]],
             ["node", "op", "domain", "opset"],
             out,
         )
-        out.write(
-            "  Register your own with @jonnx.register(op_type, since=..., domain=...).\n"
-        )
+        out.write("  Register your own with @jonnx.register(op_type, since=..., domain=...).\n")
         return
     if report["static_inputs"]:
-        out.write(
-            "inputs that must be known at trace time (Model.__call__ passes them to jax.jit as static):\n"
-        )
+        out.write("inputs that must be known at trace time (Model.__call__ passes them to jax.jit as static):\n")
         out.writelines(
             f"  {s['input']}: needed by {', '.join(s['needed_by']) or 'control flow'}\n"
             for s in report["static_inputs"]
@@ -196,18 +172,13 @@ def render(report: dict, out: TextIO) -> None:
             "distinct value;\n  under your own jax.jit, pass them as static arguments):\n"
         )
         table(
-            [
-                (d["node"], d["op"], ", ".join(d["inputs"]))
-                for d in report["data_dependent"]
-            ],
+            [(d["node"], d["op"], ", ".join(d["inputs"])) for d in report["data_dependent"]],
             ["node", "op", "inputs"],
             out,
         )
     trace = report["trace"] or {}
     if trace.get("status") == "ok":
-        shapes = ", ".join(
-            f"{n} {show_shape(s)}" for n, s in trace["input_shapes"].items()
-        )
+        shapes = ", ".join(f"{n} {show_shape(s)}" for n, s in trace["input_shapes"].items())
         out.write(f"traced at {shapes}:\n")
         table(
             [(o["name"], o["dtype"], show_shape(o["shape"])) for o in trace["outputs"]],

@@ -27,9 +27,7 @@ def dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Run the subcommand of ``args`` and print its report; no traceback for expected errors."""
     _configure_logging(args.verbose)
     if not os.path.isfile(args.model):
-        what = (
-            "is a folder, not a file" if os.path.isdir(args.model) else "does not exist"
-        )
+        what = "is a folder, not a file" if os.path.isdir(args.model) else "does not exist"
         parser.error(f"model {args.model!r} {what}")  # exits 2
     module = importlib.import_module(f"jonnx.cli._{args.command}")
     from jonnx import errors
@@ -94,24 +92,18 @@ def parse_dims(items: Sequence[str]) -> dict[str, int]:
     for item in items:
         name, sep, size = item.partition("=")
         if not sep or not name or not re.fullmatch(r"[0-9]+", size.strip()):
-            raise UsageError(
-                f"--dim {item!r}: expected NAME=SIZE with a non-negative integer SIZE"
-            )
+            raise UsageError(f"--dim {item!r}: expected NAME=SIZE with a non-negative integer SIZE")
         dims[name] = int(size)
     return dims
 
 
-def concrete_shape(
-    info: Any, dims: Mapping[str, int], batch: int | None = None
-) -> tuple[int, ...]:
+def concrete_shape(info: Any, dims: Mapping[str, int], batch: int | None = None) -> tuple[int, ...]:
     """The declared shape of input ``info`` with symbolic or unknown dims filled in.
 
     A symbolic leading dim takes ``batch`` when given, then ``dims[name]``, then 1.
     """
     if info.shape is None:
-        raise UsageError(
-            f"input {info.name!r} has no declared shape (unknown rank): give it with --input"
-        )
+        raise UsageError(f"input {info.name!r} has no declared shape (unknown rank): give it with --input")
     shape = []
     for axis, d in enumerate(info.shape):
         if isinstance(d, int):
@@ -131,25 +123,17 @@ def load_inputs(items: Sequence[str], names: Sequence[str]) -> dict[str, np.ndar
         if not sep or not name or not path:
             raise UsageError(f"--input {item!r}: expected NAME=FILE.npy")
         if name not in names:
-            raise UsageError(
-                f"--input {item!r}: the model has no input {name!r}; its inputs: {list(names)}"
-            )
+            raise UsageError(f"--input {item!r}: the model has no input {name!r}; its inputs: {list(names)}")
         if name in given:
             raise UsageError(f"--input {name!r} given twice")
         try:
             value = np.load(path, allow_pickle=False)
         except FileNotFoundError:
-            raise UsageError(
-                f"--input {item!r}: file {path!r} does not exist"
-            ) from None
+            raise UsageError(f"--input {item!r}: file {path!r} does not exist") from None
         except (OSError, ValueError) as e:
-            raise UsageError(
-                f"--input {item!r}: {path!r} is not a readable .npy file ({e})"
-            ) from None
+            raise UsageError(f"--input {item!r}: {path!r} is not a readable .npy file ({e})") from None
         if not isinstance(value, np.ndarray):
-            raise UsageError(
-                f"--input {item!r}: {path!r} holds several arrays (.npz); give one .npy per input"
-            )
+            raise UsageError(f"--input {item!r}: {path!r} holds several arrays (.npz); give one .npy per input")
         given[name] = value
     return given
 
@@ -167,22 +151,16 @@ def random_inputs(
         if info.name not in names:
             continue
         if info.kind != "tensor" or info.dtype is None:
-            raise UsageError(
-                f"input {info.name!r} is a {info.kind}, not a tensor: give it with --input"
-            )
+            raise UsageError(f"input {info.name!r} is a {info.kind}, not a tensor: give it with --input")
         shape, dtype = concrete_shape(info, dims, batch), info.dtype
         if dtype == np.bool_:
             value = rng.random(shape) < 0.5
         elif np.issubdtype(dtype, np.integer):
             value = rng.integers(0, _index_bound(graph, info.name), shape).astype(dtype)
-        elif np.issubdtype(dtype, np.floating) or np.issubdtype(
-            dtype, np.complexfloating
-        ):
+        elif np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.complexfloating):
             value = rng.standard_normal(shape).astype(dtype)
         else:
-            raise UsageError(
-                f"input {info.name!r} is {dtype}: --random cannot make it; give it with --input"
-            )
+            raise UsageError(f"input {info.name!r} is {dtype}: --random cannot make it; give it with --input")
         values[info.name] = value
     return values
 
@@ -199,22 +177,14 @@ def _index_bound(graph: Any, name: str) -> int:
     return 2
 
 
-def model_inputs(
-    args: argparse.Namespace, model: Any, batch: int | None = None
-) -> dict[str, np.ndarray]:
+def model_inputs(args: argparse.Namespace, model: Any, batch: int | None = None) -> dict[str, np.ndarray]:
     """The inputs of a run: ``--input`` files, the rest random with ``--random``."""
     given = load_inputs(getattr(args, "input", []), model.input_names)
     missing = [n for n in model.input_names if n not in given]
     if missing and not getattr(args, "random", True):
-        raise UsageError(
-            f"no value for input(s) {missing}: give them with --input NAME=FILE.npy or use --random"
-        )
+        raise UsageError(f"no value for input(s) {missing}: give them with --input NAME=FILE.npy or use --random")
     rng = np.random.default_rng(args.seed)
-    given.update(
-        random_inputs(
-            model.graph, parse_dims(getattr(args, "dim", [])), rng, missing, batch
-        )
-    )
+    given.update(random_inputs(model.graph, parse_dims(getattr(args, "dim", [])), rng, missing, batch))
     return {n: given[n] for n in model.input_names}
 
 
@@ -225,28 +195,19 @@ def onnxruntime_session(path: str) -> Any:
     try:
         import onnxruntime as ort
     except ImportError:
-        raise UsageError(
-            "--compare onnxruntime needs onnxruntime: pip install onnxruntime"
-        ) from None
+        raise UsageError("--compare onnxruntime needs onnxruntime: pip install onnxruntime") from None
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:
         return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
-        raise ModelProblem(
-            f"onnxruntime cannot load the model: {_first_line(e)}"
-        ) from None
+        raise ModelProblem(f"onnxruntime cannot load the model: {_first_line(e)}") from None
 
 
-def onnxruntime_feed(
-    model: Any, inputs: Mapping[str, np.ndarray]
-) -> dict[str, np.ndarray]:
+def onnxruntime_feed(model: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inputs at the dtypes the graph declares (onnxruntime does not convert)."""
     declared = {v.name: v.dtype for v in model.graph.inputs}
-    return {
-        n: np.asarray(v).astype(declared[n]) if declared.get(n) is not None else v
-        for n, v in inputs.items()
-    }
+    return {n: np.asarray(v).astype(declared[n]) if declared.get(n) is not None else v for n, v in inputs.items()}
 
 
 def _first_line(e: BaseException) -> str:
@@ -257,15 +218,11 @@ def _first_line(e: BaseException) -> str:
 # -- text output ----------------------------------------------------------------------------
 
 
-def table(
-    rows: Sequence[Sequence[Any]], headers: Sequence[str], out: Any, indent: str = "  "
-) -> None:
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: Any, indent: str = "  ") -> None:
     cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for r in cells:
-        out.write(
-            indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n"
-        )
+        out.write(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
 
 
 def show_shape(shape: Any) -> str:

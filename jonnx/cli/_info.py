@@ -58,14 +58,8 @@ def run(args: argparse.Namespace) -> tuple[dict, int]:
         "ir_version": proto.ir_version,
         "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
         "graph": proto.graph.name,
-        "doc": proto.doc_string.strip().splitlines()[0]
-        if proto.doc_string.strip()
-        else "",
-        "inputs": [
-            _describe(value_info(v))
-            for v in proto.graph.input
-            if v.name not in declared
-        ],
+        "doc": proto.doc_string.strip().splitlines()[0] if proto.doc_string.strip() else "",
+        "inputs": [_describe(value_info(v)) for v in proto.graph.input if v.name not in declared],
         "outputs": [_describe(value_info(v)) for v in proto.graph.output],
         "nodes": len(proto.graph.node),
         "initializers": {
@@ -104,15 +98,11 @@ def _describe(info: Any) -> dict:
     }
 
 
-def _walk(
-    graph: onnx.GraphProto, ops: collections.Counter, subgraphs: list, path: str
-) -> None:
+def _walk(graph: onnx.GraphProto, ops: collections.Counter, subgraphs: list, path: str) -> None:
     _walk_nodes(graph.node, ops, subgraphs, path)
 
 
-def _walk_nodes(
-    nodes: Any, ops: collections.Counter, subgraphs: list, path: str
-) -> None:
+def _walk_nodes(nodes: Any, ops: collections.Counter, subgraphs: list, path: str) -> None:
     for index, node in enumerate(nodes):
         ops[(node.domain if node.domain != "ai.onnx" else "", node.op_type)] += 1
         for attr in node.attribute:
@@ -139,9 +129,7 @@ def _initializers(graph: onnx.GraphProto) -> list[dict]:
             itemsize = 0
         location = None
         if t.data_location == onnx.TensorProto.EXTERNAL:
-            location = next(
-                (e.value for e in t.external_data if e.key == "location"), "?"
-            )
+            location = next((e.value for e in t.external_data if e.key == "location"), "?")
         found.append(
             {
                 "name": t.name,
@@ -183,20 +171,14 @@ def render(report: dict, out: TextIO) -> None:
     if report["subgraphs"]:
         out.write("subgraphs:\n")
         table(
-            [
-                (s["node"], s["op"], s["attribute"], s["nodes"])
-                for s in report["subgraphs"]
-            ],
+            [(s["node"], s["op"], s["attribute"], s["nodes"]) for s in report["subgraphs"]],
             ["node", "op", "attribute", "nodes"],
             out,
         )
     if report["functions"]:
         out.write("model-local functions (inlined by jonnx at load):\n")
         table(
-            [
-                (f["domain"], f["name"], f["nodes"], " ".join(f["ops"]))
-                for f in report["functions"]
-            ],
+            [(f["domain"], f["name"], f["nodes"], " ".join(f["ops"])) for f in report["functions"]],
             ["domain", "name", "nodes", "ops"],
             out,
         )

@@ -29,9 +29,7 @@ def run(args: argparse.Namespace) -> tuple[dict, int]:
 
     start = time.perf_counter()
     outputs = model(**inputs)
-    outputs = [
-        np.asarray(o) if not isinstance(o, list) else o for o in outputs
-    ]  # waits for the device
+    outputs = [np.asarray(o) if not isinstance(o, list) else o for o in outputs]  # waits for the device
     seconds = time.perf_counter() - start
 
     report: dict[str, Any] = {
@@ -46,16 +44,11 @@ def run(args: argparse.Namespace) -> tuple[dict, int]:
         try:
             expected = session.run(None, onnxruntime_feed(model, inputs))
         except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
-            raise ModelProblem(
-                f"onnxruntime failed to run the model: {str(e).strip().splitlines()[0]}"
-            ) from None
+            raise ModelProblem(f"onnxruntime failed to run the model: {str(e).strip().splitlines()[0]}") from None
         names = [o.name for o in session.get_outputs()]
         report["compare"] = {
             "runtime": "onnxruntime",
-            "outputs": [
-                _difference(n, got, want)
-                for n, got, want in zip(names, outputs, expected)
-            ],
+            "outputs": [_difference(n, got, want) for n, got, want in zip(names, outputs, expected)],
         }
     return report, 0
 
@@ -69,19 +62,13 @@ def _summary(name: str, value: Any) -> dict:
         "dtype": str(value.dtype),
         "shape": list(value.shape),
     }
-    if value.size and (
-        np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_
-    ):
-        numeric = (
-            value.astype(np.float64) if not np.iscomplexobj(value) else np.abs(value)
-        )
+    if value.size and (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
+        numeric = value.astype(np.float64) if not np.iscomplexobj(value) else np.abs(value)
         finite = np.isfinite(numeric)
         entry["nonfinite"] = int(numeric.size - finite.sum())
         if finite.any():
             shown = numeric[finite]
-            entry.update(
-                min=float(shown.min()), max=float(shown.max()), mean=float(shown.mean())
-            )
+            entry.update(min=float(shown.min()), max=float(shown.max()), mean=float(shown.mean()))
     return entry
 
 
@@ -108,26 +95,20 @@ def _save(folder: str, names: Any, outputs: list) -> list[str]:
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
-        raise UsageError(
-            f"--output {folder!r}: cannot create the folder ({e.strerror})"
-        ) from None
+        raise UsageError(f"--output {folder!r}: cannot create the folder ({e.strerror})") from None
     saved = []
     for name, value in zip(names, outputs):
         if isinstance(value, list):
             continue  # sequences have no single array to save
         # Output names may hold '/', ':' and the like (`/layer1/Relu_output_0`).
-        path = os.path.join(
-            folder, re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") + ".npy"
-        )
+        path = os.path.join(folder, re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") + ".npy")
         np.save(path, np.asarray(value), allow_pickle=False)
         saved.append(path)
     return saved
 
 
 def render(report: dict, out: TextIO) -> None:
-    out.write(
-        f"{report['model']}: ran in {report['first_call_seconds'] * 1e3:.0f} ms (trace, compile and run)\n"
-    )
+    out.write(f"{report['model']}: ran in {report['first_call_seconds'] * 1e3:.0f} ms (trace, compile and run)\n")
     out.write("inputs:\n")
     _table(report["inputs"], out)
     out.write("outputs:\n")
@@ -158,9 +139,7 @@ def _table(entries: list[dict], out: TextIO) -> None:
     rows = []
     for e in entries:
         if e.get("kind") == "sequence":
-            rows.append(
-                (e["name"], "sequence", f"length {e['length']}", "", "", "", "")
-            )
+            rows.append((e["name"], "sequence", f"length {e['length']}", "", "", "", ""))
             continue
         stats = [f"{e[k]:.4g}" if k in e else "" for k in ("min", "max", "mean")]
         rows.append(

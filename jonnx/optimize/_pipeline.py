@@ -45,14 +45,10 @@ def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
     if isinstance(option, bool):
         option = {} if option else dict.fromkeys(names, False)
     if not isinstance(option, Mapping):
-        raise TypeError(
-            f"optimize must be True, False or a dict of {list(names)} to bools, not {option!r}"
-        )
+        raise TypeError(f"optimize must be True, False or a dict of {list(names)} to bools, not {option!r}")
     unknown = sorted(set(option) - set(names))
     if unknown:
-        raise ValueError(
-            f"unknown optimization pass(es) {unknown}; known: {list(names)}"
-        )
+        raise ValueError(f"unknown optimization pass(es) {unknown}; known: {list(names)}")
     for name, on in option.items():
         if not isinstance(on, bool):
             raise TypeError(f"optimize[{name!r}] must be a bool, not {on!r}")
@@ -71,8 +67,7 @@ def optimize(graph: Graph, switches: Mapping[str, bool], train: bool | None) -> 
     if not any(switches.get(name) for name in PASSES):
         return graph
     nodes = tuple(
-        n if n.seed_index is not None else dataclasses.replace(n, seed_index=i)
-        for i, n in enumerate(graph.nodes)
+        n if n.seed_index is not None else dataclasses.replace(n, seed_index=i) for i, n in enumerate(graph.nodes)
     )
     graph = dataclasses.replace(graph, nodes=nodes)
     for name, run in PASSES.items():

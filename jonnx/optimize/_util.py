@@ -35,9 +35,7 @@ def unique_name(stem: str, taken: set[str]) -> str:
     return name
 
 
-def new_node(
-    op_type: str, inputs: list[str], outputs: list[str], name: str, opset: int, **attrs
-) -> Node:
+def new_node(op_type: str, inputs: list[str], outputs: list[str], name: str, opset: int, **attrs) -> Node:
     """An ai.onnx node bound to its implementation at ``opset``, as the loader would build it."""
     from jonnx._build import (
         GraphBuilder,  # the loader's own node binding, defaults included
@@ -51,9 +49,7 @@ def new_node(
         {"": opset},
     )
     if node is None:
-        raise AssertionError(
-            f"jonnx.optimize made an unsupported {op_type} node at opset {opset}"
-        )
+        raise AssertionError(f"jonnx.optimize made an unsupported {op_type} node at opset {opset}")
     return node
 
 

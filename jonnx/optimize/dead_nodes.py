@@ -18,9 +18,7 @@ def run(graph: Graph, train: bool | None) -> Graph:
     needed = set(graph.output_names)
     kept = []
     for node in reversed(graph.nodes):
-        if not node.op.state_updates and not any(
-            o in needed for o in node.outputs if o
-        ):
+        if not node.op.state_updates and not any(o in needed for o in node.outputs if o):
             continue
         kept.append(node)
         needed.update(i for i in node.inputs if i)

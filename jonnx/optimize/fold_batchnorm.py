@@ -24,11 +24,7 @@ __all__ = ["run"]
 def run(graph: Graph, train: bool | None) -> Graph:
     producers = graph.producers()
     reads = readers(graph)
-    taken = (
-        {o for n in graph.nodes for o in n.outputs}
-        | {n.name for n in graph.nodes}
-        | set(graph.initializers)
-    )
+    taken = {o for n in graph.nodes for o in n.outputs} | {n.name for n in graph.nodes} | set(graph.initializers)
     taken |= set(graph.input_names)
     inits = dict(graph.initializers)
     replaced: dict[int, list[Node]] = {}  # id(conv node) -> nodes replacing it
@@ -60,28 +56,13 @@ def _foldable(bn: Node, producers, reads, train, inits) -> Node | None:
     ):  # opset < 9's per-activation statistics
         return None
     conv = producers.get(bn.inputs[0])
-    if (
-        conv is None
-        or conv.domain != ""
-        or reads[bn.inputs[0]] != 1
-        or conv.seed_index is None
-    ):
+    if conv is None or conv.domain != "" or reads[bn.inputs[0]] != 1 or conv.seed_index is None:
         return None
-    if (
-        conv.op_type == "Conv"
-        and len(conv.inputs) >= 2
-        and _weight_rank(conv, inits) is not None
-    ):
+    if conv.op_type == "Conv" and len(conv.inputs) >= 2 and _weight_rank(conv, inits) is not None:
         return conv
-    gemm = (
-        conv.op_type == "Gemm"
-        and float(conv.attrs["alpha"]) == 1.0
-        and not conv.attrs["transA"]
-    )
+    gemm = conv.op_type == "Gemm" and float(conv.attrs["alpha"]) == 1.0 and not conv.attrs["transA"]
     # C, when present, must enter unscaled: the folded bias replaces beta * C.
-    if gemm and (
-        len(conv.inputs) < 3 or not conv.inputs[2] or float(conv.attrs["beta"]) == 1.0
-    ):
+    if gemm and (len(conv.inputs) < 3 or not conv.inputs[2] or float(conv.attrs["beta"]) == 1.0):
         return conv
     return None
 
@@ -97,9 +78,7 @@ def _folded(conv: Node, bn: Node, inits: dict, taken: set[str]) -> list[Node]:
 
     def add(op: str, inputs: list[str], **attrs) -> str:
         out = unique_name(f"{stem}/{op}", taken)
-        nodes.append(
-            new_node(op, inputs, [out], unique_name(out, taken), opset, **attrs)
-        )
+        nodes.append(new_node(op, inputs, [out], unique_name(out, taken), opset, **attrs))
         return out
 
     eps = unique_name(f"{stem}/epsilon", taken)
@@ -107,9 +86,7 @@ def _folded(conv: Node, bn: Node, inits: dict, taken: set[str]) -> list[Node]:
     s = add("Div", [scale, add("Sqrt", [add("Add", [var, eps])])])
     if conv.op_type == "Conv":
         shape = unique_name(f"{stem}/shape", taken)
-        inits[shape] = int64(
-            [-1] + [1] * (_weight_rank(conv, inits) - 1)
-        )  # per output channel
+        inits[shape] = int64([-1] + [1] * (_weight_rank(conv, inits) - 1))  # per output channel
         w_new = add("Mul", [w, add("Reshape", [s, shape])])
     elif conv.attrs["transB"]:  # B is (N, K): scale rows
         shape = unique_name(f"{stem}/shape", taken)

@@ -22,38 +22,22 @@ def run(graph: Graph, train: bool | None) -> Graph:
     inits = dict(graph.initializers)
     groups: dict[tuple, list[Node]] = defaultdict(list)
     for node in graph.nodes:
-        if (
-            node.op_type != "MatMul"
-            or node.domain != ""
-            or len(node.inputs) != 2
-            or not node.inputs[0]
-        ):
+        if node.op_type != "MatMul" or node.domain != "" or len(node.inputs) != 2 or not node.inputs[0]:
             continue
         w = inits.get(node.inputs[1])
-        if (
-            w is None
-            or w.ndim != 2
-            or w.dtype.kind != "f"
-            or node.inputs[1] in graph.input_names
-        ):
+        if w is None or w.ndim != 2 or w.dtype.kind != "f" or node.inputs[1] in graph.input_names:
             continue
         groups[(node.inputs[0], w.shape[0], w.dtype.str)].append(node)
     groups = {k: v for k, v in groups.items() if len(v) > 1}
     if not groups:
         return graph
-    taken = (
-        {o for n in graph.nodes for o in n.outputs}
-        | {n.name for n in graph.nodes}
-        | set(inits)
-    )
+    taken = {o for n in graph.nodes for o in n.outputs} | {n.name for n in graph.nodes} | set(inits)
     taken |= set(graph.input_names)
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     replaced: dict[int, list[Node]] = {}
     dropped: set[int] = set()
     for (x, _, _), members in groups.items():
-        first = min(
-            members, key=lambda n: position[id(n)]
-        )  # x is ready there; the rest read later
+        first = min(members, key=lambda n: position[id(n)])  # x is ready there; the rest read later
         opset = max(first.opset, 13)
         stem = first.name + "/fused"
         weights = unique_name(f"{stem}/weights", taken)
@@ -69,9 +53,7 @@ def run(graph: Graph, train: bool | None) -> Graph:
                 opset,
                 axis=1,
             ),
-            new_node(
-                "MatMul", [x, weights], [product], unique_name(product, taken), opset
-            ),
+            new_node("MatMul", [x, weights], [product], unique_name(product, taken), opset),
             new_node(
                 "Split",
                 [product, sizes],

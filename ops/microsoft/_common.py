@@ -10,9 +10,7 @@ from jonnx._registry import OpContext
 DOMAIN = "com.microsoft"
 
 
-def reject_unsupported(
-    attrs: Mapping[str, Any], defaults: Mapping[str, Any], ctx: OpContext
-) -> None:
+def reject_unsupported(attrs: Mapping[str, Any], defaults: Mapping[str, Any], ctx: OpContext) -> None:
     """Fail, naming the node, when an attribute jonnx does not implement leaves its default."""
     for name, default in defaults.items():
         value = attrs.get(name)

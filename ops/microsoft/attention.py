@@ -42,9 +42,7 @@ def _wide(dtype) -> np.dtype:
     return np.dtype(jnp.promote_types(dtype, jnp.float32))
 
 
-def _grouped_attention(
-    q, k, v, bias, scale, ctx, *, softcap=0.0, valid=None, sink=None
-):
+def _grouped_attention(q, k, v, bias, scale, ctx, *, softcap=0.0, valid=None, sink=None):
     """softmax(scale * q k^T (+ softcap) + bias, masked by ``valid``) v, grouped over K/V heads.
 
     q: (B, N, S, h); k, v: (B, Nkv, T, h); bias: additive, broadcastable to (B, N, S, T);
@@ -56,17 +54,11 @@ def _grouped_attention(
     batch, heads, q_len, _ = jnp.shape(q)
     kv_heads, kv_len = jnp.shape(k)[1], jnp.shape(k)[2]
     if heads % kv_heads:
-        raise ctx.error(
-            f"{heads} query heads cannot be grouped over {kv_heads} key/value heads"
-        )
+        raise ctx.error(f"{heads} query heads cannot be grouped over {kv_heads} key/value heads")
     group = heads // kv_heads
     qg = jnp.reshape(q.astype(wide), (batch, kv_heads, group, q_len, -1))
-    scores = jnp.einsum(
-        "bhgqd,bhkd->bhgqk", qg, k.astype(wide), precision=ctx.precision
-    )
-    scores = jnp.reshape(scores, (batch, heads, q_len, kv_len)) * jnp.asarray(
-        scale, wide
-    )
+    scores = jnp.einsum("bhgqd,bhkd->bhgqk", qg, k.astype(wide), precision=ctx.precision)
+    scores = jnp.reshape(scores, (batch, heads, q_len, kv_len)) * jnp.asarray(scale, wide)
     if softcap and softcap > 0:
         scores = softcap * jnp.tanh(scores / softcap)
     if bias is not None:
@@ -80,9 +72,7 @@ def _grouped_attention(
             jnp.reshape(jnp.asarray(sink).astype(wide), (1, -1, 1, 1)),
             (batch, heads, q_len, 1),
         )
-        probs = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[
-            ..., :kv_len
-        ]
+        probs = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :kv_len]
     pg = jnp.reshape(probs, (batch, kv_heads, group, q_len, kv_len))
     y = jnp.einsum("bhgqk,bhkd->bhgqd", pg, v.astype(wide), precision=ctx.precision)
     return jnp.reshape(y, (batch, heads, q_len, -1)).astype(dtype)
@@ -155,9 +145,7 @@ def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
     heads = attrs["num_heads"]
     sizes = tuple(attrs["qkv_hidden_sizes"] or (total // 3,) * 3)
     if len(sizes) != 3 or sum(sizes) != total or sizes[0] != sizes[1]:
-        raise ctx.error(
-            f"qkv_hidden_sizes {sizes} does not split the weights' {total} columns as (D, D, Dv)"
-        )
+        raise ctx.error(f"qkv_hidden_sizes {sizes} does not split the weights' {total} columns as (D, D, Dv)")
     q = split_heads(proj[..., : sizes[0]], heads, "Q", "num_heads", ctx)
     k = split_heads(proj[..., sizes[0] : 2 * sizes[0]], heads, "K", "num_heads", ctx)
     v = split_heads(proj[..., 2 * sizes[0] :], heads, "V", "num_heads", ctx)
@@ -181,9 +169,7 @@ def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
         bias_total = _add(bias_total, _causal_bias(q_len, kv_len, filter_value, wide))
     bias_total = _add(bias_total, attention_bias)
     y = _grouped_attention(q, k, v, bias_total, _scale(attrs, head), ctx)
-    present = (
-        jnp.stack([k, v]) if past is not None or (ctx.n_outputs or 1) > 1 else None
-    )
+    present = jnp.stack([k, v]) if past is not None or (ctx.n_outputs or 1) > 1 else None
     return _merge_heads(y), present
 
 
@@ -199,9 +185,7 @@ def attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     proj = jnp.matmul(x, weights, precision=ctx.precision)
     if bias is not None:
         proj = proj + bias
-    return _projected_attention(
-        proj, jnp.shape(weights)[1], mask, past, attention_bias, attrs, ctx
-    )
+    return _projected_attention(proj, jnp.shape(weights)[1], mask, past, attention_bias, attrs, ctx)
 
 
 _QATTENTION_ATTRS = {
@@ -214,18 +198,14 @@ _QATTENTION_ATTRS = {
 }
 
 
-@register(
-    "QAttention", since=1, domain=DOMAIN, attributes=_QATTENTION_ATTRS, n_inputs=9
-)
+@register("QAttention", since=1, domain=DOMAIN, attributes=_QATTENTION_ATTRS, n_inputs=9)
 def qattention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QAttention`` (quantize_dynamic on an optimized BERT): Attention whose
     projection multiplies the 8-bit input and weights in int32, scaled back to float."""
     x, weights, bias, x_scale, w_scale, mask, x_zero, w_zero, past = inputs
     reject_unsupported(attrs, {"do_rotary": 0, "past_present_share_buffer": 0}, ctx)
     acc = integer_matmul(x, weights, x_zero, w_zero)
-    scale = jnp.asarray(x_scale).astype(jnp.float32) * jnp.asarray(w_scale).astype(
-        jnp.float32
-    )
+    scale = jnp.asarray(x_scale).astype(jnp.float32) * jnp.asarray(w_scale).astype(jnp.float32)
     proj = acc.astype(jnp.float32) * scale + jnp.asarray(bias).astype(jnp.float32)
     return _projected_attention(
         proj.astype(dtype_of(bias)),
@@ -250,9 +230,7 @@ _MHA_ATTRS = {
 }
 
 
-@register(
-    "MultiHeadAttention", since=1, domain=DOMAIN, attributes=_MHA_ATTRS, n_inputs=10
-)
+@register("MultiHeadAttention", since=1, domain=DOMAIN, attributes=_MHA_ATTRS, n_inputs=10)
 def multi_head_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``MultiHeadAttention``: projected Q/K/V (separate, packed KV or packed QKV),
     optional bias, key padding mask, attention bias and past K/V.
@@ -295,9 +273,7 @@ def multi_head_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Output
         elif jnp.ndim(key) == 4:  # already (B, N, L, h): cross-attention cache, no bias
             k, v = key, value
         else:
-            k = split_heads(
-                key if k_bias is None else key + k_bias, heads, "key", "num_heads", ctx
-            )
+            k = split_heads(key if k_bias is None else key + k_bias, heads, "key", "num_heads", ctx)
             v = split_heads(
                 value if v_bias is None else value + v_bias,
                 heads,
@@ -353,9 +329,7 @@ _ROTARY_ATTRS = {
 }
 
 
-@register(
-    "RotaryEmbedding", since=1, domain=DOMAIN, attributes=_ROTARY_ATTRS, n_inputs=4
-)
+@register("RotaryEmbedding", since=1, domain=DOMAIN, attributes=_ROTARY_ATTRS, n_inputs=4)
 def rotary_embedding_ms(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``RotaryEmbedding``: inputs ``(input, position_ids, cos_cache, sin_cache)``;
     ``position_ids`` is (batch, sequence) or a one-element start position."""
@@ -461,9 +435,7 @@ def group_query_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outpu
     )
     heads, kv_heads = attrs["num_heads"], attrs["kv_num_heads"]
     if not heads or not kv_heads or heads % kv_heads:
-        raise ctx.error(
-            f"num_heads ({heads}) must be a positive multiple of kv_num_heads ({kv_heads})"
-        )
+        raise ctx.error(f"num_heads ({heads}) must be a positive multiple of kv_num_heads ({kv_heads})")
     batch, q_len, width = jnp.shape(query)
     if key is None:  # packed QKV: (B, S, (N + 2 Nkv) h)
         if value is not None:
@@ -478,9 +450,7 @@ def group_query_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outpu
     v = split_heads(value, kv_heads, "value", "kv_num_heads", ctx)
 
     lengths = jnp.reshape(jnp.asarray(seqlens_k), (batch,)).astype(jnp.int32) + 1
-    past_lens = jnp.maximum(
-        lengths - q_len, 0
-    )  # a right-padded first prompt starts at 0
+    past_lens = jnp.maximum(lengths - q_len, 0)  # a right-padded first prompt starts at 0
     positions = past_lens[:, None] + jnp.arange(q_len, dtype=jnp.int32)[None, :]
     if attrs["do_rotary"]:
         if cos is None or sin is None:
@@ -507,9 +477,7 @@ def group_query_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outpu
     # onnxruntime (past and present in separate buffers, as session.run passes them) copies the
     # past's first past_lens entries, appends the new ones and zeroes the rest: stale entries
     # past a row's length are cleared, so the present matches onnxruntime's in every slot.
-    kept = jnp.arange(jnp.shape(past_key)[2])[None, None, :, None] < (
-        past_lens + q_len
-    )[:, None, None, None]
+    kept = jnp.arange(jnp.shape(past_key)[2])[None, None, :, None] < (past_lens + q_len)[:, None, None, None]
     present_k = _write_cache(jnp.where(kept, past_key, 0), k, past_lens)
     present_v = _write_cache(jnp.where(kept, past_value, 0), v, past_lens)
 
@@ -519,19 +487,11 @@ def group_query_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outpu
     valid = (j <= i) & (j < lengths[:, None, None, None])
     window = attrs["local_window_size"]
     if window is not None and window >= 0:
-        valid = valid & (
-            j > i - window
-        )  # the last local_window_size keys, this one included
+        valid = valid & (j > i - window)  # the last local_window_size keys, this one included
     bias = None
-    if (
-        attention_bias is not None
-    ):  # (B|1, N|1, S, total): keys past it are masked anyway
+    if attention_bias is not None:  # (B|1, N|1, S, total): keys past it are masked anyway
         pad = kv_len - jnp.shape(attention_bias)[-1]
-        bias = (
-            jnp.pad(attention_bias, [(0, 0)] * 3 + [(0, pad)])
-            if pad > 0
-            else attention_bias
-        )
+        bias = jnp.pad(attention_bias, [(0, 0)] * 3 + [(0, pad)]) if pad > 0 else attention_bias
     sink = head_sink
     if sink is None and attrs["smooth_softmax"] == 1:
         sink = jnp.zeros((heads,), _wide(dtype_of(q)))

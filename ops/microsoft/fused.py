@@ -41,9 +41,7 @@ def _activate(y, name, params, ctx):
         return jnp.clip(y, p(0, "min"), p(1, "max"))
     if name == "HardSigmoid":
         return jnp.clip(p(0, "alpha") * y + p(1, "beta"), 0, 1).astype(dtype)
-    raise ctx.error(
-        f"activation {name!r} is not supported (Relu, Tanh, Sigmoid, LeakyRelu, Clip, HardSigmoid)"
-    )
+    raise ctx.error(f"activation {name!r} is not supported (Relu, Tanh, Sigmoid, LeakyRelu, Clip, HardSigmoid)")
 
 
 _CONV_ATTRS = {
@@ -65,11 +63,7 @@ def fused_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     y = convolve(x, w, b, attrs, ctx)
     if z is not None:
         y = y + z
-    return (
-        _activate(
-            y, attrs["activation"], tuple(attrs["activation_params"] or ()), ctx
-        ).astype(dtype_of(x)),
-    )
+    return (_activate(y, attrs["activation"], tuple(attrs["activation_params"] or ()), ctx).astype(dtype_of(x)),)
 
 
 _GEMM_ATTRS = {
@@ -176,11 +170,5 @@ def bias_softmax(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     data, bias = inputs
     axis = normalize_axis(attrs["axis"], jnp.ndim(data), ctx)
     if attrs["is_inner_broadcast"] and jnp.ndim(bias) < jnp.ndim(data):
-        bias = jnp.reshape(
-            bias, jnp.shape(bias) + (1,) * (jnp.ndim(data) - jnp.ndim(bias))
-        )
-    return (
-        jax.nn.softmax(data + bias, axis=tuple(range(axis, jnp.ndim(data)))).astype(
-            dtype_of(data)
-        ),
-    )
+        bias = jnp.reshape(bias, jnp.shape(bias) + (1,) * (jnp.ndim(data) - jnp.ndim(bias)))
+    return (jax.nn.softmax(data + bias, axis=tuple(range(axis, jnp.ndim(data)))).astype(dtype_of(data)),)

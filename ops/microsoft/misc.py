@@ -20,6 +20,7 @@ def range_ms(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     start, limit, delta = inputs
     return range_((start, limit, 1 if delta is None else delta), attrs, ctx)
 
+
 register("GatherND", since=1, domain=DOMAIN, attributes={}, n_inputs=2)(gather_nd_11)
 
 
@@ -37,9 +38,7 @@ def pad_ms(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return pad((data, pads, value, None), attrs, ctx)
 
 
-@register(
-    "ExpandDims", since=1, domain=DOMAIN, static_inputs=(1,), attributes={}, n_inputs=2
-)
+@register("ExpandDims", since=1, domain=DOMAIN, static_inputs=(1,), attributes={}, n_inputs=2)
 def expand_dims(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``ExpandDims``: insert a size-1 axis at ``axis`` (negative counts from the end)."""
     x, axis = inputs

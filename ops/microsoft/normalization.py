@@ -62,9 +62,7 @@ def simplified_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext)
     """onnxruntime ``SimplifiedLayerNormalization`` (RMS norm; default domain, as files carry it)."""
     x, scale = inputs
     axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
-    normed, inv = _rms_norm(
-        x, axis, attrs["epsilon"], stash_dtype(x, attrs["stash_type"])
-    )
+    normed, inv = _rms_norm(x, axis, attrs["epsilon"], stash_dtype(x, attrs["stash_type"]))
     return (normed.astype(dtype_of(x)) * scale).astype(dtype_of(x)), inv
 
 
@@ -124,9 +122,7 @@ def embed_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> O
     layer-normalised; ``mask_index`` is each row's count of ones in ``mask`` (0 without one)."""
     ids, segment_ids, word, position, segment, gamma, beta, mask, position_ids = inputs
     if jnp.ndim(ids) != 2:
-        raise ctx.error(
-            f"input_ids must be (batch, sequence), got shape {jnp.shape(ids)}"
-        )
+        raise ctx.error(f"input_ids must be (batch, sequence), got shape {jnp.shape(ids)}")
     batch, seq = jnp.shape(ids)
     if position_ids is None:
         position_ids = jnp.arange(seq)[None, :]

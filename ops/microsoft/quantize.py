@@ -47,9 +47,7 @@ def unpack_bits(packed, bits: int):
     per = 8 // bits
     shifts = xp.arange(per, dtype=np.uint8) * np.uint8(bits)
     fields = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
-    return xp.reshape(fields, packed.shape[:-1] + (packed.shape[-1] * per,)).astype(
-        np.int32
-    )
+    return xp.reshape(fields, packed.shape[:-1] + (packed.shape[-1] * per,)).astype(np.int32)
 
 
 def _check_bits(bits, ctx):
@@ -61,26 +59,20 @@ def _check_bits(bits, ctx):
 # MatMulNBits
 
 
-def dequantize_nbits(
-    b, scales, zero_points, g_idx, *, n: int, k: int, bits: int, block_size: int, ctx
-):
+def dequantize_nbits(b, scales, zero_points, g_idx, *, n: int, k: int, bits: int, block_size: int, ctx):
     """MatMulNBits' weight as a float (N, K) matrix."""
     _check_bits(bits, ctx)
     k_blocks = -(-k // block_size)
     blob = block_size * bits // 8
     if tuple(np.shape(b)) != (n, k_blocks, blob):
-        raise ctx.error(
-            f"B has shape {tuple(np.shape(b))}, expected (N, k_blocks, blob_size) = {(n, k_blocks, blob)}"
-        )
+        raise ctx.error(f"B has shape {tuple(np.shape(b))}, expected (N, k_blocks, blob_size) = {(n, k_blocks, blob)}")
     q = unpack_bits(b, bits).reshape(n, k_blocks * block_size)[:, :k]
     scales = jnp.reshape(scales, (n, k_blocks))
     wide = np.dtype(jnp.promote_types(dtype_of(scales), jnp.float32))
     if zero_points is None:
         zp = np.full((n, k_blocks), 1 << (bits - 1), np.int32)
     elif dtype_of(zero_points) == np.uint8:
-        zp = unpack_bits(_xp(zero_points).reshape(zero_points, (n, -1)), bits)[
-            :, :k_blocks
-        ]
+        zp = unpack_bits(_xp(zero_points).reshape(zero_points, (n, -1)), bits)[:, :k_blocks]
     else:  # unpacked, in the scales' float type
         zp = jnp.reshape(zero_points, (n, k_blocks))
     blocks = np.arange(k) // block_size if g_idx is None else g_idx
@@ -108,9 +100,7 @@ def matmul_nbits(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """
     a, b, scales, zero_points, g_idx, bias = inputs
     if attrs["weight_prepacked"]:
-        raise ctx.error(
-            "weight_prepacked B (an execution provider's own layout) is not supported"
-        )
+        raise ctx.error("weight_prepacked B (an execution provider's own layout) is not supported")
     n, k = attrs["N"], attrs["K"]
     if not n or not k or not attrs["block_size"]:
         raise ctx.error("the N, K and block_size attributes are required")
@@ -163,24 +153,16 @@ def gather_block_quantized(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outp
     if dtype_of(data) in _INT4:
         q = _xp(data).asarray(data).astype(np.int32)
         zp_default = 0
-        zp = (
-            None
-            if zero_points is None
-            else _xp(zero_points).asarray(zero_points).astype(np.int32)
-        )
+        zp = None if zero_points is None else _xp(zero_points).asarray(zero_points).astype(np.int32)
     elif dtype_of(data) == np.uint8:
         _check_bits(bits, ctx)
         if bits < 8 and (quantize_axis != rank - 1 or gather_axis == quantize_axis):
-            raise ctx.error(
-                "packed uint8 data needs quantize_axis last and gather_axis different from it"
-            )
+            raise ctx.error("packed uint8 data needs quantize_axis last and gather_axis different from it")
         q = unpack_bits(data, bits)
         zp_default = 1 << (bits - 1)
         zp = None if zero_points is None else unpack_bits(zero_points, bits)
     else:
-        raise ctx.error(
-            f"data of type {dtype_of(data)} is not supported (uint8, int4 or uint4)"
-        )
+        raise ctx.error(f"data of type {dtype_of(data)} is not supported (uint8, int4 or uint4)")
     wide = np.dtype(jnp.promote_types(dtype_of(scales), jnp.float32))
     size = np.shape(q)[gather_axis]
     indices = jnp.asarray(indices)
@@ -193,13 +175,9 @@ def gather_block_quantized(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outp
         return jnp.take(p, jnp.arange(np.shape(q)[quantize_axis]), axis=quantize_axis)
 
     zp = jnp.full((), zp_default, jnp.int32) if zp is None else expand(zp)
-    values = (jnp.asarray(q).astype(wide) - jnp.asarray(zp).astype(wide)) * expand(
-        scales
-    ).astype(wide)
+    values = (jnp.asarray(q).astype(wide) - jnp.asarray(zp).astype(wide)) * expand(scales).astype(wide)
     out = jnp.take(values, idx, axis=gather_axis)
-    keep = jnp.reshape(
-        in_range, (1,) * gather_axis + jnp.shape(idx) + (1,) * (rank - gather_axis - 1)
-    )
+    keep = jnp.reshape(in_range, (1,) * gather_axis + jnp.shape(idx) + (1,) * (rank - gather_axis - 1))
     out = jnp.where(keep, out, jnp.zeros((), wide))
     return (out.astype(dtype_of(scales)),)
 
@@ -222,11 +200,7 @@ def dynamic_quantize_matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Out
     a, b, b_scale, b_zero, bias = inputs
     a_q, a_scale, a_zero = dynamic_quantize_linear((a,), {}, ctx)
     acc = integer_matmul(a_q, b, a_zero, b_zero)
-    return (
-        _scaled(
-            acc, a_scale * jnp.asarray(b_scale).astype(jnp.float32), bias, dtype_of(a)
-        ),
-    )
+    return (_scaled(acc, a_scale * jnp.asarray(b_scale).astype(jnp.float32), bias, dtype_of(a)),)
 
 
 @register("MatMulIntegerToFloat", since=1, domain=DOMAIN, attributes={}, n_inputs=7)
@@ -234,9 +208,7 @@ def matmul_integer_to_float(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Out
     """com.microsoft ``MatMulIntegerToFloat``: ``(A - a_zp) @ (B - b_zp) * a_scale * b_scale + bias``."""
     a, b, a_scale, b_scale, a_zero, b_zero, bias = inputs
     acc = integer_matmul(a, b, a_zero, b_zero)
-    scale = jnp.asarray(a_scale).astype(jnp.float32) * jnp.asarray(b_scale).astype(
-        jnp.float32
-    )
+    scale = jnp.asarray(a_scale).astype(jnp.float32) * jnp.asarray(b_scale).astype(jnp.float32)
     return (_scaled(acc, scale, bias, dtype_of(a_scale)),)
 
 
@@ -251,29 +223,19 @@ def _dq(x, scale, zero, ctx=None):
 def _q(y, scale, zero, like):
     if zero is None:  # the output type follows the quantized input's
         zero = np.zeros((), dtype_of(like))
-    return quantize_linear(
-        (y, jnp.asarray(scale).astype(jnp.float32), zero), {}, None
-    )[0]
+    return quantize_linear((y, jnp.asarray(scale).astype(jnp.float32), zero), {}, None)[0]
 
 
 def _qlinear_binary(fn):
     def body(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero = inputs
-        return (
-            _q(
-                fn(_dq(a, a_scale, a_zero), _dq(b, b_scale, b_zero)), c_scale, c_zero, a
-            ),
-        )
+        return (_q(fn(_dq(a, a_scale, a_zero), _dq(b, b_scale, b_zero)), c_scale, c_zero, a),)
 
     return body
 
 
-register("QLinearAdd", since=1, domain=DOMAIN, attributes={}, n_inputs=8)(
-    _qlinear_binary(jnp.add)
-)
-register("QLinearMul", since=1, domain=DOMAIN, attributes={}, n_inputs=8)(
-    _qlinear_binary(jnp.multiply)
-)
+register("QLinearAdd", since=1, domain=DOMAIN, attributes={}, n_inputs=8)(_qlinear_binary(jnp.add))
+register("QLinearMul", since=1, domain=DOMAIN, attributes={}, n_inputs=8)(_qlinear_binary(jnp.multiply))
 
 
 @register("QLinearSigmoid", since=1, domain=DOMAIN, attributes={}, n_inputs=5)
@@ -283,16 +245,12 @@ def qlinear_sigmoid(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return (_q(jax.nn.sigmoid(_dq(x, x_scale, x_zero)), y_scale, y_zero, x),)
 
 
-@register(
-    "QLinearLeakyRelu", since=1, domain=DOMAIN, attributes={"alpha": 0.01}, n_inputs=5
-)
+@register("QLinearLeakyRelu", since=1, domain=DOMAIN, attributes={"alpha": 0.01}, n_inputs=5)
 def qlinear_leaky_relu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearLeakyRelu``: quantized LeakyRelu."""
     x, x_scale, x_zero, y_scale, y_zero = inputs
     f = _dq(x, x_scale, x_zero)
-    return (
-        _q(jnp.where(f >= 0, f, jnp.float32(attrs["alpha"]) * f), y_scale, y_zero, x),
-    )
+    return (_q(jnp.where(f >= 0, f, jnp.float32(attrs["alpha"]) * f), y_scale, y_zero, x),)
 
 
 @register(
@@ -307,16 +265,16 @@ def qlinear_global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) ->
     (NCHW..., or NHWC... with ``channels_last=1``); spatial axes are kept as size 1."""
     x, x_scale, x_zero, y_scale, y_zero = inputs
     rank = jnp.ndim(x)
-    axes = (
-        tuple(range(1, rank - 1)) if attrs["channels_last"] else tuple(range(2, rank))
-    )
+    axes = tuple(range(1, rank - 1)) if attrs["channels_last"] else tuple(range(2, rank))
     mean = jnp.mean(_dq(x, x_scale, x_zero), axis=axes, keepdims=True)
     return (_q(mean, y_scale, y_zero, x),)
 
 
 def _validate_concat(attrs, n_inputs, n_outputs):
     if n_inputs < 5 or (n_inputs - 2) % 3:
-        return f"QLinearConcat takes Y_scale, Y_zero_point and (X, X_scale, X_zero_point) triples, got {n_inputs} inputs"
+        return (
+            f"QLinearConcat takes Y_scale, Y_zero_point and (X, X_scale, X_zero_point) triples, got {n_inputs} inputs"
+        )
     return None
 
 
@@ -340,12 +298,8 @@ def qlinear_concat(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
 
 # The com.microsoft forms predate onnx's int16/int4 and blocked versions; same arithmetic.
-register("QuantizeLinear", since=1, domain=DOMAIN, attributes={"axis": 1}, n_inputs=3)(
-    quantize_linear
-)
-register(
-    "DequantizeLinear", since=1, domain=DOMAIN, attributes={"axis": 1}, n_inputs=3
-)(dequantize_linear)
+register("QuantizeLinear", since=1, domain=DOMAIN, attributes={"axis": 1}, n_inputs=3)(quantize_linear)
+register("DequantizeLinear", since=1, domain=DOMAIN, attributes={"axis": 1}, n_inputs=3)(dequantize_linear)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,9 +379,7 @@ _QPOOL_ATTRS = {
 }
 
 
-@register(
-    "QLinearAveragePool", since=1, domain=DOMAIN, attributes=_QPOOL_ATTRS, n_inputs=5
-)
+@register("QLinearAveragePool", since=1, domain=DOMAIN, attributes=_QPOOL_ATTRS, n_inputs=5)
 def qlinear_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearAveragePool``: AveragePool on dequantized values, requantized."""
     x, x_scale, x_zero, y_scale, y_zero = inputs
@@ -452,11 +404,7 @@ def qlinear_softmax(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     when the node's ``opset`` attribute is below 13, as Softmax itself), requantized."""
     x, x_scale, x_zero, y_scale, y_zero = inputs
     f = _dq(x, x_scale, x_zero, ctx)
-    body = (
-        softmax_axis("Softmax")
-        if (attrs["opset"] or 13) >= 13
-        else softmax_2d("Softmax")
-    )
+    body = softmax_axis("Softmax") if (attrs["opset"] or 13) >= 13 else softmax_2d("Softmax")
     return (_q(body((f,), {"axis": attrs["axis"]}, ctx)[0], y_scale, y_zero, x),)
 
 
@@ -481,9 +429,7 @@ def qlinear_reduce_mean(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs
     if attrs["axes"] is None or attrs["keepdims"] is None:
         raise ctx.error("the axes and keepdims attributes are required")
     axes = tuple(normalize_axis(a, jnp.ndim(x), ctx) for a in attrs["axes"])
-    mean = jnp.mean(
-        _dq(x, x_scale, x_zero, ctx), axis=axes, keepdims=bool(attrs["keepdims"])
-    )
+    mean = jnp.mean(_dq(x, x_scale, x_zero, ctx), axis=axes, keepdims=bool(attrs["keepdims"]))
     return (_q(mean, y_scale, y_zero, x),)
 
 
@@ -492,8 +438,7 @@ def mul_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``MulInteger``: ``(A - a_zp) * (B - b_zp)`` in int32."""
     a, a_zero, b, b_zero = inputs
     centered = [
-        jnp.asarray(v).astype(jnp.int32)
-        - (0 if z is None else jnp.asarray(z).astype(jnp.int32))
+        jnp.asarray(v).astype(jnp.int32) - (0 if z is None else jnp.asarray(z).astype(jnp.int32))
         for v, z in ((a, a_zero), (b, b_zero))
     ]
     return (centered[0] * centered[1],)
@@ -503,9 +448,7 @@ def mul_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 def matmul_integer16(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``MatMulInteger16``: int16 by int16 into int32."""
     a, b = inputs
-    return (
-        jnp.matmul(jnp.asarray(a).astype(jnp.int32), jnp.asarray(b).astype(jnp.int32)),
-    )
+    return (jnp.matmul(jnp.asarray(a).astype(jnp.int32), jnp.asarray(b).astype(jnp.int32)),)
 
 
 @register(
@@ -544,12 +487,9 @@ def qembed_layer_normalization(inputs, attrs, ctx):
     (ids, segment_ids, word, position, segment, gamma, beta, mask) = inputs[:8]
     (word_s, pos_s, seg_s, gamma_s, beta_s) = inputs[8:13]
     (word_z, pos_z, seg_z, gamma_z, beta_z) = inputs[13:18]
-    if (segment is None) != (segment_ids is None) or (segment is None) != (
-        seg_s is None
-    ):
+    if (segment is None) != (segment_ids is None) or (segment is None) != (seg_s is None):
         raise ctx.error(
-            "segment_ids, segment_embedding and segment_embedding_scale must all be given "
-            "or all be omitted"
+            "segment_ids, segment_embedding and segment_embedding_scale must all be given or all be omitted"
         )
     tables = (
         _dq(word, word_s, word_z, ctx),

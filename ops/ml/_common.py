@@ -109,9 +109,7 @@ def post_transform(scores, name: str, ctx):
         return _softmax_zero(scores)
     if name == "PROBIT":
         return probit(scores)
-    raise ctx.error(
-        f"post_transform must be NONE, LOGISTIC, SOFTMAX, SOFTMAX_ZERO or PROBIT, got {name!r}"
-    )
+    raise ctx.error(f"post_transform must be NONE, LOGISTIC, SOFTMAX, SOFTMAX_ZERO or PROBIT, got {name!r}")
 
 
 def class_labels(index, int_labels, string_labels, ctx, x):

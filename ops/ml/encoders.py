@@ -121,9 +121,13 @@ def feature_vectorizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return (jnp.concatenate(parts, axis=1),)
 
 
-@register("OneHotEncoder", since=1, domain=ML,
-          static_inputs=lambda attrs: (0,) if attrs["cats_strings"] and not attrs["cats_int64s"] else (),
-          host=lambda attrs: bool(attrs["cats_strings"] and not attrs["cats_int64s"]))
+@register(
+    "OneHotEncoder",
+    since=1,
+    domain=ML,
+    static_inputs=lambda attrs: (0,) if attrs["cats_strings"] and not attrs["cats_int64s"] else (),
+    host=lambda attrs: bool(attrs["cats_strings"] and not attrs["cats_int64s"]),
+)
 def one_hot_encoder(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX-ML ``OneHotEncoder``-1: ``X.shape + [categories]`` of 0/1 floats.
 
@@ -175,8 +179,10 @@ def _map_values(x, keys, values, default, out_dtype, ctx):
         raise ctx.error(f"{keys.size} keys but {values.size} values")
     in_string = is_string_tensor(x) or _kind(keys.dtype) == "string"
     if in_string != (_kind(keys.dtype) == "string") or in_string and not is_string_tensor(x):
-        raise ctx.error(f"input of dtype {np.asarray(x).dtype if is_concrete(x) else x.dtype} "
-                        f"does not match keys of type {_kind(keys.dtype)}")
+        raise ctx.error(
+            f"input of dtype {np.asarray(x).dtype if is_concrete(x) else x.dtype} "
+            f"does not match keys of type {_kind(keys.dtype)}"
+        )
     if in_string or out_dtype == object:
         need_concrete(x, ctx, "a lookup with string keys or values")
         xs = as_strings(x) if in_string else np.asarray(x)
@@ -186,10 +192,18 @@ def _map_values(x, keys, values, default, out_dtype, ctx):
         else:
             keys = keys.astype(xs.dtype)
             table = dict(zip(keys.tolist(), values.tolist()))
-            nan_value = next((v for k, v in reversed(list(zip(keys.tolist(), values.tolist())))
-                              if isinstance(k, float) and math.isnan(k)), default)
-            found = [nan_value if isinstance(v, float) and math.isnan(v) else table.get(v, default)
-                     for v in xs.reshape(-1).tolist()]
+            nan_value = next(
+                (
+                    v
+                    for k, v in reversed(list(zip(keys.tolist(), values.tolist())))
+                    if isinstance(k, float) and math.isnan(k)
+                ),
+                default,
+            )
+            found = [
+                nan_value if isinstance(v, float) and math.isnan(v) else table.get(v, default)
+                for v in xs.reshape(-1).tolist()
+            ]
         out = np.empty(len(found), object) if out_dtype == object else np.asarray(found, out_dtype)
         if out_dtype == object:
             out[:] = [str(v) for v in found]
@@ -237,10 +251,17 @@ def label_encoder_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     (x,) = inputs
     classes = list(attrs["classes_strings"] or ())
     if is_string_tensor(x):
-        return (_map_values(x, np.asarray(classes, object), np.arange(len(classes)),
-                            attrs["default_int64"], canonical(np.int64), ctx),)
-    return (_map_values(x, np.arange(len(classes)), np.asarray(classes, object),
-                        attrs["default_string"], object, ctx),)
+        return (
+            _map_values(
+                x,
+                np.asarray(classes, object),
+                np.arange(len(classes)),
+                attrs["default_int64"],
+                canonical(np.int64),
+                ctx,
+            ),
+        )
+    return (_map_values(x, np.arange(len(classes)), np.asarray(classes, object), attrs["default_string"], object, ctx),)
 
 
 def _pick(attrs, side: str):
@@ -277,7 +298,7 @@ def label_encoder(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
             default = _DEFAULTS[kind]
     else:
         out_dtype = _out_dtype(kind)
-        default = attrs[f"default_{ {'int': 'int64', 'float': 'float', 'string': 'string'}[kind]}"]
+        default = attrs[f"default_{ {'int': 'int64', 'float': 'float', 'string': 'string'}[kind] }"]
     return (_map_values(x, keys, values, default, out_dtype, ctx),)
 
 
@@ -299,8 +320,7 @@ def category_mapper(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
 def _stack(values, ctx):
     """Map values (Python scalars, numpy or jax 0-d arrays) as one 1-D array."""
-    if any(isinstance(v, (str, bytes)) or (is_concrete(v) and np.asarray(v).dtype.kind in "OUS")
-           for v in values):
+    if any(isinstance(v, (str, bytes)) or (is_concrete(v) and np.asarray(v).dtype.kind in "OUS") for v in values):
         return as_strings(np.asarray([np.asarray(v).item() if is_concrete(v) else v for v in values], object))
     if all(is_concrete(v) or isinstance(v, (int, float)) for v in values):
         return np.asarray(values)
@@ -393,7 +413,9 @@ def cast_map(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         v = _key(v) if is_concrete(v) or isinstance(v, (str, bytes)) else v
         if isinstance(v, str):
             v = float(v)
-        converted.append(jnp.asarray(v).astype(dtype) if isinstance(v, jax.Array) else dtype(v) if cast_to == "TO_FLOAT" else int(v))
+        converted.append(
+            jnp.asarray(v).astype(dtype) if isinstance(v, jax.Array) else dtype(v) if cast_to == "TO_FLOAT" else int(v)
+        )
     if not converted:
         return (np.zeros((1, width), dtype),)
     stacked = jnp.stack([jnp.asarray(v, dtype) for v in converted])

@@ -172,8 +172,8 @@ def svm_classifier(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         lose = np.zeros((len(pairs), n_classes), np.float32)
         for p, (i, j) in enumerate(pairs):
             si, sj = starts[i], starts[j]
-            mix[si:si + per_class[i], p] = coefs[j - 1, si:si + per_class[i]]
-            mix[sj:sj + per_class[j], p] = coefs[i, sj:sj + per_class[j]]
+            mix[si : si + per_class[i], p] = coefs[j - 1, si : si + per_class[i]]
+            mix[sj : sj + per_class[j], p] = coefs[i, sj : sj + per_class[j]]
             win[p, i] = lose[p, j] = 1
         res = kern @ jnp.asarray(mix, dtype) + jnp.asarray(rho[: len(pairs)], dtype)
         positive = (res > 0).astype(dtype)

@@ -26,8 +26,16 @@ from jonnx.ops.ml._common import (
 
 # -- tree ensembles -------------------------------------------------------------------------------
 
-_MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRANCH_EQ": 4,
-          "BRANCH_NEQ": 5, "BRANCH_MEMBER": 6, "LEAF": 7}
+_MODES = {
+    "BRANCH_LEQ": 0,
+    "BRANCH_LT": 1,
+    "BRANCH_GTE": 2,
+    "BRANCH_GT": 3,
+    "BRANCH_EQ": 4,
+    "BRANCH_NEQ": 5,
+    "BRANCH_MEMBER": 6,
+    "LEAF": 7,
+}
 _LEAF = 7
 
 
@@ -120,10 +128,18 @@ def _legacy_forest(attrs, prefix: str, n_targets: int, ctx) -> _Forest:
         raise ctx.error(f"a vote names node {e.args[0][1]} of tree {e.args[0][0]}, which does not exist") from None
     weights, low, high = _votes(n, n_targets, vote_nodes, vote_targets, vote_weights, ctx)
     return _Forest(
-        feature=np.asarray(attrs["nodes_featureids"], np.int64), threshold=threshold, mode=mode,
-        missing_true=missing, true_next=true_next, false_next=false_next, members=None,
-        roots=roots, depth=_depth(true_next, false_next, mode, roots), weights=weights,
-        low=low, high=high,
+        feature=np.asarray(attrs["nodes_featureids"], np.int64),
+        threshold=threshold,
+        mode=mode,
+        missing_true=missing,
+        true_next=true_next,
+        false_next=false_next,
+        members=None,
+        roots=roots,
+        depth=_depth(true_next, false_next, mode, roots),
+        weights=weights,
+        low=low,
+        high=high,
     )
 
 
@@ -137,17 +153,22 @@ def _forest_v5(attrs, ctx) -> _Forest:
     mode = np.concatenate([mode_in, np.full(n_leaves, _LEAF, np.int32)])
     if (mode_in < 0).any() or (mode_in > 6).any():
         raise ctx.error("nodes_modes entries must be in 0..6")
+
     def child(ids, leafs):
         ids, leafs = np.asarray(ids, np.int64), np.asarray(leafs, bool)
         return np.where(leafs, ids + n, ids)
+
     true_next = np.concatenate([child(attrs["nodes_truenodeids"], attrs["nodes_trueleafs"]), np.arange(n, size)])
     false_next = np.concatenate([child(attrs["nodes_falsenodeids"], attrs["nodes_falseleafs"]), np.arange(n, size)])
     if (true_next < 0).any() or (true_next >= size).any() or (false_next < 0).any() or (false_next >= size).any():
         raise ctx.error("a node's child index is out of range")
     roots = []
     for r in attrs["tree_roots"]:
-        degenerate = (attrs["nodes_trueleafs"][r] and attrs["nodes_falseleafs"][r]
-                      and attrs["nodes_truenodeids"][r] == attrs["nodes_falsenodeids"][r])
+        degenerate = (
+            attrs["nodes_trueleafs"][r]
+            and attrs["nodes_falseleafs"][r]
+            and attrs["nodes_truenodeids"][r] == attrs["nodes_falsenodeids"][r]
+        )
         roots.append(true_next[r] if degenerate else r)
     roots = np.asarray(roots, np.int64)
     splits = np.asarray(attrs["nodes_splits"]).reshape(-1)
@@ -181,9 +202,17 @@ def _forest_v5(attrs, ctx) -> _Forest:
     weights, low, high = _votes(size, n_targets, np.arange(n, size), targets, leaf_w.astype(np.float64), ctx)
     return _Forest(
         feature=np.concatenate([np.asarray(attrs["nodes_featureids"], np.int64), np.zeros(n_leaves, np.int64)]),
-        threshold=threshold, mode=mode, missing_true=missing, true_next=true_next,
-        false_next=false_next, members=members, roots=roots,
-        depth=_depth(true_next, false_next, mode, roots), weights=weights, low=low, high=high,
+        threshold=threshold,
+        mode=mode,
+        missing_true=missing,
+        true_next=true_next,
+        false_next=false_next,
+        members=members,
+        roots=roots,
+        depth=_depth(true_next, false_next, mode, roots),
+        weights=weights,
+        low=low,
+        high=high,
     )
 
 
@@ -284,8 +313,9 @@ def tree_ensemble_regressor(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Out
     return (post_transform(out, attrs["post_transform"], ctx).astype(np.float32),)
 
 
-@register("TreeEnsembleClassifier", since=(1, 3, 5), domain=ML, static_inputs=string_labels_static,
-          host=string_labels_static)
+@register(
+    "TreeEnsembleClassifier", since=(1, 3, 5), domain=ML, static_inputs=string_labels_static, host=string_labels_static
+)
 def tree_ensemble_classifier(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX-ML ``TreeEnsembleClassifier``-1/3/5 (3 adds the ``*_as_tensor`` attributes).
 

@@ -54,8 +54,11 @@ OnnxBackendRealModelTest = _cases["OnnxBackendRealModelTest"]  # the light model
 # The runner adds a CUDA twin of every case; the suites run on the CPU (CI has no GPU), so
 # the twins are dropped rather than reported as skips.
 for _case in (
-    OnnxBackendNodeModelTest, OnnxBackendSimpleModelTest, OnnxBackendPyTorchConvertedModelTest,
-    OnnxBackendPyTorchOperatorModelTest, OnnxBackendRealModelTest,
+    OnnxBackendNodeModelTest,
+    OnnxBackendSimpleModelTest,
+    OnnxBackendPyTorchConvertedModelTest,
+    OnnxBackendPyTorchOperatorModelTest,
+    OnnxBackendRealModelTest,
 ):
     for _attr in [a for a in vars(_case) if a.endswith("_cuda")]:
         delattr(_case, _attr)

@@ -70,9 +70,7 @@ def iris_like(n: int = 150, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Three Gaussian classes in 4 features of different scales (what StandardScaler is for)."""
     rng = np.random.default_rng(seed)
     y = rng.integers(0, CLASSES, n)
-    centers = np.array(
-        [[5.0, 3.4, 1.5, 0.2], [5.9, 2.8, 4.3, 1.3], [6.6, 3.0, 5.5, 2.0]]
-    )
+    centers = np.array([[5.0, 3.4, 1.5, 0.2], [5.9, 2.8, 4.3, 1.3], [6.6, 3.0, 5.5, 2.0]])
     x = centers[y] + rng.normal(0, [0.4, 0.3, 0.5, 0.2], (n, 4))
     return x.astype(np.float32), y.astype(np.int64)
 
@@ -141,31 +139,22 @@ def _torch_exports(out: pathlib.Path) -> None:
         **axes,
         do_constant_folding=False,
     )
-    torch.onnx.export(
-        net, (x,), out / "resnet_eval.onnx", dynamo=False, **names, **axes
-    )
+    torch.onnx.export(net, (x,), out / "resnet_eval.onnx", dynamo=False, **names, **axes)
     shapes = {"dynamic_shapes": {"x": {0: torch.export.Dim("N")}}}
     for optimize, name in (
         (True, "resnet_dynamo.onnx"),
         (False, "resnet_dynamo_noopt.onnx"),
     ):
-        program = torch.onnx.export(
-            net, (x,), dynamo=True, optimize=optimize, **names, **shapes
-        )
+        program = torch.onnx.export(net, (x,), dynamo=True, optimize=optimize, **names, **shapes)
         program.save(str(out / name))
 
     # What PyTorch itself computes, for the tests: eval-mode logits of the eval exports, and of
     # the training-mode export with the statistics it holds; one training-mode forward pass of
     # the latter (its new running statistics, by PyTorch's momentum rule and unbiased variance).
-    test_x = torch.from_numpy(
-        np.random.default_rng(1).standard_normal((5, 3, 8, 8)).astype(np.float32)
-    )
+    test_x = torch.from_numpy(np.random.default_rng(1).standard_normal((5, 3, 8, 8)).astype(np.float32))
     preserve = Net()
     preserve.load_state_dict(
-        {
-            k: torch.from_numpy(v.copy())
-            for k, v in _initializers(out / "resnet_preserve.onnx").items()
-        }
+        {k: torch.from_numpy(v.copy()) for k, v in _initializers(out / "resnet_preserve.onnx").items()}
         | {k: v for k, v in net.state_dict().items() if "num_batches" in k}
     )
     with torch.no_grad():
@@ -175,13 +164,7 @@ def _torch_exports(out: pathlib.Path) -> None:
             "preserve_eval_logits": preserve.eval()(test_x),
         }
         preserve.train()(test_x)
-    refs.update(
-        {
-            f"preserve_after_step/{k}": v
-            for k, v in preserve.state_dict().items()
-            if "running" in k
-        }
-    )
+    refs.update({f"preserve_after_step/{k}": v for k, v in preserve.state_dict().items() if "running" in k})
     np.savez(out / "torch_reference.npz", **{k: v.numpy() for k, v in refs.items()})
 
 
@@ -189,9 +172,7 @@ def _initializers(path: pathlib.Path) -> dict[str, np.ndarray]:
     import onnx
     import onnx.numpy_helper
 
-    return {
-        t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer
-    }
+    return {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
 
 
 def _sklearn_exports(out: pathlib.Path) -> None:
@@ -212,9 +193,7 @@ def _sklearn_exports(out: pathlib.Path) -> None:
     )
     (out / "sklearn_logreg.onnx").write_bytes(onx.SerializeToString())
     mlp = MLPClassifier(hidden_layer_sizes=(8,), max_iter=300, random_state=0).fit(x, y)
-    onx = to_onnx(
-        mlp, x[:1], options={id(mlp): options}, target_opset={"": 17, "ai.onnx.ml": 3}
-    )
+    onx = to_onnx(mlp, x[:1], options={id(mlp): options}, target_opset={"": 17, "ai.onnx.ml": 3})
     (out / "sklearn_mlp.onnx").write_bytes(onx.SerializeToString())
     test_x, _ = iris_like(20, seed=1)
     np.savez(
@@ -242,9 +221,7 @@ def _keras_exports(out: pathlib.Path) -> None:
         h = keras.layers.GlobalAveragePooling2D()(h)
         h = keras.layers.Dropout(0.25)(h)
         model = keras.Model(inp, keras.layers.Dense(CLASSES)(h))
-        bn = model.layers[
-            2
-        ]  # trained-looking values, all different (see _tf2onnx_keep_bn)
+        bn = model.layers[2]  # trained-looking values, all different (see _tf2onnx_keep_bn)
         rng = np.random.default_rng(0)
         bn.set_weights(
             [
@@ -265,14 +242,8 @@ def _keras_exports(out: pathlib.Path) -> None:
     refs["keras_cnn"] = keras3(test_x, training=False).numpy()
     keras2 = build(tf_keras)
     # tf2onnx's remove_back_to_back optimizer folds BatchNormalization into the Conv before it.
-    keep_bn = {
-        k: v
-        for k, v in tf2onnx.optimizer._get_optimizers().items()
-        if k != "remove_back_to_back"
-    }
-    onx, _ = tf2onnx.convert.from_keras(
-        keras2, input_signature=spec, opset=17, optimizers=keep_bn
-    )
+    keep_bn = {k: v for k, v in tf2onnx.optimizer._get_optimizers().items() if k != "remove_back_to_back"}
+    onx, _ = tf2onnx.convert.from_keras(keras2, input_signature=spec, opset=17, optimizers=keep_bn)
     (out / "keras2_cnn_bn.onnx").write_bytes(onx.SerializeToString())
     refs["keras2_cnn_bn"] = keras2(test_x, training=False).numpy()
     np.savez(out / "keras_reference.npz", **refs)
@@ -292,9 +263,7 @@ def _transformers_exports(out: pathlib.Path) -> None:
         max_position_embeddings=16,
         num_labels=3,
     )
-    model = BertForSequenceClassification(
-        config
-    ).eval()  # from_pretrained returns eval mode too
+    model = BertForSequenceClassification(config).eval()  # from_pretrained returns eval mode too
     ids = torch.ones(1, 8, dtype=torch.long)
     mask = torch.ones(1, 8, dtype=torch.long)
     torch.onnx.export(
@@ -315,9 +284,7 @@ def _transformers_exports(out: pathlib.Path) -> None:
     test_mask = np.ones((3, 11), np.int64)
     test_mask[1, 7:] = 0  # a padded sequence
     with torch.no_grad():
-        logits = model(
-            torch.from_numpy(test_ids), torch.from_numpy(test_mask)
-        ).logits.numpy()
+        logits = model(torch.from_numpy(test_ids), torch.from_numpy(test_mask)).logits.numpy()
     np.savez(
         out / "bert_reference.npz",
         input_ids=test_ids,

@@ -71,14 +71,10 @@ def test_onnxruntime_tool_output_runs_and_matches(name):
     path = HERE / name
     proto = onnx.load(path)
     contrib = {n.op_type for n in proto.graph.node if n.domain == "com.microsoft"}
-    assert CASES[name] <= contrib, (
-        f"{name} was expected to hold {CASES[name]}, has {contrib}"
-    )
+    assert CASES[name] <= contrib, f"{name} was expected to hold {CASES[name]}, has {contrib}"
     assert path.stat().st_size < 300_000
     feeds = _inputs(name)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
     model = jonnx.load(path)
     got = model(*[feeds[n] for n in model.input_names])
     for g, w in zip(got, want):
@@ -198,9 +194,7 @@ GENAI_OPS = {"GroupQueryAttention", "MatMulNBits", "SkipSimplifiedLayerNormaliza
         ),
     ],
 )
-def test_genai_builder_llama_decodes_like_onnxruntime(
-    name, accuracy_level, padding, ops
-):
+def test_genai_builder_llama_decodes_like_onnxruntime(name, accuracy_level, padding, ops):
     """onnxruntime-genai's int4 Llamas (GroupQueryAttention, MatMulNBits,
     SkipSimplifiedLayerNormalization, default-domain SimplifiedLayerNormalization; tied
     embeddings through GatherBlockQuantized; the DirectML build in float16 with a separate
@@ -216,16 +210,12 @@ def test_genai_builder_llama_decodes_like_onnxruntime(
     files: 2e-3, measured 5e-4)."""
     proto = onnx.load(EXPORTS / name)
     assert ops <= _contrib_ops(proto), f"{name} holds {_contrib_ops(proto)}"
-    assert "SimplifiedLayerNormalization" in {
-        n.op_type for n in proto.graph.node if n.domain == ""
-    }
+    assert "SimplifiedLayerNormalization" in {n.op_type for n in proto.graph.node if n.domain == ""}
     for node in proto.graph.node:
         for attr in node.attribute:
             if attr.name == "accuracy_level":
                 attr.i = accuracy_level
-    session = ort.InferenceSession(
-        proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     half = "float16" in session.get_inputs()[-1].type
     tol = 1e-2 if accuracy_level == 4 else 2e-3 if half else 1e-4
     model = jonnx.load(proto)

@@ -30,19 +30,13 @@ from jonnx.training import (
 EXPORTS = pathlib.Path(__file__).with_name("exports")
 TORCH = dict(np.load(EXPORTS / "torch_reference.npz"))
 SKLEARN = dict(np.load(EXPORTS / "sklearn_reference.npz"))
-STATS = {
-    f"{bn}.{s}"
-    for bn in ("bn", "block.bn1", "block.bn2")
-    for s in ("running_mean", "running_var")
-}
+STATS = {f"{bn}.{s}" for bn in ("bn", "block.bn1", "block.bn2") for s in ("running_mean", "running_var")}
 MOMENTUM = 0.9  # what torch.onnx.export writes for nn.BatchNorm2d's momentum=0.1
 
 
 def _ort(model: str | bytes | pathlib.Path, **feeds: np.ndarray) -> list[np.ndarray]:
     data = model if isinstance(model, bytes) else str(model)
-    return ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
+    return ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def _op_types(name: str) -> set[str]:
@@ -59,9 +53,7 @@ def _task(n: int = 48, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _fine_tune(model: jonnx.Model, x: np.ndarray, y: np.ndarray, steps: int = 20):
-    step = make_train_step(
-        model, classification_loss(model, target="y"), optax.adam(0.03)
-    )
+    step = make_train_step(model, classification_loss(model, target="y"), optax.adam(0.03))
     ts, losses = step.init(), []
     for i in range(steps):
         ts, metrics = step(ts, {"x": x, "y": y}, jax.random.key(i))
@@ -88,9 +80,7 @@ def test_eval_exports_infer_like_onnxruntime_and_pytorch(name, has_bn):
     (want,) = _ort(EXPORTS / name, x=x)
     (got,) = model(x)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(
-        np.asarray(got), TORCH["eval_logits"], rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(np.asarray(got), TORCH["eval_logits"], rtol=1e-5, atol=1e-5)
     (got_eval,) = model.apply(model.params, x, train=False)
     np.testing.assert_allclose(np.asarray(got_eval), want, rtol=1e-5, atol=1e-5)
 
@@ -137,9 +127,7 @@ def test_preserve_export_infers_like_onnxruntime_and_pytorch():
     (want,) = _ort(_ort_inference_form("resnet_preserve.onnx"), x=x)
     (got,) = model.apply(model.params, x, train=False)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(
-        np.asarray(got), TORCH["preserve_eval_logits"], rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(np.asarray(got), TORCH["preserve_eval_logits"], rtol=1e-5, atol=1e-5)
     (predicted,) = predict(model, None, x)
     np.testing.assert_allclose(np.asarray(predicted), want, rtol=1e-5, atol=1e-5)
 
@@ -154,26 +142,19 @@ def test_preserve_export_running_statistics_follow_onnx_not_pytorch():
     proto = onnx.load(EXPORTS / "resnet_preserve.onnx")
     order = []
     for node in proto.graph.node:
-        if (
-            node.op_type == "BatchNormalization"
-        ):  # expose the new running mean and variance
+        if node.op_type == "BatchNormalization":  # expose the new running mean and variance
             proto.graph.output.extend(
-                oh.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None)
-                for o in node.output[1:]
+                oh.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in node.output[1:]
             )
             order += [node.input[3], node.input[4]]
     theirs = dict(zip(order, _ort(proto.SerializeToString(), x=x)[1:]))
     assert set(theirs) == STATS
     n = x.shape[0] * x.shape[2] * x.shape[3]  # values per channel in the batch
     for k in STATS:
-        np.testing.assert_allclose(
-            np.asarray(new_state[k]), theirs[k], rtol=1e-5, atol=1e-6
-        )
+        np.testing.assert_allclose(np.asarray(new_state[k]), theirs[k], rtol=1e-5, atol=1e-6)
         old, torch_new = np.asarray(model.state[k]), TORCH[f"preserve_after_step/{k}"]
         if k.endswith("mean"):
-            np.testing.assert_allclose(
-                np.asarray(new_state[k]), torch_new, rtol=1e-5, atol=1e-6
-            )
+            np.testing.assert_allclose(np.asarray(new_state[k]), torch_new, rtol=1e-5, atol=1e-6)
         else:  # PyTorch's batch term is n / (n - 1) times the spec's
             np.testing.assert_allclose(
                 (torch_new - MOMENTUM * old) * (n - 1) / n,
@@ -190,23 +171,14 @@ def test_preserve_export_fine_tunes_infers_and_saves_for_inference(tmp_path):
     x, y = _task()
     ts, losses = _fine_tune(model, x, y)
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
-    moved = {
-        k: float(np.abs(np.asarray(ts.state[k]) - np.asarray(model.state[k])).max())
-        for k in STATS
-    }
-    assert min(moved.values()) > 0.05, (
-        moved
-    )  # every running statistic followed the batches
+    moved = {k: float(np.abs(np.asarray(ts.state[k]) - np.asarray(model.state[k])).max()) for k in STATS}
+    assert min(moved.values()) > 0.05, moved  # every running statistic followed the batches
 
     (logits,) = model.apply(ts.params, x, state=ts.state, train=False)
     (predicted,) = predict(model, ts, x)
-    np.testing.assert_allclose(
-        np.asarray(predicted), np.asarray(logits), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(np.asarray(predicted), np.asarray(logits), rtol=1e-5, atol=1e-5)
     x_test, y_test = _task(24, seed=1)
-    metrics = evaluate(
-        model, ts, [{"x": x_test, "y": y_test}], classification_loss(model, target="y")
-    )
+    metrics = evaluate(model, ts, [{"x": x_test, "y": y_test}], classification_loss(model, target="y"))
     assert metrics["accuracy"] > 0.6, metrics
 
     path = tmp_path / "tuned.onnx"
@@ -215,9 +187,7 @@ def test_preserve_export_fine_tunes_infers_and_saves_for_inference(tmp_path):
     saved = onnx.load(path)
     stored = {t.name: onnx.numpy_helper.to_array(t) for t in saved.graph.initializer}
     for k in STATS:
-        np.testing.assert_array_equal(
-            stored[k], np.asarray(ts.state[k])
-        )  # the trained statistics
+        np.testing.assert_array_equal(stored[k], np.asarray(ts.state[k]))  # the trained statistics
     reloaded = jonnx.load(path)
     assert not reloaded.trains_by_default and set(reloaded.state) == STATS
     (ours,) = reloaded(x_test)
@@ -232,25 +202,17 @@ def test_eval_export_without_constant_folding_trains_its_running_statistics(tmp_
     the three layers' equal scales and shifts through Identity nodes from one initializer each,
     so fine-tuning trains them tied (as the file says), while each layer's statistics are its own."""
     proto = onnx.load(EXPORTS / "resnet_eval_nofold.onnx")
-    identities = {
-        n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Identity"
-    }
-    assert identities == {
-        f"block.bn{i}.{p}": f"bn.{p}" for i in (1, 2) for p in ("weight", "bias")
-    }
+    identities = {n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Identity"}
+    assert identities == {f"block.bn{i}.{p}": f"bn.{p}" for i in (1, 2) for p in ("weight", "bias")}
     model = jonnx.load(proto)
     assert set(model.state) == STATS and model.untracked_state == {}
-    assert {"bn.weight", "bn.bias"} <= set(model.params) and not set(identities) & set(
-        model.params
-    )
+    assert {"bn.weight", "bn.bias"} <= set(model.params) and not set(identities) & set(model.params)
 
     x, y = _task()
     ts, losses = _fine_tune(model, x, y)
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
     for k in STATS:
-        assert (
-            np.abs(np.asarray(ts.state[k]) - np.asarray(model.state[k])).max() > 0.05
-        ), k
+        assert np.abs(np.asarray(ts.state[k]) - np.asarray(model.state[k])).max() > 0.05, k
     (logits,) = model.apply(ts.params, x, state=ts.state, train=False)
     (theirs,) = _ort(_with_initializers(proto, ts.params | ts.state), x=x)
     np.testing.assert_allclose(np.asarray(logits), theirs, rtol=1e-5, atol=1e-5)
@@ -266,11 +228,7 @@ def _with_initializers(proto: onnx.ModelProto, values) -> bytes:
     out.CopyFrom(proto)
     for t in out.graph.initializer:
         if t.name in values:
-            t.CopyFrom(
-                onnx.numpy_helper.from_array(
-                    np.asarray(values[t.name], np.float32), t.name
-                )
-            )
+            t.CopyFrom(onnx.numpy_helper.from_array(np.asarray(values[t.name], np.float32), t.name))
     return out.SerializeToString()
 
 
@@ -281,9 +239,7 @@ def test_folded_exports_fine_tune_without_running_statistics(name):
     model = jonnx.load(EXPORTS / name)
     x, y = _task(16)
     (eval_out,) = model.apply(model.params, x, train=False)
-    (train_out,), new_state = model.apply(
-        model.params, x, train=True, key=jax.random.key(0)
-    )
+    (train_out,), new_state = model.apply(model.params, x, train=True, key=jax.random.key(0))
     assert new_state == {}
     if "Dropout" not in _op_types(name):
         np.testing.assert_array_equal(np.asarray(train_out), np.asarray(eval_out))
@@ -305,9 +261,7 @@ def test_sklearn_exports_match_onnxruntime_and_scikit_learn(name):
     np.testing.assert_array_equal(np.asarray(label), want_label)
     np.testing.assert_allclose(np.asarray(proba), want_proba, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(label), SKLEARN[f"{name}/predict"])
-    np.testing.assert_allclose(
-        np.asarray(proba), SKLEARN[f"{name}/predict_proba"], rtol=1e-4, atol=1e-5
-    )
+    np.testing.assert_allclose(np.asarray(proba), SKLEARN[f"{name}/predict_proba"], rtol=1e-4, atol=1e-5)
 
 
 def test_sklearn_mlp_fine_tunes():
@@ -348,37 +302,27 @@ def test_keras_exports_match_onnxruntime_and_keras(name, n_state):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(got), KERAS[name], rtol=1e-5, atol=1e-5)
     assert len(model.state) == n_state and model.untracked_state == {}
-    assert "Dropout" not in _op_types(
-        f"{name}.onnx"
-    )  # tf2onnx converts the inference graph
+    assert "Dropout" not in _op_types(f"{name}.onnx")  # tf2onnx converts the inference graph
 
 
 def test_keras_batch_norm_kept_trains_with_onnx_default_momentum():
     """tf2onnx writes no momentum: training uses ONNX's default 0.9, not Keras's 0.99."""
     model = jonnx.load(EXPORTS / "keras2_cnn_bn.onnx")
-    (bn,) = [
-        n
-        for n in onnx.load(EXPORTS / "keras2_cnn_bn.onnx").graph.node
-        if n.op_type == "BatchNormalization"
-    ]
+    (bn,) = [n for n in onnx.load(EXPORTS / "keras2_cnn_bn.onnx").graph.node if n.op_type == "BatchNormalization"]
     assert "momentum" not in {a.name for a in bn.attribute}
     x = KERAS["x"]
     _, new_state = model.apply(model.params, x, train=True)
     mean_key = bn.input[3]
     batch_mean = np.mean(np.asarray(_conv_output(x)), axis=(0, 2, 3))
     want = 0.9 * np.asarray(model.state[mean_key]) + 0.1 * batch_mean
-    np.testing.assert_allclose(
-        np.asarray(new_state[mean_key]), want, rtol=1e-5, atol=1e-6
-    )
+    np.testing.assert_allclose(np.asarray(new_state[mean_key]), want, rtol=1e-5, atol=1e-6)
 
 
 def _conv_output(x: np.ndarray) -> np.ndarray:
     """The BatchNormalization's input, computed by onnxruntime from the file with it as an output."""
     proto = onnx.load(EXPORTS / "keras2_cnn_bn.onnx")
     (bn,) = [n for n in proto.graph.node if n.op_type == "BatchNormalization"]
-    proto.graph.output.append(
-        oh.make_tensor_value_info(bn.input[0], onnx.TensorProto.FLOAT, None)
-    )
+    proto.graph.output.append(oh.make_tensor_value_info(bn.input[0], onnx.TensorProto.FLOAT, None))
     return _ort(proto.SerializeToString(), x=x)[1]
 
 
@@ -396,9 +340,7 @@ def test_transformers_export_matches_onnxruntime_and_pytorch_and_fine_tunes():
     assert model.state == {} and "Dropout" not in _op_types("bert_tiny.onnx")
     assert any("word_embeddings" in k for k in model.params)
 
-    step = make_train_step(
-        model, classification_loss(model, target="y"), optax.adam(0.05)
-    )
+    step = make_train_step(model, classification_loss(model, target="y"), optax.adam(0.05))
     ts, losses = step.init(), []
     for i in range(8):
         ts, metrics = step(ts, {**feeds, "y": np.array([0, 1, 2])}, jax.random.key(i))

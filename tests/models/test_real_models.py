@@ -25,16 +25,10 @@ def _ort(name: str) -> ort.InferenceSession:
 
 
 def _cnn_inputs(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
-    return {
-        "image": np.random.default_rng(seed)
-        .standard_normal((batch, 3, 16, 16))
-        .astype(np.float32)
-    }
+    return {"image": np.random.default_rng(seed).standard_normal((batch, 3, 16, 16)).astype(np.float32)}
 
 
-def _transformer_inputs(
-    batch: int, length: int, seed: int = 0
-) -> dict[str, np.ndarray]:
+def _transformer_inputs(batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     mask = np.ones((batch, length), np.int64)
     for b in range(batch):  # padded sequences of different lengths
@@ -53,9 +47,7 @@ CASES = [
 @pytest.mark.parametrize(
     "name,inputs",
     CASES,
-    ids=lambda c: (
-        c if isinstance(c, str) else "x".join(map(str, next(iter(c.values())).shape))
-    ),
+    ids=lambda c: c if isinstance(c, str) else "x".join(map(str, next(iter(c.values())).shape)),
 )
 def test_matches_onnxruntime(name, inputs):
     model = jonnx.load(MODELS / name)
@@ -71,12 +63,10 @@ def test_transformer_vmap_over_examples_matches_batch():
     model = jonnx.load(MODELS / "tiny_transformer.onnx")
     inputs = _transformer_inputs(3, 8, seed=4)
     batched = model(**inputs)[1]
-    per_example = jax.vmap(
-        lambda ids, mask: model.apply(model.params, ids[None], mask[None])[1][0]
-    )(inputs["input_ids"], inputs["attention_mask"])
-    np.testing.assert_allclose(
-        np.asarray(per_example), np.asarray(batched), rtol=1e-5, atol=1e-6
+    per_example = jax.vmap(lambda ids, mask: model.apply(model.params, ids[None], mask[None])[1][0])(
+        inputs["input_ids"], inputs["attention_mask"]
     )
+    np.testing.assert_allclose(np.asarray(per_example), np.asarray(batched), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -91,10 +81,7 @@ def test_grad_wrt_params_matches_finite_differences(name, inputs, output):
     model = jonnx.load(MODELS / name)
     with jax.enable_x64(True):
         params = {k: jnp.asarray(v, jnp.float64) for k, v in model.params.items()}
-        feeds = {
-            k: (v.astype(np.float64) if v.dtype.kind == "f" else v)
-            for k, v in inputs.items()
-        }
+        feeds = {k: (v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in inputs.items()}
 
         def loss(p):
             y = model.apply(p, **feeds)[output]
@@ -104,9 +91,7 @@ def test_grad_wrt_params_matches_finite_differences(name, inputs, output):
         assert set(grads) == set(params)
         rng = np.random.default_rng(0)
         for _ in range(3):
-            direction = {
-                k: jnp.asarray(rng.standard_normal(v.shape)) for k, v in params.items()
-            }
+            direction = {k: jnp.asarray(rng.standard_normal(v.shape)) for k, v in params.items()}
             analytic = sum(jnp.vdot(grads[k], direction[k]) for k in params)
             # The CNN is piecewise linear (ReLU, MaxPool): a larger step can cross a kink;
             # in float64 a step of 1e-7 still leaves ~1e-9 of rounding error.
@@ -114,6 +99,4 @@ def test_grad_wrt_params_matches_finite_differences(name, inputs, output):
             plus = loss({k: params[k] + eps * direction[k] for k in params})
             minus = loss({k: params[k] - eps * direction[k] for k in params})
             numeric = (plus - minus) / (2 * eps)
-            np.testing.assert_allclose(
-                float(analytic), float(numeric), rtol=1e-5, atol=1e-7
-            )
+            np.testing.assert_allclose(float(analytic), float(numeric), rtol=1e-5, atol=1e-7)

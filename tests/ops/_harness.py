@@ -53,8 +53,11 @@ def node_model(
             elem = oh.np_dtype_to_tensor_dtype(value.dtype)
             graph_inputs.append(oh.make_tensor_value_info(name, elem, value.shape))
     graph = oh.make_graph(
-        [node], op_type.lower(), graph_inputs,
-        [oh.make_empty_tensor_value_info(o) for o in outputs], initializer=inits,
+        [node],
+        op_type.lower(),
+        graph_inputs,
+        [oh.make_empty_tensor_value_info(o) for o in outputs],
+        initializer=inits,
     )
     opsets = [oh.make_opsetid("", opset if not domain else 18)]
     if domain:
@@ -122,7 +125,9 @@ def assert_matches_reference(
                 np.testing.assert_allclose(
                     g.astype(np.float64) if g.dtype.kind == "V" or "float8" in g.dtype.name else g,
                     w.astype(np.float64) if w.dtype.kind == "V" or "float8" in w.dtype.name else w,
-                    rtol=rtol, atol=atol, err_msg=f"{op_type} output {i} (jit={jit})",
+                    rtol=rtol,
+                    atol=atol,
+                    err_msg=f"{op_type} output {i} (jit={jit})",
                 )
     return got
 
@@ -155,13 +160,22 @@ def check_op_grads(
         model = node_model(op_type, inputs64, n_outputs, opset=opset, initializers=initializers, **attrs)
         m = jonnx.load(model)
         feeds = dict(zip(m.input_names, _feeds(model, inputs64)))
-        wrt = list(wrt) if wrt is not None else [
-            k for k, v in feeds.items() if v.dtype.kind == "f" and k not in m.static_input_names
-        ]
+        wrt = (
+            list(wrt)
+            if wrt is not None
+            else [k for k, v in feeds.items() if v.dtype.kind == "f" and k not in m.static_input_names]
+        )
 
         def f(*diff):
             merged = {**feeds, **dict(zip(wrt, diff))}
             return m.apply(m.params, **merged)[output]
 
-        check_grads(f, tuple(jnp.asarray(feeds[k]) for k in wrt), order=order, modes=("fwd", "rev"),
-                    eps=eps, rtol=rtol, atol=atol)
+        check_grads(
+            f,
+            tuple(jnp.asarray(feeds[k]) for k in wrt),
+            order=order,
+            modes=("fwd", "rev"),
+            eps=eps,
+            rtol=rtol,
+            atol=atol,
+        )

@@ -47,8 +47,9 @@ def _x(shape=(3, 4, 5), dtype=np.float32, scale=3.0):
 _DEFAULTS = [(op, v, {}) for op, versions, a in POINTWISE if a for v in versions]
 
 
-@pytest.mark.parametrize("op,opset,attrs", _CASES + _DEFAULTS,
-                         ids=[f"{o}-{v}{'' if a else '-defaults'}" for o, v, a in _CASES + _DEFAULTS])
+@pytest.mark.parametrize(
+    "op,opset,attrs", _CASES + _DEFAULTS, ids=[f"{o}-{v}{'' if a else '-defaults'}" for o, v, a in _CASES + _DEFAULTS]
+)
 def test_pointwise_matches_reference(op, opset, attrs):
     default_attrs = not attrs
     expected = None
@@ -80,8 +81,10 @@ def test_pointwise_grads(op, versions, attrs):
     check_op_grads(op, {"x": x}, opset=versions[-1], **attrs)
 
 
-@pytest.mark.parametrize("op,opset", [("Softplus", 22), ("Elu", 22), ("Selu", 22), ("Celu", 12),
-                                      ("Mish", 22), ("Softsign", 22), ("Sigmoid", 13)])
+@pytest.mark.parametrize(
+    "op,opset",
+    [("Softplus", 22), ("Elu", 22), ("Selu", 22), ("Celu", 12), ("Mish", 22), ("Softsign", 22), ("Sigmoid", 13)],
+)
 def test_gradients_finite_at_extremes(op, opset):
     x = np.array([-1e4, -100.0, -30.0, 0.0, 30.0, 100.0, 1e4], np.float32)
     model = node_model(op, {"x": x}, opset=opset)
@@ -165,20 +168,29 @@ def test_prelu_legacy_slope_per_channel(opset):
     x = _x((2, 5, 3, 4))
     slope = RNG.uniform(0, 1, 5).astype(np.float32)
     assert_matches_reference(
-        "PRelu", {"x": x, "slope": slope}, opset=opset,
+        "PRelu",
+        {"x": x, "slope": slope},
+        opset=opset,
         expected=lambda x, s: [_prelu_np(x, s[None, :, None, None])],
     )
-    assert_matches_reference("PRelu", {"x": x, "slope": slope.reshape(5, 1, 1)}, opset=opset,
-                             expected=lambda x, s: [_prelu_np(x, s)])
+    assert_matches_reference(
+        "PRelu", {"x": x, "slope": slope.reshape(5, 1, 1)}, opset=opset, expected=lambda x, s: [_prelu_np(x, s)]
+    )
     shared = np.array([0.25], np.float32)
-    assert_matches_reference("PRelu", {"x": x, "slope": shared}, opset=opset,
-                             expected=lambda x, s: [_prelu_np(x, s[0])])
+    assert_matches_reference(
+        "PRelu", {"x": x, "slope": shared}, opset=opset, expected=lambda x, s: [_prelu_np(x, s[0])]
+    )
 
 
 def test_prelu_legacy_consumed_inputs_ignored():
     x, slope = _x((2, 3)), np.array([0.1, 0.2, 0.3], np.float32)
-    assert_matches_reference("PRelu", {"x": x, "slope": slope}, opset=1, consumed_inputs=[0],
-                             expected=lambda x, s: [_prelu_np(x, s[None, :])])
+    assert_matches_reference(
+        "PRelu",
+        {"x": x, "slope": slope},
+        opset=1,
+        consumed_inputs=[0],
+        expected=lambda x, s: [_prelu_np(x, s[None, :])],
+    )
 
 
 @pytest.mark.parametrize("opset", [6, 16])
@@ -257,8 +269,9 @@ def test_softmax_grads(op, opset):
 
 def test_logsoftmax_stable_for_large_inputs():
     x = np.array([[1000.0, 0.0, -1000.0]], np.float32)
-    got = assert_matches_reference("LogSoftmax", {"x": x}, opset=13,
-                                   expected=[np.array([[0.0, -1000.0, -2000.0]], np.float32)])
+    got = assert_matches_reference(
+        "LogSoftmax", {"x": x}, opset=13, expected=[np.array([[0.0, -1000.0, -2000.0]], np.float32)]
+    )
     assert np.all(np.isfinite(got[0]))
     m = jonnx.load(node_model("LogSoftmax", {"x": x}, opset=13))
     grad = jax.grad(lambda v: jnp.sum(m.apply(m.params, v)[0]))(jnp.asarray(x))
@@ -286,8 +299,7 @@ def test_clip_attribute_versions(opset, bounds):
 def test_clip_6_default_bounds_are_float_max():
     x = np.array([-1e300, 0.0, 1e300], np.float64)
     f = float(np.finfo(np.float32).max)
-    assert_matches_reference("Clip", {"x": x}, opset=6, expected=[np.clip(x, -3.402823e38, 3.402823e38)],
-                             rtol=1e-6)
+    assert_matches_reference("Clip", {"x": x}, opset=6, expected=[np.clip(x, -3.402823e38, 3.402823e38)], rtol=1e-6)
     assert np.isclose(f, 3.402823e38, rtol=1e-6)
 
 
@@ -305,22 +317,21 @@ def test_clip_input_versions(opset, which):
 def test_clip_integer_types(opset, dtype):
     x = np.array([0, 1, 5, 9, 100], dtype)
     lo, hi = np.array(2, dtype), np.array(9, dtype)
-    assert_matches_reference("Clip", {"x": x, "min": lo, "max": hi}, opset=opset,
-                             expected=[np.clip(x, lo, hi)])
+    assert_matches_reference("Clip", {"x": x, "min": lo, "max": hi}, opset=opset, expected=[np.clip(x, lo, hi)])
 
 
 def test_clip_min_above_max_gives_max():
     x = _x()
     lo, hi = np.array(2.0, np.float32), np.array(1.0, np.float32)
-    assert_matches_reference("Clip", {"x": x, "min": lo, "max": hi}, opset=13,
-                             expected=[np.full_like(x, 1.0)])
+    assert_matches_reference("Clip", {"x": x, "min": lo, "max": hi}, opset=13, expected=[np.full_like(x, 1.0)])
 
 
 def test_clip_propagates_nan():
     x = np.array([np.nan, -5.0, 5.0, 0.3], np.float32)
     lo, hi = np.array(-1.0, np.float32), np.array(1.0, np.float32)
-    assert_matches_reference("Clip", {"x": x, "min": lo, "max": hi}, opset=13,
-                             expected=[np.array([np.nan, -1.0, 1.0, 0.3], np.float32)])
+    assert_matches_reference(
+        "Clip", {"x": x, "min": lo, "max": hi}, opset=13, expected=[np.array([np.nan, -1.0, 1.0, 0.3], np.float32)]
+    )
 
 
 def test_clip_gradient_matches_jnp_clip():
@@ -333,8 +344,9 @@ def test_clip_gradient_matches_jnp_clip():
         got, want = np.asarray(got), np.asarray(want)
     np.testing.assert_array_equal(got, want)
     assert got[3] == 1.0 and got[0] == 0.0 and got[5] == 0.0
-    check_op_grads("Clip", {"x": np.array([-2.0, -0.3, 0.5, 3.0]), "min": lo, "max": hi}, opset=13,
-                   initializers=("min", "max"))
+    check_op_grads(
+        "Clip", {"x": np.array([-2.0, -0.3, 0.5, 3.0]), "min": lo, "max": hi}, opset=13, initializers=("min", "max")
+    )
 
 
 def test_clip_rejects_non_scalar_bounds():
@@ -346,5 +358,4 @@ def test_clip_rejects_non_scalar_bounds():
 def test_ops_callable_directly():
     x = np.array([-2.0, 0.5], np.float32)
     np.testing.assert_allclose(jonnx.ops.Celu(x, alpha=2.0), [2.0 * np.expm1(-1.0), 0.5], rtol=1e-6)
-    np.testing.assert_allclose(jonnx.ops.call("Softmax", x, opset=1, axis=0),
-                               _softmax_np(x, 0), rtol=1e-6)
+    np.testing.assert_allclose(jonnx.ops.call("Softmax", x, opset=1, axis=0), _softmax_np(x, 0), rtol=1e-6)

@@ -91,7 +91,11 @@ def test_attention_fully_masked_rows_are_zero_not_nan(opset):
     mask = np.ones((3, 5), bool)
     mask[1] = False  # query 1 sees no key
     got = assert_matches_reference(
-        "Attention", {"q": q, "k": k, "v": v, "mask": mask}, 4, opset=opset, qk_matmul_output_mode=3,
+        "Attention",
+        {"q": q, "k": k, "v": v, "mask": mask},
+        4,
+        opset=opset,
+        qk_matmul_output_mode=3,
     )
     assert np.all(got[0][:, :, 1] == 0) and np.all(got[3][:, :, 1] == 0)
     # The gradient stays finite through the masked row (double-where), and matches finite
@@ -103,8 +107,15 @@ def test_attention_fully_masked_rows_are_zero_not_nan(opset):
 def test_attention_softmax_precision_fp16():
     q, k, v = _qkv(4, dtype=np.float16)
     assert_matches_reference(
-        "Attention", {"q": q, "k": k, "v": v}, 4, opset=24, is_causal=1,
-        softmax_precision=onnx.TensorProto.FLOAT, qk_matmul_output_mode=3, rtol=2e-3, atol=2e-3,
+        "Attention",
+        {"q": q, "k": k, "v": v},
+        4,
+        opset=24,
+        is_causal=1,
+        softmax_precision=onnx.TensorProto.FLOAT,
+        qk_matmul_output_mode=3,
+        rtol=2e-3,
+        atol=2e-3,
     )
 
 
@@ -115,8 +126,10 @@ def test_attention_nonpad_kv_seqlen(causal):
     q, k, v = _qkv(4, skv=6)
     nonpad = np.array([6, 2], np.int64)
     assert_matches_reference(
-        "Attention", {"q": q, "k": k, "v": v, "mask": None, "pk": None, "pv": None, "nonpad": nonpad},
-        opset=24, is_causal=causal,
+        "Attention",
+        {"q": q, "k": k, "v": v, "mask": None, "pk": None, "pv": None, "nonpad": nonpad},
+        opset=24,
+        is_causal=causal,
     )
 
 
@@ -125,8 +138,13 @@ def test_attention_sliding_window(left, right, causal):
     q, k, v = _qkv(3, sq=4, skv=6)
     mask = RNG.random((4, 6)) > 0.2
     assert_matches_reference(
-        "Attention", {"q": q, "k": k, "v": v, "mask": mask}, opset=25, is_causal=causal,
-        left_window_size=left, right_window_size=right, **_heads(3),
+        "Attention",
+        {"q": q, "k": k, "v": v, "mask": mask},
+        opset=25,
+        is_causal=causal,
+        left_window_size=left,
+        right_window_size=right,
+        **_heads(3),
     )
 
 
@@ -155,12 +173,30 @@ def _ones(*shape):
 @pytest.mark.parametrize(
     "inputs,attrs,opset,match",
     [
-        ({"q": _ones(1, 2, 3, 4), "k": _ones(1, 2, 3, 4), "v": _ones(1, 2, 3, 4)},
-         {"q_num_heads": 2, "kv_num_heads": 2}, 25, "must not be set for 4-D"),
-        ({"q": _ones(1, 3, 8), "k": _ones(1, 3, 8), "v": _ones(1, 3, 8)},
-         {"q_num_heads": 3, "kv_num_heads": 2}, 23, "q_num_heads"),
-        ({"q": _ones(1, 2, 3, 4), "k": _ones(1, 2, 3, 4), "v": _ones(1, 2, 3, 4), "m": None,
-          "pk": _ones(1, 2, 1, 4)}, {}, 23, "together"),
+        (
+            {"q": _ones(1, 2, 3, 4), "k": _ones(1, 2, 3, 4), "v": _ones(1, 2, 3, 4)},
+            {"q_num_heads": 2, "kv_num_heads": 2},
+            25,
+            "must not be set for 4-D",
+        ),
+        (
+            {"q": _ones(1, 3, 8), "k": _ones(1, 3, 8), "v": _ones(1, 3, 8)},
+            {"q_num_heads": 3, "kv_num_heads": 2},
+            23,
+            "q_num_heads",
+        ),
+        (
+            {
+                "q": _ones(1, 2, 3, 4),
+                "k": _ones(1, 2, 3, 4),
+                "v": _ones(1, 2, 3, 4),
+                "m": None,
+                "pk": _ones(1, 2, 1, 4),
+            },
+            {},
+            23,
+            "together",
+        ),
         ({"q": _ones(1, 3, 3, 4), "k": _ones(1, 2, 3, 4), "v": _ones(1, 2, 3, 4)}, {}, 23, "grouped"),
     ],
 )
@@ -195,13 +231,21 @@ def test_rotary_embedding(rank, interleaved, rot_dim, with_pos):
     )
     if rank == 4 and with_pos and interleaved:
         check_op_grads(
-            "RotaryEmbedding", inputs, opset=23, wrt=["x", "cos", "sin"], interleaved=interleaved,
+            "RotaryEmbedding",
+            inputs,
+            opset=23,
+            wrt=["x", "cos", "sin"],
+            interleaved=interleaved,
             rotary_embedding_dim=rot_dim,
         )
 
 
 def test_rotary_embedding_float16():
-    x, cos, sin = _rand(1, 2, 3, 4, dtype=np.float16), _rand(1, 3, 2, dtype=np.float16), _rand(1, 3, 2, dtype=np.float16)
+    x, cos, sin = (
+        _rand(1, 2, 3, 4, dtype=np.float16),
+        _rand(1, 3, 2, dtype=np.float16),
+        _rand(1, 3, 2, dtype=np.float16),
+    )
     assert_matches_reference("RotaryEmbedding", {"x": x, "cos": cos, "sin": sin}, opset=23, rtol=1e-3, atol=1e-3)
 
 
@@ -238,14 +282,22 @@ def test_swiglu_rejects_broadcasting():
 
 @pytest.mark.parametrize(
     "k,length,activation,with_bias,with_past",
-    [(4, 6, "none", False, False), (4, 6, "silu", True, True), (1, 3, "silu", False, False),
-     (1, 3, "none", True, True), (4, 2, "none", False, False), (4, 2, "silu", True, True)],
+    [
+        (4, 6, "none", False, False),
+        (4, 6, "silu", True, True),
+        (1, 3, "silu", False, False),
+        (1, 3, "none", True, True),
+        (4, 2, "none", False, False),
+        (4, 2, "silu", True, True),
+    ],
 )
 def test_causal_conv_with_state(k, length, activation, with_bias, with_past):
     b, c = 2, 3
     inputs = {
-        "x": _rand(b, c, length), "w": _rand(c, 1, k),
-        "bias": _rand(c) if with_bias else None, "past": _rand(b, c, k - 1) if with_past else None,
+        "x": _rand(b, c, length),
+        "w": _rand(c, 1, k),
+        "bias": _rand(c) if with_bias else None,
+        "past": _rand(b, c, k - 1) if with_past else None,
     }
     assert_matches_reference("CausalConvWithState", inputs, 2, opset=27, activation=activation)
     if k == 4 and length == 6 and with_past:
@@ -272,8 +324,12 @@ def _linear_inputs(rule, b=2, t=4, hq=4, hkv=2, dk=3, dv=5, per_head_decay=False
     k = _rand(b, t, hkv, dk)
     k = (k / np.linalg.norm(k, axis=-1, keepdims=True)).reshape(b, t, hkv * dk)
     inputs = {
-        "q": _rand(b, t, hq * dk, dtype=dtype), "k": k.astype(dtype), "v": _rand(b, t, hkv * dv, dtype=dtype),
-        "past": (_rand(b, hkv, dk, dv, dtype=dtype) * 0.1) if past else None, "decay": None, "beta": None,
+        "q": _rand(b, t, hq * dk, dtype=dtype),
+        "k": k.astype(dtype),
+        "v": _rand(b, t, hkv * dv, dtype=dtype),
+        "past": (_rand(b, hkv, dk, dv, dtype=dtype) * 0.1) if past else None,
+        "decay": None,
+        "beta": None,
     }
     if rule in ("gated", "gated_delta"):
         width = hkv if per_head_decay else hkv * dk
@@ -288,20 +344,38 @@ def _linear_inputs(rule, b=2, t=4, hq=4, hkv=2, dk=3, dv=5, per_head_decay=False
 def test_linear_attention(rule, hkv):
     inputs = _linear_inputs(rule, hkv=hkv, per_head_decay=hkv == 1)
     assert_matches_reference(
-        "LinearAttention", inputs, 2, opset=27, update_rule=rule, q_num_heads=4, kv_num_heads=hkv, rtol=1e-5, atol=1e-5,
+        "LinearAttention",
+        inputs,
+        2,
+        opset=27,
+        update_rule=rule,
+        q_num_heads=4,
+        kv_num_heads=hkv,
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 
 def test_linear_attention_fp16_no_past_explicit_scale():
     inputs = _linear_inputs("gated_delta", past=False, dtype=np.float16)
     assert_matches_reference(
-        "LinearAttention", inputs, 2, opset=27, q_num_heads=4, kv_num_heads=2, scale=0.7, rtol=2e-3, atol=2e-3,
+        "LinearAttention",
+        inputs,
+        2,
+        opset=27,
+        q_num_heads=4,
+        kv_num_heads=2,
+        scale=0.7,
+        rtol=2e-3,
+        atol=2e-3,
     )
 
 
 def test_linear_attention_grads():
     inputs = _linear_inputs("gated_delta", b=1, t=3, hq=2, hkv=1, dk=2, dv=2)
-    check_op_grads("LinearAttention", inputs, opset=27, n_outputs=2, q_num_heads=2, kv_num_heads=1, wrt=["q", "k", "v", "past"])
+    check_op_grads(
+        "LinearAttention", inputs, opset=27, n_outputs=2, q_num_heads=2, kv_num_heads=1, wrt=["q", "k", "v", "past"]
+    )
 
 
 def test_linear_attention_requires_decay():
@@ -321,7 +395,8 @@ def _causal_score_mod(s_len):
     node_c = oh.make_node("Constant", [], ["tri"], value=onnx.numpy_helper.from_array(tri))
     node_a = oh.make_node("Add", ["s", "tri"], ["out"])
     return oh.make_graph(
-        [node_c, node_a], "score_mod",
+        [node_c, node_a],
+        "score_mod",
         [oh.make_tensor_value_info("s", onnx.TensorProto.FLOAT, None)],
         [oh.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
     )
@@ -330,7 +405,8 @@ def _causal_score_mod(s_len):
 def _square_prob_mod():
     node = oh.make_node("Mul", ["p", "p"], ["out"])
     return oh.make_graph(
-        [node], "prob_mod",
+        [node],
+        "prob_mod",
         [oh.make_tensor_value_info("p", onnx.TensorProto.FLOAT, None)],
         [oh.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
     )
@@ -367,6 +443,11 @@ def test_flex_attention_grads():
     with jax.enable_x64(True):
         q, k, v = (jnp.asarray(a, jnp.float64) for a in arrays)
         jax.test_util.check_grads(
-            lambda *a: jonnx.ops.call("FlexAttention", *a, domain="ai.onnx.preview"), (q, k, v),
-            order=1, modes=("fwd", "rev"), eps=1e-4, rtol=1e-3, atol=1e-3,
+            lambda *a: jonnx.ops.call("FlexAttention", *a, domain="ai.onnx.preview"),
+            (q, k, v),
+            order=1,
+            modes=("fwd", "rev"),
+            eps=1e-4,
+            rtol=1e-3,
+            atol=1e-3,
         )

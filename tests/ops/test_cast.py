@@ -17,8 +17,27 @@ from tests.ops._harness import assert_matches_reference, check_op_grads, node_mo
 RNG = np.random.default_rng(0)
 
 SPECIALS = np.array(
-    [0.47892547, -0.48033667, 0.49968487, 1e6, 1e-7, np.nan, np.inf, -np.inf, -1e-7, -1e6,
-     -0.0, 0.0, 448.0, 464.0, 500.0, 57344.0, 61440.0, 2.5, -3.75],
+    [
+        0.47892547,
+        -0.48033667,
+        0.49968487,
+        1e6,
+        1e-7,
+        np.nan,
+        np.inf,
+        -np.inf,
+        -1e-7,
+        -1e6,
+        -0.0,
+        0.0,
+        448.0,
+        464.0,
+        500.0,
+        57344.0,
+        61440.0,
+        2.5,
+        -3.75,
+    ],
     np.float32,
 )
 F8 = {
@@ -127,13 +146,16 @@ def test_from_float8_roundtrip(to):
         _bits_equal(got, want)
 
 
-@pytest.mark.parametrize("round_mode,saturate,src", [
-    (mode, sat, np.float32) for mode in ("up", "down", "nearest") for sat in (0, 1)
-] + [("up", 1, np.float16), ("nearest", 0, np.float16)])
+@pytest.mark.parametrize(
+    "round_mode,saturate,src",
+    [(mode, sat, np.float32) for mode in ("up", "down", "nearest") for sat in (0, 1)]
+    + [("up", 1, np.float16), ("nearest", 0, np.float16)],
+)
 def test_float8e8m0_rounding(round_mode, saturate, src):
     with np.errstate(over="ignore"):
-        x = np.array([0.0, 0.124, 0.25, 0.5, 0.75, 1.1, 1.5, 2.0, 3.0, 4.0, 8.0, 3e38, np.inf, np.nan,
-                      1e-39, 6e4], np.float32).astype(src)
+        x = np.array(
+            [0.0, 0.124, 0.25, 0.5, 0.75, 1.1, 1.5, 2.0, 3.0, 4.0, 8.0, 3e38, np.inf, np.nan, 1e-39, 6e4], np.float32
+        ).astype(src)
     want = onnx.numpy_helper.to_float8e8m0(x, saturate=bool(saturate), round_mode=round_mode)
     model = node_model("Cast", {"x": x}, opset=25, to=TP.FLOAT8E8M0, saturate=saturate, round_mode=round_mode)
     for jit in (True, False):
@@ -149,9 +171,16 @@ def test_float8e8m0_rejects_unknown_round_mode():
         run_jonnx(model, {"x": x})
 
 
-@pytest.mark.parametrize("to,dtype", [(TP.INT4, ml_dtypes.int4), (TP.UINT4, ml_dtypes.uint4),
-                                      (TP.INT2, ml_dtypes.int2), (TP.UINT2, ml_dtypes.uint2),
-                                      (TP.FLOAT4E2M1, ml_dtypes.float4_e2m1fn)])
+@pytest.mark.parametrize(
+    "to,dtype",
+    [
+        (TP.INT4, ml_dtypes.int4),
+        (TP.UINT4, ml_dtypes.uint4),
+        (TP.INT2, ml_dtypes.int2),
+        (TP.UINT2, ml_dtypes.uint2),
+        (TP.FLOAT4E2M1, ml_dtypes.float4_e2m1fn),
+    ],
+)
 @pytest.mark.parametrize("src", [np.float32, np.float16, np.int32])
 def test_small_types(to, dtype, src):
     # ml_dtypes is what ONNX's tests use: floats truncate and wrap into int4/int2.
@@ -186,11 +215,14 @@ def _string_model(value: np.ndarray, opset: int = 13):
 
 # String outputs are host values: they come back from Model.apply (eager); Model.__call__'s
 # jit cannot return object arrays (a core limitation, see the family report).
-@pytest.mark.parametrize("value", [
-    np.array([[0.1, -2.5, np.inf], [np.nan, 1e-5, 3.0]], np.float32),
-    np.array([1, -2, 300], np.int64),
-    np.array([True, False]),
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array([[0.1, -2.5, np.inf], [np.nan, 1e-5, 3.0]], np.float32),
+        np.array([1, -2, 300], np.int64),
+        np.array([True, False]),
+    ],
+)
 def test_to_string_from_a_constant(value):
     model = _string_model(value)
     got = run_jonnx(model, {}, jit=False)[0]
@@ -271,10 +303,21 @@ def test_castlike_to_string_of_constant():
     np.testing.assert_array_equal(out[0], np.array(["1", "-2", "3"], dtype=object))
 
 
-@pytest.mark.parametrize("src,to", [(np.float32, TP.INT32), (np.int32, TP.FLOAT), (np.float64, TP.INT64),
-                                    (np.int64, TP.DOUBLE), (np.uint32, TP.INT32), (np.int8, TP.UINT8),
-                                    (np.uint16, TP.INT16), (np.float16, TP.UINT16), (np.bool_, TP.UINT8),
-                                    (np.uint8, TP.BOOL)])
+@pytest.mark.parametrize(
+    "src,to",
+    [
+        (np.float32, TP.INT32),
+        (np.int32, TP.FLOAT),
+        (np.float64, TP.INT64),
+        (np.int64, TP.DOUBLE),
+        (np.uint32, TP.INT32),
+        (np.int8, TP.UINT8),
+        (np.uint16, TP.INT16),
+        (np.float16, TP.UINT16),
+        (np.bool_, TP.UINT8),
+        (np.uint8, TP.BOOL),
+    ],
+)
 def test_bitcast(src, to):
     x = (RNG.standard_normal((2, 3)) * 50).astype(src) if src != np.bool_ else np.array([True, False, True])
     if src == np.uint8:

@@ -135,7 +135,10 @@ def primitives(text: str) -> set[str]:
 
 def _if_node(then_nodes, then_out, else_nodes, else_out, cond="c", outs=("y",), name="if"):
     return oh.make_node(
-        "If", [cond], list(outs), name=name,
+        "If",
+        [cond],
+        list(outs),
+        name=name,
         then_branch=graph(then_nodes, [], then_out, "then"),
         else_branch=graph(else_nodes, [], else_out, "else"),
     )
@@ -145,8 +148,10 @@ def _if_node(then_nodes, then_out, else_nodes, else_out, cond="c", outs=("y",), 
 @pytest.mark.parametrize("flag", [True, False])
 def test_if_static_condition_branches_may_differ_in_shape(opset, flag):
     node = _if_node(
-        [oh.make_node("Add", ["x", "x"], ["t"])], [vi("t", F, [3])],
-        [oh.make_node("Concat", ["x", "x"], ["e"], axis=0)], [vi("e", F, [6])],
+        [oh.make_node("Add", ["x", "x"], ["t"])],
+        [vi("t", F, [3])],
+        [oh.make_node("Concat", ["x", "x"], ["e"], axis=0)],
+        [vi("e", F, [6])],
     )
     proto = model([node], [vi("c", B, []), vi("x", F, [3])], [vi("y", F, None)], opset=opset)
     feeds = [np.array(flag), RNG.standard_normal(3).astype(np.float32)]
@@ -170,9 +175,7 @@ def _data_dependent_if(then_nodes, else_nodes, then_out="t", else_out="e", elem=
 
 
 def test_if_traced_condition_is_lax_cond():
-    proto = _data_dependent_if(
-        [oh.make_node("Mul", ["x", "x"], ["t"])], [oh.make_node("Neg", ["x"], ["e"])]
-    )
+    proto = _data_dependent_if([oh.make_node("Mul", ["x", "x"], ["t"])], [oh.make_node("Neg", ["x"], ["e"])])
     for x in (np.array([1, 2, -1, 0.5], np.float32), np.array([-1, -2, 1, 0.5], np.float32)):
         check(proto, [x])
         assert primitives(jaxpr(proto, [x])) == {"cond["}
@@ -180,8 +183,9 @@ def test_if_traced_condition_is_lax_cond():
 
 def test_if_condition_input_traced_under_jit_apply():
     # Model.__call__ makes `c` static; jax.jit(apply) traces it, so If becomes lax.cond.
-    node = _if_node([oh.make_node("Sin", ["x"], ["t"])], [vi("t", F, [3])],
-                    [oh.make_node("Cos", ["x"], ["e"])], [vi("e", F, [3])])
+    node = _if_node(
+        [oh.make_node("Sin", ["x"], ["t"])], [vi("t", F, [3])], [oh.make_node("Cos", ["x"], ["e"])], [vi("e", F, [3])]
+    )
     proto = model([node], [vi("c", B, []), vi("x", F, [3])], [vi("y", F, [3])])
     x = RNG.standard_normal(3).astype(np.float32)
     for flag in (True, False):
@@ -194,17 +198,28 @@ def test_if_branches_read_outer_values_and_initializers():
     # constant), `h` an intermediate value; the else branch has an initializer of its own.
     then_nodes = [oh.make_node("Add", ["x", "w"], ["t0"]), oh.make_node("Mul", ["t0", "h"], ["t"])]
     else_branch = graph(
-        [oh.make_node("Cast", ["k"], ["kf"], to=F), oh.make_node("Mul", ["h", "kf"], ["e0"]),
-         oh.make_node("Add", ["e0", "own"], ["e"])],
-        [], [vi("e", F, [3])], "else", inits={"own": np.float32([10, 20, 30])},
+        [
+            oh.make_node("Cast", ["k"], ["kf"], to=F),
+            oh.make_node("Mul", ["h", "kf"], ["e0"]),
+            oh.make_node("Add", ["e0", "own"], ["e"]),
+        ],
+        [],
+        [vi("e", F, [3])],
+        "else",
+        inits={"own": np.float32([10, 20, 30])},
     )
     nodes = [
         oh.make_node("Exp", ["x"], ["h"]),
-        oh.make_node("If", ["c"], ["y"], then_branch=graph(then_nodes, [], [vi("t", F, [3])], "then"),
-                     else_branch=else_branch),
+        oh.make_node(
+            "If", ["c"], ["y"], then_branch=graph(then_nodes, [], [vi("t", F, [3])], "then"), else_branch=else_branch
+        ),
     ]
-    proto = model(nodes, [vi("c", B, []), vi("x", F, [3])], [vi("y", F, [3])],
-                  inits={"w": np.float32([1, 2, 3]), "k": np.int64(3)})
+    proto = model(
+        nodes,
+        [vi("c", B, []), vi("x", F, [3])],
+        [vi("y", F, [3])],
+        inits={"w": np.float32([1, 2, 3]), "k": np.int64(3)},
+    )
     x = RNG.standard_normal(3).astype(np.float32)
     for flag in (True, False):
         check(proto, [np.array(flag), x])
@@ -215,12 +230,16 @@ def test_if_branches_read_outer_values_and_initializers():
 def test_nested_if_reads_values_two_scopes_up():
     # The inner If's condition `c2` and the data `x` come from the main graph.
     inner = oh.make_node(
-        "If", ["c2"], ["t"],
+        "If",
+        ["c2"],
+        ["t"],
         then_branch=graph([oh.make_node("Add", ["x", "x"], ["tt"])], [], [vi("tt", F, [2])], "tt"),
         else_branch=graph([oh.make_node("Mul", ["x", "x"], ["te"])], [], [vi("te", F, [2])], "te"),
     )
     outer = oh.make_node(
-        "If", ["c1"], ["y"],
+        "If",
+        ["c1"],
+        ["y"],
         then_branch=graph([inner], [], [vi("t", F, [2])], "then"),
         else_branch=graph([oh.make_node("Neg", ["x"], ["e"])], [], [vi("e", F, [2])], "else"),
     )
@@ -256,7 +275,10 @@ def test_if_traced_branches_differing_in_shape_is_an_error():
 
 def test_if_branches_with_different_output_counts_fail_at_load():
     node = oh.make_node(
-        "If", ["c"], ["y", "z"], name="if",
+        "If",
+        ["c"],
+        ["y", "z"],
+        name="if",
         then_branch=graph([oh.make_node("Neg", ["x"], ["t"])], [], [vi("t", F, [2]), vi("x", F, [2])], "then"),
         else_branch=graph([oh.make_node("Neg", ["x"], ["e"])], [], [vi("e", F, [2])], "else"),
     )
@@ -271,8 +293,12 @@ def test_grad_through_traced_if():
     # y = sum(x * x) if sum(x) > 0 else sum(sin(x) * x); the gradient follows the branch taken.
     proto = _data_dependent_if(
         [oh.make_node("Mul", ["x", "x"], ["t0"]), oh.make_node("ReduceSum", ["t0"], ["t"], keepdims=0)],
-        [oh.make_node("Sin", ["x"], ["e0"]), oh.make_node("Mul", ["e0", "x"], ["e1"]),
-         oh.make_node("ReduceSum", ["e1"], ["e"], keepdims=0)], elem=D,
+        [
+            oh.make_node("Sin", ["x"], ["e0"]),
+            oh.make_node("Mul", ["e0", "x"], ["e1"]),
+            oh.make_node("ReduceSum", ["e1"], ["e"], keepdims=0),
+        ],
+        elem=D,
     )
     with jax.enable_x64(True):
         m = jonnx.load(proto)
@@ -290,8 +316,21 @@ def test_grad_through_traced_if():
 # -- Loop --------------------------------------------------------------------------------
 
 
-def _loop_model(body_nodes, body_in, body_out, loop_in, loop_out, main_in, main_out, *,
-                pre=(), post=(), inits=None, opset=17, name="loop"):
+def _loop_model(
+    body_nodes,
+    body_in,
+    body_out,
+    loop_in,
+    loop_out,
+    main_in,
+    main_out,
+    *,
+    pre=(),
+    post=(),
+    inits=None,
+    opset=17,
+    name="loop",
+):
     body = graph(body_nodes, body_in, body_out, "body")
     node = oh.make_node("Loop", loop_in, loop_out, name=name, body=body)
     return model([*pre, node, *post], main_in, main_out, inits=inits, opset=opset)
@@ -312,17 +351,23 @@ def _accumulate_loop(**kw):
         body,
         [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [3]), vi("b_in", I64, [])],
         [vi("cond_out", B, []), vi("a_out", F, [3]), vi("b_out", I64, []), vi("s", F, [3])],
-        ["M", "", "a0", "b0"], ["a", "b", "ss"],
+        ["M", "", "a0", "b0"],
+        ["a", "b", "ss"],
         [vi("M", I64, []), vi("x", F, [3]), vi("a0", F, [3]), vi("b0", I64, [])],
-        [vi("a", F, [3]), vi("b", I64, []), vi("ss", F, [None, 3])], **kw,
+        [vi("a", F, [3]), vi("b", I64, []), vi("ss", F, [None, 3])],
+        **kw,
     )
 
 
 @pytest.mark.parametrize("opset", [11, 13, 16, 19, 21])
 def test_loop_static_trip_count_with_scan_outputs(opset):
     proto = _accumulate_loop(opset=opset)
-    feeds = [np.int64(5), RNG.standard_normal(3).astype(np.float32),
-             RNG.standard_normal(3).astype(np.float32), np.int64(7)]
+    feeds = [
+        np.int64(5),
+        RNG.standard_normal(3).astype(np.float32),
+        RNG.standard_normal(3).astype(np.float32),
+        np.int64(7),
+    ]
     with jax.enable_x64(True):
         # Scan outputs need the trip count at trace time.
         assert jonnx.load(proto).static_input_names == ("M",)
@@ -337,9 +382,12 @@ def test_loop_trip_count_initializer_under_jit_apply():
         oh.make_node("Sin", ["a_out"], ["s"]),
     ]
     proto = _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2])],
         [vi("cond_out", B, []), vi("a_out", F, [2]), vi("s", F, [2])],
-        ["M", "c", "a0"], ["a", "ss"], [vi("x", F, [2]), vi("a0", F, [2])],
+        ["M", "c", "a0"],
+        ["a", "ss"],
+        [vi("x", F, [2]), vi("a0", F, [2])],
         [vi("a", F, [2]), vi("ss", F, [None, 2])],
         inits={"M": np.int64(4), "c": np.bool_(True)},
     )
@@ -375,9 +423,13 @@ def _early_exit_loop(with_scan_output=False):
         loop_out.append("ss")
         main_out.append(vi("ss", F, [None]))
     return _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2]), vi("n_in", I64, [])],
-        body_out, ["M", "", "a0", "n0"], loop_out,
-        [vi("a0", F, [2]), vi("limit", F, [])], main_out,
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2]), vi("n_in", I64, [])],
+        body_out,
+        ["M", "", "a0", "n0"],
+        loop_out,
+        [vi("a0", F, [2]), vi("limit", F, [])],
+        main_out,
         inits={"M": np.int64(10), "n0": np.int64(0)},
     )
 
@@ -387,7 +439,7 @@ def test_loop_early_exit_by_data_dependent_condition(limit, iterations):
     proto = _early_exit_loop()
     feeds = [np.float32([0.5, 1.0]), np.float32(limit)]
     # The body runs once more than the condition allows: the last run sets it false.
-    check(proto, feeds, expected=[np.float32([0.5, 1.0]) * 2.0 ** iterations, np.int64(iterations)])
+    check(proto, feeds, expected=[np.float32([0.5, 1.0]) * 2.0**iterations, np.int64(iterations)])
     check(proto, feeds)
     assert primitives(jaxpr(proto, feeds)) == {"scan["}
 
@@ -410,10 +462,14 @@ def _while_loop(trip=False):
     if trip:
         main_in.insert(0, vi("M", I64, []))
     return _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, []), vi("i_in", I64, [])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, []), vi("i_in", I64, [])],
         [vi("cond_out", B, []), vi("a_out", F, []), vi("i_out", I64, [])],
-        ["M" if trip else "", "c", "a0", "zero"], ["a", "last"], main_in,
-        [vi("a", F, []), vi("last", I64, [])], inits={"zero": np.int64(-1)},
+        ["M" if trip else "", "c", "a0", "zero"],
+        ["a", "last"],
+        main_in,
+        [vi("a", F, []), vi("last", I64, [])],
+        inits={"zero": np.int64(-1)},
     )
 
 
@@ -450,10 +506,14 @@ def test_loop_body_slicing_by_iteration_number_is_unrolled():
         oh.make_node("Add", ["a_in", "r"], ["a_out"]),
     ]
     proto = _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [])],
         [vi("cond_out", B, []), vi("a_out", F, []), vi("s", F, [2])],
-        ["M", "", "a0"], ["a", "ss"], [vi("x", F, [6]), vi("a0", F, [])],
-        [vi("a", F, []), vi("ss", F, [None, 2])], inits={"M": np.int64(4)},
+        ["M", "", "a0"],
+        ["a", "ss"],
+        [vi("x", F, [6]), vi("a0", F, [])],
+        [vi("a", F, []), vi("ss", F, [None, 2])],
+        inits={"M": np.int64(4)},
     )
     feeds = [RNG.standard_normal(6).astype(np.float32), np.float32(0.25)]
     check(proto, feeds)
@@ -469,13 +529,18 @@ def test_loop_carrying_a_sequence_is_unrolled():
     ]
     seq = oh.make_tensor_sequence_value_info
     proto = _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), seq("seq_in", F, [2])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), seq("seq_in", F, [2])],
         [vi("cond_out", B, []), seq("seq_out", F, [2])],
-        ["M", "", "empty"], ["seq"], [vi("M", I64, []), vi("x", F, [2])],
+        ["M", "", "empty"],
+        ["seq"],
+        [vi("M", I64, []), vi("x", F, [2])],
         [seq("seq", F, [2]), vi("cat", F, [None, 2]), vi("n", I64, [])],
         pre=[oh.make_node("SequenceEmpty", [], ["empty"], dtype=F)],
-        post=[oh.make_node("ConcatFromSequence", ["seq"], ["cat"], axis=0, new_axis=1),
-              oh.make_node("SequenceLength", ["seq"], ["n"])],
+        post=[
+            oh.make_node("ConcatFromSequence", ["seq"], ["cat"], axis=0, new_axis=1),
+            oh.make_node("SequenceLength", ["seq"], ["n"]),
+        ],
     )
     feeds = [np.int64(3), np.float32([1.5, -2.0])]
     check(proto, feeds, modes=("call", "apply"))
@@ -486,12 +551,17 @@ def test_nested_loop_reads_outer_loop_and_main_graph_values():
     # acc += x * i + j for i < 3, j < K: the inner body reads x (main graph), i (outer body)
     # and K (a main-graph initializer) drives the inner trip count.
     inner_body = graph(
-        [oh.make_node("Identity", ["ic_in"], ["ic_out"]),
-         oh.make_node("Cast", ["i"], ["fi"], to=F), oh.make_node("Cast", ["j"], ["fj"], to=F),
-         oh.make_node("Mul", ["x", "fi"], ["xi"]), oh.make_node("Add", ["xi", "fj"], ["d"]),
-         oh.make_node("Add", ["acc_in", "d"], ["acc_out"])],
+        [
+            oh.make_node("Identity", ["ic_in"], ["ic_out"]),
+            oh.make_node("Cast", ["i"], ["fi"], to=F),
+            oh.make_node("Cast", ["j"], ["fj"], to=F),
+            oh.make_node("Mul", ["x", "fi"], ["xi"]),
+            oh.make_node("Add", ["xi", "fj"], ["d"]),
+            oh.make_node("Add", ["acc_in", "d"], ["acc_out"]),
+        ],
         [vi("j", I64, []), vi("ic_in", B, []), vi("acc_in", F, [2])],
-        [vi("ic_out", B, []), vi("acc_out", F, [2])], "inner",
+        [vi("ic_out", B, []), vi("acc_out", F, [2])],
+        "inner",
     )
     outer_body = [
         oh.make_node("Identity", ["cond_in"], ["cond_out"]),
@@ -499,10 +569,14 @@ def test_nested_loop_reads_outer_loop_and_main_graph_values():
         oh.make_node("Identity", ["a_out"], ["s"]),
     ]
     proto = _loop_model(
-        outer_body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2])],
+        outer_body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2])],
         [vi("cond_out", B, []), vi("a_out", F, [2]), vi("s", F, [2])],
-        ["M", "", "a0"], ["a", "ss"], [vi("x", F, [2]), vi("a0", F, [2])],
-        [vi("a", F, [2]), vi("ss", F, [None, 2])], inits={"M": np.int64(3), "K": np.int64(2)},
+        ["M", "", "a0"],
+        ["a", "ss"],
+        [vi("x", F, [2]), vi("a0", F, [2])],
+        [vi("a", F, [2]), vi("ss", F, [None, 2])],
+        inits={"M": np.int64(3), "K": np.int64(2)},
     )
     feeds = [np.float32([1.0, -0.5]), np.float32([0.0, 10.0])]
     check(proto, feeds)
@@ -525,25 +599,32 @@ def test_grad_through_loop_with_static_trip_count():
     # a_{i+1} = sin(a_i) * x + i;  output: the final a plus the sum of the scan outputs.
     body = [
         oh.make_node("Identity", ["cond_in"], ["cond_out"]),
-        oh.make_node("Sin", ["a_in"], ["sa"]), oh.make_node("Mul", ["sa", "x"], ["m"]),
-        oh.make_node("Cast", ["i"], ["fi"], to=D), oh.make_node("Add", ["m", "fi"], ["a_out"]),
+        oh.make_node("Sin", ["a_in"], ["sa"]),
+        oh.make_node("Mul", ["sa", "x"], ["m"]),
+        oh.make_node("Cast", ["i"], ["fi"], to=D),
+        oh.make_node("Add", ["m", "fi"], ["a_out"]),
         oh.make_node("Mul", ["a_out", "a_out"], ["s"]),
     ]
     proto = _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", D, [3])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", D, [3])],
         [vi("cond_out", B, []), vi("a_out", D, [3]), vi("s", D, [3])],
-        ["M", "", "a0"], ["a", "ss"], [vi("x", D, [3]), vi("a0", D, [3])],
+        ["M", "", "a0"],
+        ["a", "ss"],
+        [vi("x", D, [3]), vi("a0", D, [3])],
         [vi("y", D, [])],
-        post=[oh.make_node("ReduceSum", ["ss"], ["t"], keepdims=0),
-              oh.make_node("ReduceSum", ["a"], ["u"], keepdims=0), oh.make_node("Add", ["t", "u"], ["y"])],
+        post=[
+            oh.make_node("ReduceSum", ["ss"], ["t"], keepdims=0),
+            oh.make_node("ReduceSum", ["a"], ["u"], keepdims=0),
+            oh.make_node("Add", ["t", "u"], ["y"]),
+        ],
         inits={"M": np.int64(4)},
     )
     x, a0 = np.array([0.3, -0.7, 1.1]), np.array([0.2, 0.5, -1.0])
     check(proto, [x, a0])
     with jax.enable_x64(True):
         m = jonnx.load(proto)
-        check_grads(lambda x, a0: m.apply(m.params, x, a0)[0], (x, a0), order=2,
-                    modes=("fwd", "rev"), eps=1e-5)
+        check_grads(lambda x, a0: m.apply(m.params, x, a0)[0], (x, a0), order=2, modes=("fwd", "rev"), eps=1e-5)
 
 
 def test_grad_through_loop_with_early_exit():
@@ -567,13 +648,18 @@ def test_loop_scan_outputs_without_static_trip_count_is_an_error():
         run(proto, feeds, "jit")
     # No trip count at all: the condition bounds the loop, and scan outputs cannot stack.
     body = [
-        const("two", np.float32(2)), oh.make_node("Mul", ["a_in", "two"], ["a_out"]),
-        oh.make_node("Less", ["a_out", "limit"], ["cond_out"]), oh.make_node("Identity", ["a_out"], ["s"]),
+        const("two", np.float32(2)),
+        oh.make_node("Mul", ["a_in", "two"], ["a_out"]),
+        oh.make_node("Less", ["a_out", "limit"], ["cond_out"]),
+        oh.make_node("Identity", ["a_out"], ["s"]),
     ]
     proto = _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [])],
         [vi("cond_out", B, []), vi("a_out", F, []), vi("s", F, [])],
-        ["", "c", "a0"], ["a", "ss"], [vi("c", B, []), vi("a0", F, []), vi("limit", F, [])],
+        ["", "c", "a0"],
+        ["a", "ss"],
+        [vi("c", B, []), vi("a0", F, []), vi("limit", F, [])],
         [vi("a", F, []), vi("ss", F, [None])],
     )
     for mode in ("call", "jit"):
@@ -587,9 +673,11 @@ def _growing_loop(trip):
         oh.make_node("Concat", ["a_in", "a_in"], ["a_out"], axis=0),
     ]
     return _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", I64, [None])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", I64, [None])],
         [vi("cond_out", B, []), vi("a_out", I64, [None])],
-        ["M" if trip else "", "" if trip else "c", "a0"], ["a"],
+        ["M" if trip else "", "" if trip else "c", "a0"],
+        ["a"],
         [vi("c" if not trip else "M", B if not trip else I64, []), vi("a0", I64, [None])],
         [vi("a", I64, [None])],
     )
@@ -613,10 +701,15 @@ def test_loop_known_at_trace_time_may_change_shape():
         oh.make_node("Concat", ["a_in", "a_in"], ["a_out"], axis=0),
     ]
     proto = _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", I64, [None])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", I64, [None])],
         [vi("cond_out", B, []), vi("a_out", I64, [None])],
-        ["M", "", "a0"], ["a"], [vi("x", F, [1])], [vi("a", I64, [None]), vi("y", F, [1])],
-        post=[oh.make_node("Identity", ["x"], ["y"])], inits={"M": np.int64(3), "a0": np.int64([1, 2])},
+        ["M", "", "a0"],
+        ["a"],
+        [vi("x", F, [1])],
+        [vi("a", I64, [None]), vi("y", F, [1])],
+        post=[oh.make_node("Identity", ["x"], ["y"])],
+        inits={"M": np.int64(3), "a0": np.int64([1, 2])},
     )
     feeds = [np.float32([1])]
     check(proto, feeds)
@@ -629,11 +722,13 @@ def test_loop_known_at_trace_time_may_change_shape():
 def _scan_body(dtype=F):
     """States (s1: [2], s2: scalar); inputs u: [2], v: [2]; outputs o1 = s1 + u, o2 = u * v."""
     return graph(
-        [oh.make_node("Add", ["s1_in", "u"], ["s1_out"]),
-         oh.make_node("Mul", ["u", "v"], ["o2"]),
-         oh.make_node("ReduceSum", ["o2"], ["r"], keepdims=0),
-         oh.make_node("Add", ["s2_in", "r"], ["s2_out"]),
-         oh.make_node("Mul", ["s1_out", "w"], ["o1"])],
+        [
+            oh.make_node("Add", ["s1_in", "u"], ["s1_out"]),
+            oh.make_node("Mul", ["u", "v"], ["o2"]),
+            oh.make_node("ReduceSum", ["o2"], ["r"], keepdims=0),
+            oh.make_node("Add", ["s2_in", "r"], ["s2_out"]),
+            oh.make_node("Mul", ["s1_out", "w"], ["o1"]),
+        ],
         [vi("s1_in", dtype, [2]), vi("s2_in", dtype, []), vi("u", dtype, [2]), vi("v", dtype, [2])],
         [vi("s1_out", dtype, [2]), vi("s2_out", dtype, []), vi("o1", dtype, [2]), vi("o2", dtype, [2])],
     )
@@ -657,13 +752,24 @@ def test_scan_axes_and_directions(opset, in_dirs, out_dirs):
     # Negative axes exist from opset 11.
     in_axes, out_axes = ((0, -1), (-1, 0)) if opset >= 11 else ((0, 1), (1, 0))
     node = oh.make_node(
-        "Scan", ["s1", "s2", "u", "v"], ["f1", "f2", "y1", "y2"], name="scan", body=_scan_body(),
-        num_scan_inputs=2, scan_input_axes=in_axes, scan_input_directions=in_dirs,
-        scan_output_axes=out_axes, scan_output_directions=out_dirs,
+        "Scan",
+        ["s1", "s2", "u", "v"],
+        ["f1", "f2", "y1", "y2"],
+        name="scan",
+        body=_scan_body(),
+        num_scan_inputs=2,
+        scan_input_axes=in_axes,
+        scan_input_directions=in_dirs,
+        scan_output_axes=out_axes,
+        scan_output_directions=out_dirs,
     )
-    proto = model([node], [vi("s1", F, [2]), vi("s2", F, []), vi("u", F, [5, 2]), vi("v", F, [2, 5])],
-                  [vi("f1", F, [2]), vi("f2", F, []), vi("y1", F, [2, 5]), vi("y2", F, [5, 2])],
-                  opset=opset, inits={"w": np.float32(0.5)})
+    proto = model(
+        [node],
+        [vi("s1", F, [2]), vi("s2", F, []), vi("u", F, [5, 2]), vi("v", F, [2, 5])],
+        [vi("f1", F, [2]), vi("f2", F, []), vi("y1", F, [2, 5]), vi("y2", F, [5, 2])],
+        opset=opset,
+        inits={"w": np.float32(0.5)},
+    )
     s1, s2 = RNG.standard_normal(2).astype(np.float32), np.float32(1)
     u, v = RNG.standard_normal((5, 2)).astype(np.float32), RNG.standard_normal((2, 5)).astype(np.float32)
     us, vs = (u[::-1] if in_dirs[0] else u), (v.T[::-1] if in_dirs[1] else v.T)
@@ -677,16 +783,24 @@ def test_scan_axes_and_directions(opset, in_dirs, out_dirs):
 
 def test_scan_body_reads_outer_value():
     body = graph(
-        [oh.make_node("Mul", ["x", "k"], ["xk"]), oh.make_node("Add", ["s_in", "xk"], ["s_out"]),
-         oh.make_node("Identity", ["s_out"], ["o"])],
-        [vi("s_in", F, [3]), vi("x", F, [3])], [vi("s_out", F, [3]), vi("o", F, [3])],
+        [
+            oh.make_node("Mul", ["x", "k"], ["xk"]),
+            oh.make_node("Add", ["s_in", "xk"], ["s_out"]),
+            oh.make_node("Identity", ["s_out"], ["o"]),
+        ],
+        [vi("s_in", F, [3]), vi("x", F, [3])],
+        [vi("s_out", F, [3]), vi("o", F, [3])],
     )
-    nodes = [oh.make_node("Exp", ["kk"], ["k"]),
-             oh.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1)]
-    proto = model(nodes, [vi("kk", F, [3]), vi("s0", F, [3]), vi("xs", F, [4, 3])],
-                  [vi("s", F, [3]), vi("ys", F, [4, 3])])
+    nodes = [
+        oh.make_node("Exp", ["kk"], ["k"]),
+        oh.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1),
+    ]
+    proto = model(
+        nodes, [vi("kk", F, [3]), vi("s0", F, [3]), vi("xs", F, [4, 3])], [vi("s", F, [3]), vi("ys", F, [4, 3])]
+    )
     feeds = [RNG.standard_normal(3).astype(np.float32) for _ in range(2)] + [
-        RNG.standard_normal((4, 3)).astype(np.float32)]
+        RNG.standard_normal((4, 3)).astype(np.float32)
+    ]
     check(proto, feeds)
 
 
@@ -695,11 +809,22 @@ def test_scan_8_batch_axis(directions):
     # Scan-8: every input has a leading batch axis; the scan axis is 1. numpy gives the
     # expected value (the ReferenceEvaluator implements Scan-9+ only).
     attrs = {} if directions is None else {"directions": directions}
-    node = oh.make_node("Scan", ["", "s1", "s2", "u", "v"], ["f1", "f2", "y1", "y2"], name="scan",
-                        body=_scan_body(), num_scan_inputs=2, **attrs)
-    proto = model([node], [vi("s1", F, [3, 2]), vi("s2", F, [3]), vi("u", F, [3, 4, 2]), vi("v", F, [3, 4, 2])],
-                  [vi("f1", F, None), vi("f2", F, None), vi("y1", F, None), vi("y2", F, None)],
-                  opset=8, inits={"w": np.float32(2)})
+    node = oh.make_node(
+        "Scan",
+        ["", "s1", "s2", "u", "v"],
+        ["f1", "f2", "y1", "y2"],
+        name="scan",
+        body=_scan_body(),
+        num_scan_inputs=2,
+        **attrs,
+    )
+    proto = model(
+        [node],
+        [vi("s1", F, [3, 2]), vi("s2", F, [3]), vi("u", F, [3, 4, 2]), vi("v", F, [3, 4, 2])],
+        [vi("f1", F, None), vi("f2", F, None), vi("y1", F, None), vi("y2", F, None)],
+        opset=8,
+        inits={"w": np.float32(2)},
+    )
     s1, s2 = RNG.standard_normal((3, 2)).astype(np.float32), RNG.standard_normal(3).astype(np.float32)
     u, v = RNG.standard_normal((3, 4, 2)).astype(np.float32), RNG.standard_normal((3, 4, 2)).astype(np.float32)
     flip = directions or (0, 0)
@@ -713,14 +838,31 @@ def test_scan_8_batch_axis(directions):
 
 def _scan_8_lens_model(directions):
     """Scan-8 with sequence_lens: state s += a * b_t... over two inputs, one per direction."""
-    body = graph([oh.make_node("Mul", ["ai", "bi"], ["p"]), oh.make_node("Add", ["s_in", "p"], ["s_out"]),
-                  oh.make_node("Identity", ["s_out"], ["o1"]), oh.make_node("Identity", ["ai"], ["o2"])],
-                 [vi("s_in", F, [2]), vi("ai", F, [2]), vi("bi", F, [2])],
-                 [vi("s_out", F, [2]), vi("o1", F, [2]), vi("o2", F, [2])])
-    node = oh.make_node("Scan", ["lens", "s", "a", "b"], ["f", "y1", "y2"], name="scan", num_scan_inputs=2,
-                        body=body, directions=list(directions))
-    proto = model([node], [vi("lens", I64, [3]), vi("s", F, [3, 2]), vi("a", F, [3, 4, 2]), vi("b", F, [3, 4, 2])],
-                  [vi("f", F, [3, 2]), vi("y1", F, [3, 4, 2]), vi("y2", F, [3, 4, 2])], opset=8)
+    body = graph(
+        [
+            oh.make_node("Mul", ["ai", "bi"], ["p"]),
+            oh.make_node("Add", ["s_in", "p"], ["s_out"]),
+            oh.make_node("Identity", ["s_out"], ["o1"]),
+            oh.make_node("Identity", ["ai"], ["o2"]),
+        ],
+        [vi("s_in", F, [2]), vi("ai", F, [2]), vi("bi", F, [2])],
+        [vi("s_out", F, [2]), vi("o1", F, [2]), vi("o2", F, [2])],
+    )
+    node = oh.make_node(
+        "Scan",
+        ["lens", "s", "a", "b"],
+        ["f", "y1", "y2"],
+        name="scan",
+        num_scan_inputs=2,
+        body=body,
+        directions=list(directions),
+    )
+    proto = model(
+        [node],
+        [vi("lens", I64, [3]), vi("s", F, [3, 2]), vi("a", F, [3, 4, 2]), vi("b", F, [3, 4, 2])],
+        [vi("f", F, [3, 2]), vi("y1", F, [3, 4, 2]), vi("y2", F, [3, 4, 2])],
+        opset=8,
+    )
     proto.ir_version = 8
     return proto
 
@@ -733,8 +875,12 @@ def test_scan_8_sequence_lens_against_onnxruntime(directions, lens):
     import onnxruntime as ort
 
     proto = _scan_8_lens_model(directions)
-    feeds = [np.int64(lens), RNG.standard_normal((3, 2)).astype(np.float32),
-             RNG.standard_normal((3, 4, 2)).astype(np.float32), RNG.standard_normal((3, 4, 2)).astype(np.float32)]
+    feeds = [
+        np.int64(lens),
+        RNG.standard_normal((3, 2)).astype(np.float32),
+        RNG.standard_normal((3, 4, 2)).astype(np.float32),
+        RNG.standard_normal((3, 4, 2)).astype(np.float32),
+    ]
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     want = session.run(None, dict(zip(["lens", "s", "a", "b"], feeds)))
     check(proto, feeds, expected=want)
@@ -745,22 +891,35 @@ def test_scan_8_sequence_lens_against_onnxruntime(directions, lens):
 
 def test_scan_8_sequence_lens_out_of_range():
     proto = _scan_8_lens_model((0, 0))
-    feeds = [np.int64([5, 1, 1]), np.zeros((3, 2), np.float32), np.zeros((3, 4, 2), np.float32),
-             np.zeros((3, 4, 2), np.float32)]
+    feeds = [
+        np.int64([5, 1, 1]),
+        np.zeros((3, 2), np.float32),
+        np.zeros((3, 4, 2), np.float32),
+        np.zeros((3, 4, 2), np.float32),
+    ]
     with pytest.raises(errors.NumericCheckError, match=r"'scan'.*sequence_lens must lie in \[0, 4\]"):
         jonnx.load(proto, checked=True)(*feeds)
 
 
 def test_scan_errors():
-    body = graph([oh.make_node("Add", ["s_in", "a"], ["s_out"]), oh.make_node("Mul", ["a", "b"], ["o"])],
-                 [vi("s_in", F, [2]), vi("a", F, [2]), vi("b", F, [2])], [vi("s_out", F, [2]), vi("o", F, [2])])
+    body = graph(
+        [oh.make_node("Add", ["s_in", "a"], ["s_out"]), oh.make_node("Mul", ["a", "b"], ["o"])],
+        [vi("s_in", F, [2]), vi("a", F, [2]), vi("b", F, [2])],
+        [vi("s_out", F, [2]), vi("o", F, [2])],
+    )
     node = oh.make_node("Scan", ["s", "a", "b"], ["f", "y"], name="scan", body=body, num_scan_inputs=2)
-    proto = model([node], [vi("s", F, [2]), vi("a", F, [None, 2]), vi("b", F, [None, 2])],
-                  [vi("f", F, [2]), vi("y", F, [None, 2])])
+    proto = model(
+        [node],
+        [vi("s", F, [2]), vi("a", F, [None, 2]), vi("b", F, [None, 2])],
+        [vi("f", F, [2]), vi("y", F, [None, 2])],
+    )
     with pytest.raises(errors.NodeError, match=r"'scan'.*different lengths.*\[3, 4\]"):
         run(proto, [np.zeros(2, np.float32), np.zeros((3, 2), np.float32), np.zeros((4, 2), np.float32)])
-    grow = graph([oh.make_node("Concat", ["s_in", "a"], ["s_out"], axis=0), oh.make_node("Identity", ["a"], ["o"])],
-                 [vi("s_in", F, [None]), vi("a", F, [2])], [vi("s_out", F, [None]), vi("o", F, [2])])
+    grow = graph(
+        [oh.make_node("Concat", ["s_in", "a"], ["s_out"], axis=0), oh.make_node("Identity", ["a"], ["o"])],
+        [vi("s_in", F, [None]), vi("a", F, [2])],
+        [vi("s_out", F, [None]), vi("o", F, [2])],
+    )
     node = oh.make_node("Scan", ["s", "a"], ["f", "y"], name="scan", body=grow, num_scan_inputs=1)
     proto = model([node], [vi("s", F, [None]), vi("a", F, [3, 2])], [vi("f", F, None), vi("y", F, None)])
     with pytest.raises(errors.NodeError, match=r"'scan'.*changes shape from \(2,\) to \(4,\)"):
@@ -769,16 +928,28 @@ def test_scan_errors():
 
 def test_grad_through_scan():
     body = graph(
-        [oh.make_node("Mul", ["s_in", "x"], ["p"]), oh.make_node("Tanh", ["p"], ["s_out"]),
-         oh.make_node("Mul", ["s_out", "w"], ["o"])],
-        [vi("s_in", D, [2]), vi("x", D, [2])], [vi("s_out", D, [2]), vi("o", D, [2])],
+        [
+            oh.make_node("Mul", ["s_in", "x"], ["p"]),
+            oh.make_node("Tanh", ["p"], ["s_out"]),
+            oh.make_node("Mul", ["s_out", "w"], ["o"]),
+        ],
+        [vi("s_in", D, [2]), vi("x", D, [2])],
+        [vi("s_out", D, [2]), vi("o", D, [2])],
     )
-    node = oh.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1,
-                        scan_input_directions=[1], scan_output_axes=[1])
-    proto = model([node, oh.make_node("ReduceSum", ["ys"], ["t"], keepdims=0),
-                   oh.make_node("ReduceSum", ["s"], ["u"], keepdims=0), oh.make_node("Add", ["t", "u"], ["y"])],
-                  [vi("s0", D, [2]), vi("xs", D, [5, 2])], [vi("y", D, [])],
-                  inits={"w": np.array([1.5, -0.5])})
+    node = oh.make_node(
+        "Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1, scan_input_directions=[1], scan_output_axes=[1]
+    )
+    proto = model(
+        [
+            node,
+            oh.make_node("ReduceSum", ["ys"], ["t"], keepdims=0),
+            oh.make_node("ReduceSum", ["s"], ["u"], keepdims=0),
+            oh.make_node("Add", ["t", "u"], ["y"]),
+        ],
+        [vi("s0", D, [2]), vi("xs", D, [5, 2])],
+        [vi("y", D, [])],
+        inits={"w": np.array([1.5, -0.5])},
+    )
     s0, xs = np.array([0.3, -0.8]), RNG.standard_normal((5, 2))
     # numpy: the ReferenceEvaluator does not implement reversed scan inputs.
     s, ys = s0, []
@@ -788,8 +959,9 @@ def test_grad_through_scan():
     check(proto, [s0, xs], expected=[np.array(np.sum(ys) + np.sum(s))])
     with jax.enable_x64(True):
         m = jonnx.load(proto)
-        check_grads(lambda p, s0, xs: m.apply(p, s0, xs)[0], (m.params, s0, xs), order=2,
-                    modes=("fwd", "rev"), eps=1e-5)
+        check_grads(
+            lambda p, s0, xs: m.apply(p, s0, xs)[0], (m.params, s0, xs), order=2, modes=("fwd", "rev"), eps=1e-5
+        )
 
 
 @pytest.mark.parametrize("x64", [True, False])
@@ -804,22 +976,29 @@ def test_loop_with_int64_max_trip_count_and_a_condition(x64):
         for got in (m(*feeds), m.apply(m.params, *feeds)):
             np.testing.assert_array_equal(np.asarray(got[0]), want[0])
             np.testing.assert_array_equal(np.asarray(got[1]), want[1])
-        assert primitives(str(jax.make_jaxpr(lambda a: m.apply(m.params, feeds[0], feeds[1], a, feeds[3]))(
-            feeds[2]))) == {"while["}
+        assert primitives(
+            str(jax.make_jaxpr(lambda a: m.apply(m.params, feeds[0], feeds[1], a, feeds[3]))(feeds[2]))
+        ) == {"while["}
 
 
 def test_loop_exit_by_iteration_number_with_scan_outputs():
     # The condition depends on the iteration number only (i < 3): known at trace time once
     # the loop is unrolled, so the scan outputs have a static length (4 iterations).
     body = [
-        const("three", np.int64(3)), oh.make_node("Less", ["i", "three"], ["cond_out"]),
-        oh.make_node("Add", ["a_in", "x"], ["a_out"]), oh.make_node("Neg", ["a_out"], ["s"]),
+        const("three", np.int64(3)),
+        oh.make_node("Less", ["i", "three"], ["cond_out"]),
+        oh.make_node("Add", ["a_in", "x"], ["a_out"]),
+        oh.make_node("Neg", ["a_out"], ["s"]),
     ]
     proto = _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2])],
         [vi("cond_out", B, []), vi("a_out", F, [2]), vi("s", F, [2])],
-        ["M", "", "a0"], ["a", "ss"], [vi("x", F, [2]), vi("a0", F, [2])],
-        [vi("a", F, [2]), vi("ss", F, [None, 2])], inits={"M": np.int64(10)},
+        ["M", "", "a0"],
+        ["a", "ss"],
+        [vi("x", F, [2]), vi("a0", F, [2])],
+        [vi("a", F, [2]), vi("ss", F, [None, 2])],
+        inits={"M": np.int64(10)},
     )
     feeds = [np.float32([1, 2]), np.float32([0.5, 0.25])]
     check(proto, feeds)
@@ -827,12 +1006,19 @@ def test_loop_exit_by_iteration_number_with_scan_outputs():
 
 
 def test_loop_known_at_trace_time_running_zero_times_has_empty_scan_outputs():
-    body = [oh.make_node("Identity", ["cond_in"], ["cond_out"]), oh.make_node("Identity", ["a_in"], ["a_out"]),
-            oh.make_node("Cast", ["a_in"], ["s"], to=F)]
+    body = [
+        oh.make_node("Identity", ["cond_in"], ["cond_out"]),
+        oh.make_node("Identity", ["a_in"], ["a_out"]),
+        oh.make_node("Cast", ["a_in"], ["s"], to=F),
+    ]
     proto = _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", I64, [3])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", I64, [3])],
         [vi("cond_out", B, []), vi("a_out", I64, [3]), vi("s", F, [3])],
-        ["M", "", "a0"], ["a", "ss"], [vi("M", I64, [])], [vi("a", I64, [3]), vi("ss", F, [None, 3])],
+        ["M", "", "a0"],
+        ["a", "ss"],
+        [vi("M", I64, [])],
+        [vi("a", I64, [3]), vi("ss", F, [None, 3])],
         inits={"a0": np.int64([1, 2, 3])},
     )
     a, ss = run(proto, [np.int64(0)])
@@ -844,14 +1030,20 @@ def test_loop_known_at_trace_time_running_zero_times_has_empty_scan_outputs():
 def test_loop_with_int64_max_trip_count_and_scan_outputs_ends_by_its_condition():
     # A huge trip count with scan outputs: the condition (on the iteration number) ends it.
     body = [
-        const("two", np.int64(2)), oh.make_node("Less", ["i", "two"], ["cond_out"]),
-        oh.make_node("Add", ["a_in", "x"], ["a_out"]), oh.make_node("Identity", ["a_out"], ["s"]),
+        const("two", np.int64(2)),
+        oh.make_node("Less", ["i", "two"], ["cond_out"]),
+        oh.make_node("Add", ["a_in", "x"], ["a_out"]),
+        oh.make_node("Identity", ["a_out"], ["s"]),
     ]
     proto = _loop_model(
-        body, [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [])],
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [])],
         [vi("cond_out", B, []), vi("a_out", F, []), vi("s", F, [])],
-        ["M", "", "a0"], ["a", "ss"], [vi("x", F, []), vi("a0", F, [])],
-        [vi("a", F, []), vi("ss", F, [None])], inits={"M": np.int64(np.iinfo(np.int64).max)},
+        ["M", "", "a0"],
+        ["a", "ss"],
+        [vi("x", F, []), vi("a0", F, [])],
+        [vi("a", F, []), vi("ss", F, [None])],
+        inits={"M": np.int64(np.iinfo(np.int64).max)},
     )
     # By hand: the ReferenceEvaluator stacks scalar scan outputs with np.vstack, as (n, 1).
     check(proto, [np.float32(1.5), np.float32(0)], expected=[np.float32(4.5), np.float32([1.5, 3, 4.5])])
@@ -872,8 +1064,13 @@ def _random_loop(trip_static: bool):
         body_out.append(vi("draw", F, [64]))
         loop_out, main_out = ["acc", "draws"], [vi("acc", F, [64]), vi("draws", F, [None, 64])]
     return _loop_model(
-        body_nodes, [vi("i", I64, []), vi("cond_in", B, []), vi("acc_in", F, [64])], body_out,
-        ["M", "", "acc0"], loop_out, [vi("M", I64, []), vi("x", F, [64]), vi("acc0", F, [64])], main_out,
+        body_nodes,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("acc_in", F, [64])],
+        body_out,
+        ["M", "", "acc0"],
+        loop_out,
+        [vi("M", I64, []), vi("x", F, [64]), vi("acc0", F, [64])],
+        main_out,
     )
 
 
@@ -895,13 +1092,19 @@ def test_random_ops_in_a_loop_body_draw_afresh_each_iteration():
 
 def test_random_ops_in_a_scan_body_draw_afresh_each_step():
     body = graph(
-        [oh.make_node("RandomNormalLike", ["u"], ["r"]), oh.make_node("Add", ["s_in", "r"], ["s_out"]),
-         oh.make_node("Identity", ["r"], ["o"])],
-        [vi("s_in", F, [32]), vi("u", F, [32])], [vi("s_out", F, [32]), vi("o", F, [32])],
+        [
+            oh.make_node("RandomNormalLike", ["u"], ["r"]),
+            oh.make_node("Add", ["s_in", "r"], ["s_out"]),
+            oh.make_node("Identity", ["r"], ["o"]),
+        ],
+        [vi("s_in", F, [32]), vi("u", F, [32])],
+        [vi("s_out", F, [32]), vi("o", F, [32])],
     )
     node = oh.make_node("Scan", ["s0", "us"], ["s", "os"], num_scan_inputs=1, body=body)
     proto = model([node], [vi("s0", F, [32]), vi("us", F, [5, 32])], [vi("s", F, [32]), vi("os", F, [5, 32])])
-    s, draws = (np.asarray(v) for v in jonnx.load(proto)(
-        np.zeros(32, np.float32), np.zeros((5, 32), np.float32), key=jax.random.key(1)))
+    s, draws = (
+        np.asarray(v)
+        for v in jonnx.load(proto)(np.zeros(32, np.float32), np.zeros((5, 32), np.float32), key=jax.random.key(1))
+    )
     assert len({d.tobytes() for d in draws}) == 5
     np.testing.assert_allclose(s, draws.sum(0), rtol=1e-5, atol=1e-6)

@@ -54,27 +54,21 @@ def rand(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize(
-    "case", CASES, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[2]))}"
-)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[2]))}")
 def test_lowering_matches_reference(case):
     lowering, xs, ws, attrs = case
     strides = tuple(attrs.get("strides", [1] * (len(xs) - 2)))
-    assert nn.conv_lowering(
-        xs, ws, strides, attrs.get("group", 1), np.dtype(np.float32)
-    ) == (lowering if jax.default_backend() == "cpu" else "xla")
+    assert nn.conv_lowering(xs, ws, strides, attrs.get("group", 1), np.dtype(np.float32)) == (
+        lowering if jax.default_backend() == "cpu" else "xla"
+    )
     inputs = {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}
     assert_matches_reference("Conv", inputs, opset=22, rtol=1e-4, atol=1e-5, **attrs)
 
 
-@pytest.mark.parametrize(
-    "case", CASES[::2] + CASES[1:2], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[2]))}"
-)
+@pytest.mark.parametrize("case", CASES[::2] + CASES[1:2], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[2]))}")
 def test_lowering_grads(case):
     _, xs, ws, attrs = case
-    check_op_grads(
-        "Conv", {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}, opset=22, **attrs
-    )
+    check_op_grads("Conv", {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}, opset=22, **attrs)
 
 
 def test_forcing_xla_gives_the_same_values(monkeypatch):
@@ -87,7 +81,4 @@ def test_forcing_xla_gives_the_same_values(monkeypatch):
 
 
 def test_half_precision_stays_with_xla():
-    assert (
-        nn.conv_lowering((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), 1, np.dtype(np.float16))
-        == "xla"
-    )
+    assert nn.conv_lowering((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), 1, np.dtype(np.float16)) == "xla"

@@ -36,30 +36,33 @@ def test_nms_matches_reference(opset, center_point_box, max_out, iou, score):
     scores = RNG.random((2, 3, 12)).astype(np.float32)
     scores[0, 0, 5] = scores[0, 0, 7]  # a tie: the lower box index wins
     inputs = {
-        "boxes": boxes, "scores": scores,
+        "boxes": boxes,
+        "scores": scores,
         "max_out": np.array([max_out], np.int64),
         "iou": np.array([iou], np.float32),
         "score": None if score is None else np.array([score], np.float32),
     }
-    got = assert_matches_reference("NonMaxSuppression", inputs, opset=opset,
-                                   center_point_box=center_point_box)
+    got = assert_matches_reference("NonMaxSuppression", inputs, opset=opset, center_point_box=center_point_box)
     assert got[0].shape[1] == 3
 
 
 def test_nms_optional_inputs_absent_selects_nothing():
     inputs = {"boxes": _boxes(1, 4, 0), "scores": RNG.random((1, 1, 4)).astype(np.float32)}
-    assert_matches_reference("NonMaxSuppression", inputs, opset=11,
-                             expected=[np.zeros((0, 3), np.int64)])
+    assert_matches_reference("NonMaxSuppression", inputs, opset=11, expected=[np.zeros((0, 3), np.int64)])
 
 
 def test_nms_score_threshold_compares_in_float32():
     # float32(0.4) > 0.4 in float64: the threshold must be compared in the scores' precision.
     boxes = np.array([[[0, 0, 1, 1], [0, 5, 1, 6]]], np.float32)
     scores = np.array([[[0.4, 0.9]]], np.float32)
-    inputs = {"boxes": boxes, "scores": scores, "max_out": np.array([5], np.int64),
-              "iou": np.array([0.5], np.float32), "score": np.array([0.4], np.float32)}
-    assert_matches_reference("NonMaxSuppression", inputs, opset=11,
-                             expected=[np.array([[0, 0, 1]], np.int64)])
+    inputs = {
+        "boxes": boxes,
+        "scores": scores,
+        "max_out": np.array([5], np.int64),
+        "iou": np.array([0.5], np.float32),
+        "score": np.array([0.4], np.float32),
+    }
+    assert_matches_reference("NonMaxSuppression", inputs, opset=11, expected=[np.array([[0, 0, 1]], np.int64)])
 
 
 def test_nms_traced_boxes_raise_static_value_error():
@@ -87,7 +90,11 @@ def test_det_matches_reference(opset, shape, dtype):
 def test_det_float16_keeps_dtype():
     x = RNG.standard_normal((2, 3, 3)).astype(np.float16)
     assert_matches_reference(
-        "Det", {"x": x}, opset=22, rtol=1e-2, atol=1e-2,
+        "Det",
+        {"x": x},
+        opset=22,
+        rtol=1e-2,
+        atol=1e-2,
         expected=lambda x: [np.linalg.det(x.astype(np.float64)).astype(np.float16)],
     )
 

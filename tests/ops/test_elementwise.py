@@ -31,7 +31,11 @@ def test_legacy_broadcast_axis(op, fn, opset):
     a = RNG.standard_normal((2, 3, 4)).astype(np.float32)
     b = RNG.standard_normal(3).astype(np.float32)
     assert_matches_reference(
-        op, {"a": a, "b": b}, opset=opset, broadcast=1, axis=1,
+        op,
+        {"a": a, "b": b},
+        opset=opset,
+        broadcast=1,
+        axis=1,
         expected=lambda a, b: [fn(a, b[None, :, None])],
     )
 

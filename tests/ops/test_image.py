@@ -30,8 +30,9 @@ def _encode(pixels: np.ndarray, fmt: str, mode: str | None = None) -> np.ndarray
 @pytest.mark.parametrize("pixel_format", ["RGB", "BGR"])
 def test_lossless_formats_give_the_source_pixels(fmt, pixel_format):
     expected = PIXELS if pixel_format == "RGB" else PIXELS[:, :, ::-1]
-    assert_matches_reference("ImageDecoder", {"x": _encode(PIXELS, fmt)}, opset=20, pixel_format=pixel_format,
-                             expected=[expected])
+    assert_matches_reference(
+        "ImageDecoder", {"x": _encode(PIXELS, fmt)}, opset=20, pixel_format=pixel_format, expected=[expected]
+    )
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
@@ -50,8 +51,7 @@ def test_other_modes_are_converted(mode):
     expected_rgb = np.asarray(source.convert("RGB"))
     expected_gray = np.asarray(source.convert("L"))[:, :, None]
     assert_matches_reference("ImageDecoder", {"x": data}, opset=20, pixel_format="RGB", expected=[expected_rgb])
-    assert_matches_reference("ImageDecoder", {"x": data}, opset=20, pixel_format="Grayscale",
-                             expected=[expected_gray])
+    assert_matches_reference("ImageDecoder", {"x": data}, opset=20, pixel_format="Grayscale", expected=[expected_gray])
 
 
 def test_garbage_bytes():

@@ -35,10 +35,17 @@ def _data(shape, dtype=np.float32):
 # Gather family
 
 
-@pytest.mark.parametrize("opset,axis,dtype,idx_dtype", [
-    (1, 0, np.float32, np.int64), (1, 1, np.int64, np.int32), (11, -1, np.float16, np.int64),
-    (11, 0, np.int64, np.int64), (13, 1, np.float32, np.int32), (13, -1, np.float16, np.int64),
-])
+@pytest.mark.parametrize(
+    "opset,axis,dtype,idx_dtype",
+    [
+        (1, 0, np.float32, np.int64),
+        (1, 1, np.int64, np.int32),
+        (11, -1, np.float16, np.int64),
+        (11, 0, np.int64, np.int64),
+        (13, 1, np.float32, np.int32),
+        (13, -1, np.float16, np.int64),
+    ],
+)
 def test_gather(opset, axis, dtype, idx_dtype):
     data = _data((3, 4, 5), dtype)
     n = data.shape[axis]
@@ -50,8 +57,9 @@ def test_gather(opset, axis, dtype, idx_dtype):
 def test_gather_scalar_index_and_constant_indices():
     data = _data((4, 3))
     assert_matches_reference("Gather", {"data": data, "i": np.array(-1, np.int64)}, opset=13)
-    assert_matches_reference("Gather", {"data": data, "i": np.array([3, 0], np.int64)}, opset=13,
-                             initializers=("i",), axis=0)
+    assert_matches_reference(
+        "Gather", {"data": data, "i": np.array([3, 0], np.int64)}, opset=13, initializers=("i",), axis=0
+    )
 
 
 def test_gather_strings():
@@ -100,10 +108,15 @@ def test_gather_elements(opset, axis):
             out[pos] = data[tuple(src)]
         return [out]
 
-    assert_matches_reference("GatherElements", {"data": data, "indices": indices}, opset=opset,
-                             axis=axis, expected=expected)
-    assert_matches_reference("GatherElements", {"data": data, "indices": np.broadcast_to(
-        indices[:1] if axis == 0 else indices[:, :1], data.shape).copy()}, opset=opset, axis=axis)
+    assert_matches_reference(
+        "GatherElements", {"data": data, "indices": indices}, opset=opset, axis=axis, expected=expected
+    )
+    assert_matches_reference(
+        "GatherElements",
+        {"data": data, "indices": np.broadcast_to(indices[:1] if axis == 0 else indices[:, :1], data.shape).copy()},
+        opset=opset,
+        axis=axis,
+    )
     check_op_grads("GatherElements", {"data": data, "indices": indices}, opset=opset, axis=axis)
 
 
@@ -111,7 +124,7 @@ def test_gather_elements(opset, axis):
 def test_gather_nd(opset, batch_dims, k):
     data = _data((2, 3, 4, 5))
     b = batch_dims or 0
-    sizes = data.shape[b:b + k]
+    sizes = data.shape[b : b + k]
     idx_shape = data.shape[:b] + (3, k)
     indices = np.stack([RNG.integers(-s, s, idx_shape[:-1]) for s in sizes], axis=-1).astype(np.int64)
     attrs = {} if batch_dims is None else {"batch_dims": batch_dims}
@@ -139,7 +152,10 @@ def _constant_data_model(op_type, data, dynamic, opset, **attrs):
     ]
     w = onnx.numpy_helper.from_array(np.array(1.5, data.dtype), "w")
     graph = oh.make_graph(
-        [const, node, scale], "g", inputs, [oh.make_tensor_value_info("out", oh.np_dtype_to_tensor_dtype(data.dtype), None)],
+        [const, node, scale],
+        "g",
+        inputs,
+        [oh.make_tensor_value_info("out", oh.np_dtype_to_tensor_dtype(data.dtype), None)],
         initializer=[w],
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
@@ -150,18 +166,23 @@ def _constant_data_model(op_type, data, dynamic, opset, **attrs):
 _IDX = np.array([[1, 0], [0, 2]], np.int64)
 
 
-@pytest.mark.parametrize("op_type,dynamic,attrs", [
-    ("Gather", {"i": np.array([2, -1], np.int64)}, {"axis": 1}),
-    ("GatherElements", {"i": np.array([[2, 0, 1], [1, 1, -1]], np.int64)}, {"axis": 1}),
-    ("GatherND", {"i": _IDX}, {}),
-    ("GatherND", {"i": _IDX[:, :1]}, {"batch_dims": 1}),
-    ("ScatterND", {"i": _IDX, "u": np.array([5.0, 6.0], np.float32)}, {}),
-    ("ScatterND", {"i": _IDX, "u": np.array([5.0, 6.0], np.float32)}, {"reduction": "mul"}),
-    ("ScatterElements", {"i": np.array([[2, 0]], np.int64), "u": np.array([[5.0, 6.0]], np.float32)},
-     {"axis": 1}),
-    ("ScatterElements", {"i": np.array([[2, 2]], np.int64), "u": np.array([[5.0, 6.0]], np.float32)},
-     {"axis": 1, "reduction": "add"}),
-])
+@pytest.mark.parametrize(
+    "op_type,dynamic,attrs",
+    [
+        ("Gather", {"i": np.array([2, -1], np.int64)}, {"axis": 1}),
+        ("GatherElements", {"i": np.array([[2, 0, 1], [1, 1, -1]], np.int64)}, {"axis": 1}),
+        ("GatherND", {"i": _IDX}, {}),
+        ("GatherND", {"i": _IDX[:, :1]}, {"batch_dims": 1}),
+        ("ScatterND", {"i": _IDX, "u": np.array([5.0, 6.0], np.float32)}, {}),
+        ("ScatterND", {"i": _IDX, "u": np.array([5.0, 6.0], np.float32)}, {"reduction": "mul"}),
+        ("ScatterElements", {"i": np.array([[2, 0]], np.int64), "u": np.array([[5.0, 6.0]], np.float32)}, {"axis": 1}),
+        (
+            "ScatterElements",
+            {"i": np.array([[2, 2]], np.int64), "u": np.array([[5.0, 6.0]], np.float32)},
+            {"axis": 1, "reduction": "add"},
+        ),
+    ],
+)
 def test_constant_data_with_traced_indices_under_jit_and_grad(op_type, dynamic, attrs):
     # Regression: a numpy `data` reached GatherND's JAX-only `.at` path (jnp.reshape hands
     # numpy back as numpy); the siblings take the same mix of constant data and traced indices.
@@ -187,12 +208,26 @@ def _unique_nd_indices(shape, count, k):
     return (idx - np.array(shape[:k]) * RNG.integers(0, 2, idx.shape)).astype(np.int64)  # some negative
 
 
-@pytest.mark.parametrize("opset,reduction,k", [(11, None, 1), (13, None, 2), (16, "none", 1), (16, "add", 2),
-                                               (16, "mul", 1), (18, "mul", 2), (18, "max", 1), (18, "min", 2)])
+@pytest.mark.parametrize(
+    "opset,reduction,k",
+    [
+        (11, None, 1),
+        (13, None, 2),
+        (16, "none", 1),
+        (16, "add", 2),
+        (16, "mul", 1),
+        (18, "mul", 2),
+        (18, "max", 1),
+        (18, "min", 2),
+    ],
+)
 def test_scatter_nd(opset, reduction, k):
     data = _data((4, 3, 2))
-    indices = _unique_nd_indices(data.shape, 3, k) if reduction in (None, "none") else \
-        RNG.integers(0, 3, (5, k)).astype(np.int64)  # reductions accumulate repeated indices
+    indices = (
+        _unique_nd_indices(data.shape, 3, k)
+        if reduction in (None, "none")
+        else RNG.integers(0, 3, (5, k)).astype(np.int64)
+    )  # reductions accumulate repeated indices
     updates = _data(indices.shape[:-1] + data.shape[k:])
     attrs = {} if reduction is None else {"reduction": reduction}
     inputs = {"data": data, "indices": indices, "updates": updates}
@@ -202,13 +237,21 @@ def test_scatter_nd(opset, reduction, k):
             check_op_grads("ScatterND", inputs, opset=opset, **attrs, initializers=initializers)
 
 
-@pytest.mark.parametrize("op,opset,reduction,axis,dtype", [
-    ("Scatter", 9, None, 0, np.float32), ("Scatter", 10, None, -1, np.int32),
-    ("ScatterElements", 11, None, -1, np.float32), ("ScatterElements", 13, None, 0, np.int32),
-    ("ScatterElements", 16, "add", 0, np.float32), ("ScatterElements", 16, "mul", -1, np.float32),
-    ("ScatterElements", 18, "mul", 0, np.int32), ("ScatterElements", 18, "max", -1, np.float32),
-    ("ScatterElements", 18, "min", 0, np.int32), ("ScatterElements", 18, "none", -1, np.float32),
-])
+@pytest.mark.parametrize(
+    "op,opset,reduction,axis,dtype",
+    [
+        ("Scatter", 9, None, 0, np.float32),
+        ("Scatter", 10, None, -1, np.int32),
+        ("ScatterElements", 11, None, -1, np.float32),
+        ("ScatterElements", 13, None, 0, np.int32),
+        ("ScatterElements", 16, "add", 0, np.float32),
+        ("ScatterElements", 16, "mul", -1, np.float32),
+        ("ScatterElements", 18, "mul", 0, np.int32),
+        ("ScatterElements", 18, "max", -1, np.float32),
+        ("ScatterElements", 18, "min", 0, np.int32),
+        ("ScatterElements", 18, "none", -1, np.float32),
+    ],
+)
 def test_scatter_elements(op, opset, reduction, axis, dtype):
     data = _data((4, 5), dtype)
     n = data.shape[axis]
@@ -231,6 +274,7 @@ def test_scatter_elements(op, opset, reduction, axis, dtype):
                 dst[axis] = indices[pos] % n
                 out[tuple(dst)] = updates[pos]
             return [out]
+
     assert_matches_reference(op, inputs, opset=opset, expected=expected, **attrs)
     if dtype == np.float32 and reduction in (None, "none", "add", "mul"):
         for initializers in ((), ("indices",)):  # traced indices, and indices known at trace time
@@ -244,8 +288,11 @@ def test_scatter_mul_repeated_traced_targets_under_jit():
     indices = np.array([[0, 2, 1], [0, 2, 1], [3, 2, 1], [0, 0, 1]], np.int64)
     updates = _data((4, 3))
     updates[1, 1] = 0.0
-    model = jonnx.load(node_model("ScatterElements", {"data": data, "indices": indices, "updates": updates},
-                                  opset=18, axis=0, reduction="mul"))
+    model = jonnx.load(
+        node_model(
+            "ScatterElements", {"data": data, "indices": indices, "updates": updates}, opset=18, axis=0, reduction="mul"
+        )
+    )
     want = data.copy()
     for pos in np.ndindex(indices.shape):
         want[indices[pos], pos[1]] *= updates[pos]
@@ -253,11 +300,19 @@ def test_scatter_mul_repeated_traced_targets_under_jit():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
 
     with jax.enable_x64(True):
+
         def f(d, u):
             return model.apply(model.params, d, jnp.asarray(indices), u)[0]
 
-        check_grads(jax.jit(f), (data.astype(np.float64), updates.astype(np.float64)), order=1,
-                    modes=("fwd", "rev"), eps=1e-4, rtol=1e-3, atol=1e-3)
+        check_grads(
+            jax.jit(f),
+            (data.astype(np.float64), updates.astype(np.float64)),
+            order=1,
+            modes=("fwd", "rev"),
+            eps=1e-4,
+            rtol=1e-3,
+            atol=1e-3,
+        )
 
 
 def test_scatter_out_of_range_constant_index_raises():
@@ -281,12 +336,19 @@ def _tensor_scatter_expected(axis, mode):
                     pos %= cache.shape[ax]
                 c[b, pos] = u[b, s]
         return [out]
+
     return expected
 
 
-@pytest.mark.parametrize("mode,axis,with_indices", [
-    ("linear", -2, False), ("linear", 1, True), ("circular", 2, True), ("circular", -2, True),
-])
+@pytest.mark.parametrize(
+    "mode,axis,with_indices",
+    [
+        ("linear", -2, False),
+        ("linear", 1, True),
+        ("circular", 2, True),
+        ("circular", -2, True),
+    ],
+)
 def test_tensor_scatter(mode, axis, with_indices):
     cache_shape = [2, 3, 6, 4]
     update_shape = list(cache_shape)
@@ -297,8 +359,9 @@ def test_tensor_scatter(mode, axis, with_indices):
     if with_indices:
         write = np.array([1, length - 1 if mode == "circular" else length - 2], np.int64)
     inputs = {"cache": cache, "update": update, "write": write}
-    assert_matches_reference("TensorScatter", inputs, opset=24, mode=mode, axis=axis,
-                             expected=_tensor_scatter_expected(axis, mode))
+    assert_matches_reference(
+        "TensorScatter", inputs, opset=24, mode=mode, axis=axis, expected=_tensor_scatter_expected(axis, mode)
+    )
     check_op_grads("TensorScatter", inputs, opset=24, mode=mode, axis=axis)
 
 
@@ -332,15 +395,20 @@ def test_top_k(opset, largest, axis, dtype):
     if opset >= 11:
         attrs["largest"] = largest
     # numpy reference: the ReferenceEvaluator does not apply the tie rule for every dtype.
-    assert_matches_reference("TopK", inputs, 2, opset=opset,
-                             expected=lambda x, *_: _np_top_k(x, k, axis, bool(largest)),
-                             initializers=("k",), **attrs)
+    assert_matches_reference(
+        "TopK",
+        inputs,
+        2,
+        opset=opset,
+        expected=lambda x, *_: _np_top_k(x, k, axis, bool(largest)),
+        initializers=("k",),
+        **attrs,
+    )
 
 
 def test_top_k_grads():
     x = RNG.permutation(20).astype(np.float32).reshape(4, 5)  # distinct values: smooth
-    check_op_grads("TopK", {"x": x, "k": np.array([2], np.int64)}, opset=11, n_outputs=2,
-                   initializers=("k",))
+    check_op_grads("TopK", {"x": x, "k": np.array([2], np.int64)}, opset=11, n_outputs=2, initializers=("k",))
 
 
 def test_top_k_too_large_k_raises():
@@ -374,8 +442,14 @@ def test_compress(opset, axis):
     cond = RNG.random(length - 1) < 0.5  # shorter than the axis: the rest is dropped
     attrs = {} if axis is None else {"axis": axis}
     inputs = {"x": x, "cond": cond}
-    assert_matches_reference("Compress", inputs, opset=opset, initializers=("cond",),
-                             expected=lambda x, c: [np.compress(c, x, axis=axis)], **attrs)
+    assert_matches_reference(
+        "Compress",
+        inputs,
+        opset=opset,
+        initializers=("cond",),
+        expected=lambda x, c: [np.compress(c, x, axis=axis)],
+        **attrs,
+    )
     check_op_grads("Compress", inputs, opset=opset, initializers=("cond",), **attrs)
 
 
@@ -388,8 +462,9 @@ def test_compress_condition_too_long_raises():
 
 def _np_unique(x, axis, is_sorted):
     # Independent of jonnx: numpy's unique, reordered by first occurrence when unsorted.
-    y, first, inverse, counts = np.unique(x if axis is not None else x.reshape(-1), axis=axis,
-                                          return_index=True, return_inverse=True, return_counts=True)
+    y, first, inverse, counts = np.unique(
+        x if axis is not None else x.reshape(-1), axis=axis, return_index=True, return_inverse=True, return_counts=True
+    )
     inverse = inverse.reshape(-1)
     if not is_sorted:
         order = np.argsort(first, kind="stable")
@@ -406,8 +481,15 @@ def test_unique(opset, axis, is_sorted):
     x = RNG.integers(0, 3, (4, 3)).astype(np.float32)
     x[2] = x[0]  # a repeated row for the axis=0 case
     attrs = {"sorted": is_sorted} if axis is None else {"sorted": is_sorted, "axis": axis}
-    assert_matches_reference("Unique", {"x": x}, 4, opset=opset, initializers=("x",),
-                             expected=lambda x: _np_unique(x, axis, is_sorted), **attrs)
+    assert_matches_reference(
+        "Unique",
+        {"x": x},
+        4,
+        opset=opset,
+        initializers=("x",),
+        expected=lambda x: _np_unique(x, axis, is_sorted),
+        **attrs,
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -415,9 +497,15 @@ def test_unique(opset, axis, is_sorted):
 
 
 @pytest.mark.parametrize("op,opset", [("CumSum", 11), ("CumSum", 14), ("CumProd", 26)])
-@pytest.mark.parametrize("axis,exclusive,reverse,dtype", [
-    (0, 0, 0, np.float32), (-1, 1, 0, np.int32), (0, 0, 1, np.int32), (-1, 1, 1, np.float32),
-])
+@pytest.mark.parametrize(
+    "axis,exclusive,reverse,dtype",
+    [
+        (0, 0, 0, np.float32),
+        (-1, 1, 0, np.int32),
+        (0, 0, 1, np.int32),
+        (-1, 1, 1, np.float32),
+    ],
+)
 def test_cumulative(op, opset, axis, exclusive, reverse, dtype):
     x = RNG.integers(-3, 4, (3, 4)).astype(dtype)
     fn = np.cumsum if op == "CumSum" else np.cumprod
@@ -435,8 +523,13 @@ def test_cumulative(op, opset, axis, exclusive, reverse, dtype):
     attrs = {"exclusive": exclusive, "reverse": reverse}
     assert_matches_reference(op, inputs, opset=opset, expected=expected, initializers=("axis",), **attrs)
     if dtype == np.float32:
-        check_op_grads(op, {"x": RNG.uniform(0.5, 1.5, (3, 4)).astype(np.float32), "axis": inputs["axis"]},
-                       opset=opset, initializers=("axis",), **attrs)
+        check_op_grads(
+            op,
+            {"x": RNG.uniform(0.5, 1.5, (3, 4)).astype(np.float32), "axis": inputs["axis"]},
+            opset=opset,
+            initializers=("axis",),
+            **attrs,
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -448,13 +541,21 @@ def _np_one_hot(indices, depth, values, axis, wrap_negative):
     if wrap_negative:
         idx = np.where(idx < 0, idx + depth, idx)
     hot = np.expand_dims(idx, axis) == np.arange(depth).reshape(
-        [-1 if d == axis % (idx.ndim + 1) else 1 for d in range(idx.ndim + 1)])
+        [-1 if d == axis % (idx.ndim + 1) else 1 for d in range(idx.ndim + 1)]
+    )
     return [np.where(hot, values[1], values[0]).astype(values.dtype)]
 
 
-@pytest.mark.parametrize("opset,axis,idx_dtype", [
-    (9, -1, np.int64), (9, 0, np.float32), (11, 1, np.int64), (11, -1, np.float32), (28, 0, np.int64),
-])
+@pytest.mark.parametrize(
+    "opset,axis,idx_dtype",
+    [
+        (9, -1, np.int64),
+        (9, 0, np.float32),
+        (11, 1, np.int64),
+        (11, -1, np.float32),
+        (28, 0, np.int64),
+    ],
+)
 def test_one_hot(opset, axis, idx_dtype):
     depth = 5
     indices = RNG.integers(-7, 7, (2, 3)).astype(idx_dtype)  # negative and out-of-range too
@@ -463,15 +564,24 @@ def test_one_hot(opset, axis, idx_dtype):
     # numpy reference: OneHot-9 does not wrap negative indices (changelog), the
     # ReferenceEvaluator does.
     assert_matches_reference(
-        "OneHot", inputs, opset=opset, axis=axis, initializers=("depth",),
+        "OneHot",
+        inputs,
+        opset=opset,
+        axis=axis,
+        initializers=("depth",),
         expected=lambda i, d, v: _np_one_hot(i, depth, v, axis, opset >= 11),
     )
     check_op_grads("OneHot", inputs, opset=opset, axis=axis, initializers=("depth",), wrt=["values"])
 
 
-@pytest.mark.parametrize("opset,batch_axis,time_axis,dtype", [
-    (10, 1, 0, np.float32), (10, 0, 1, np.int64), (28, 0, 1, np.float32),
-])
+@pytest.mark.parametrize(
+    "opset,batch_axis,time_axis,dtype",
+    [
+        (10, 1, 0, np.float32),
+        (10, 0, 1, np.int64),
+        (28, 0, 1, np.float32),
+    ],
+)
 def test_reverse_sequence(opset, batch_axis, time_axis, dtype):
     shape = [0, 0, 2]
     shape[batch_axis], shape[time_axis] = 3, 4
@@ -484,12 +594,18 @@ def test_reverse_sequence(opset, batch_axis, time_axis, dtype):
         check_op_grads("ReverseSequence", inputs, opset=opset, **attrs)
 
 
-@pytest.mark.parametrize("op,inputs,attrs", [
-    ("GatherElements", {"data": _data((3, 4)), "indices": np.array([[0, -1, 2, 1]], np.int64)}, {}),
-    ("ScatterND", {"data": _data((3, 4)), "indices": np.array([[2], [-3]], np.int64),
-                   "updates": _data((2, 4))}, {"reduction": "add"}),
-    ("ReverseSequence", {"data": _data((4, 2)), "lens": np.array([3, 1], np.int64)}, {}),
-])
+@pytest.mark.parametrize(
+    "op,inputs,attrs",
+    [
+        ("GatherElements", {"data": _data((3, 4)), "indices": np.array([[0, -1, 2, 1]], np.int64)}, {}),
+        (
+            "ScatterND",
+            {"data": _data((3, 4)), "indices": np.array([[2], [-3]], np.int64), "updates": _data((2, 4))},
+            {"reduction": "add"},
+        ),
+        ("ReverseSequence", {"data": _data((4, 2)), "lens": np.array([3, 1], np.int64)}, {}),
+    ],
+)
 def test_vmap_matches_per_example(op, inputs, attrs):
     # vmap over a batch of every input (indices too) must match the ReferenceEvaluator per example.
     model = node_model(op, inputs, opset=18 if op != "ReverseSequence" else 10, **attrs)

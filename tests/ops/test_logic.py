@@ -56,13 +56,23 @@ def test_equal_strings_when_static():
     # Strings exist only as numpy object arrays, so both inputs are initializers.
     a = np.array(["a", "bc", "d"], dtype=object)
     b = np.array(["a", "b", "d"], dtype=object)
-    got = assert_matches_reference("Equal", {"a": a, "b": b}, opset=19, initializers=("a", "b"),
-                                   expected=[np.array([True, False, True])])
+    got = assert_matches_reference(
+        "Equal", {"a": a, "b": b}, opset=19, initializers=("a", "b"), expected=[np.array([True, False, True])]
+    )
     assert got[0].dtype == bool
 
 
-@pytest.mark.parametrize("op,fn", [("Equal", np.equal), ("Less", np.less), ("Greater", np.greater),
-                                   ("And", np.logical_and), ("Or", np.logical_or), ("Xor", np.logical_xor)])
+@pytest.mark.parametrize(
+    "op,fn",
+    [
+        ("Equal", np.equal),
+        ("Less", np.less),
+        ("Greater", np.greater),
+        ("And", np.logical_and),
+        ("Or", np.logical_or),
+        ("Xor", np.logical_xor),
+    ],
+)
 def test_opset1_legacy_broadcast_axis(op, fn):
     # Opset 1: with broadcast=1 and axis=1, B of shape (3,) lines up with A's dim 1 (from the
     # changelog); numpy gives the expected value, as the ReferenceEvaluator ignores `axis`.
@@ -72,12 +82,12 @@ def test_opset1_legacy_broadcast_axis(op, fn):
         a, b = _ints((2, 3, 4), np.int32), _ints(3, np.int32)
     else:
         a, b = _ints((2, 3, 4), np.float32), _ints(3, np.float32)
-    assert_matches_reference(op, {"a": a, "b": b}, opset=1, broadcast=1, axis=1,
-                             expected=lambda a, b: [fn(a, b[None, :, None])])
+    assert_matches_reference(
+        op, {"a": a, "b": b}, opset=1, broadcast=1, axis=1, expected=lambda a, b: [fn(a, b[None, :, None])]
+    )
     # Without axis, B matches A's trailing dims.
     b2 = a[0, 0] if op not in ("And", "Or", "Xor") else ~a[0, 0]
-    assert_matches_reference(op, {"a": a, "b": b2}, opset=1, broadcast=1,
-                             expected=lambda a, b: [fn(a, b)])
+    assert_matches_reference(op, {"a": a, "b": b2}, opset=1, broadcast=1, expected=lambda a, b: [fn(a, b)])
 
 
 def test_opset1_without_broadcast_rejects_mismatched_shapes():
@@ -142,8 +152,7 @@ def test_isnan(opset, dtype):
 def test_isinf(opset, neg, pos):
     x = _SPECIALS
     want = (np.isneginf(x) & bool(neg)) | (np.isposinf(x) & bool(pos))
-    assert_matches_reference("IsInf", {"x": x}, opset=opset, detect_negative=neg, detect_positive=pos,
-                             expected=[want])
+    assert_matches_reference("IsInf", {"x": x}, opset=opset, detect_negative=neg, detect_positive=pos, expected=[want])
 
 
 def test_isnan_float8():
@@ -183,8 +192,13 @@ def test_bitshift_unsigned(opset, direction, dtype):
     x = np.array([1, 4, 255, 16, 7, 200], dtype)
     y = np.array([1, 2, 3, 0, 7, 4], dtype)
     assert_matches_reference("BitShift", {"x": x, "y": y}, opset=opset, direction=direction)
-    assert_matches_reference("BitShift", {"x": x, "y": y}, opset=opset, direction=direction,
-                             expected=lambda x, y: [_shift_np(x, y, direction)])
+    assert_matches_reference(
+        "BitShift",
+        {"x": x, "y": y},
+        opset=opset,
+        direction=direction,
+        expected=lambda x, y: [_shift_np(x, y, direction)],
+    )
 
 
 @pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
@@ -195,16 +209,18 @@ def test_bitshift_signed_and_out_of_range(direction, dtype):
     bits = np.dtype(dtype).itemsize * 8
     x = np.array([5, -5, -128 if bits == 8 else -(2**20), 64, -1, 3, -7, 9], dtype)
     y = np.array([1, 1, 2, 2, 0, bits, bits + 3, -1], dtype)
-    assert_matches_reference("BitShift", {"x": x, "y": y}, opset=28, direction=direction,
-                             expected=lambda x, y: [_shift_np(x, y, direction)])
+    assert_matches_reference(
+        "BitShift", {"x": x, "y": y}, opset=28, direction=direction, expected=lambda x, y: [_shift_np(x, y, direction)]
+    )
 
 
 def test_bitshift_unsigned_out_of_range_is_zero():
     x = np.array([1, 255, 7], np.uint8)
     y = np.array([8, 9, 200], np.uint8)
     for direction in ("LEFT", "RIGHT"):
-        assert_matches_reference("BitShift", {"x": x, "y": y}, opset=11, direction=direction,
-                                 expected=[np.zeros(3, np.uint8)])
+        assert_matches_reference(
+            "BitShift", {"x": x, "y": y}, opset=11, direction=direction, expected=[np.zeros(3, np.uint8)]
+        )
 
 
 def test_bitshift_rejects_bad_direction():

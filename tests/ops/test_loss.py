@@ -65,8 +65,11 @@ def test_nll_matches_reference(opset, shape, reduction, weighted, ignore_index):
     x, target, weight = _case(shape, np.float32, ignore_index, weighted)
     attrs = {} if ignore_index is None else {"ignore_index": ignore_index}
     assert_matches_reference(
-        "NegativeLogLikelihoodLoss", {"x": x, "target": target, "weight": weight},
-        opset=opset, reduction=reduction, **attrs,
+        "NegativeLogLikelihoodLoss",
+        {"x": x, "target": target, "weight": weight},
+        opset=opset,
+        reduction=reduction,
+        **attrs,
     )
 
 
@@ -79,8 +82,11 @@ def test_sce_matches_reference(opset, shape, reduction, weighted, ignore_index):
     x, target, weight = _case(shape, np.float32, ignore_index, weighted)
     attrs = {} if ignore_index is None else {"ignore_index": ignore_index}
     assert_matches_reference(
-        "SoftmaxCrossEntropyLoss", {"scores": x, "labels": target, "weights": weight},
-        opset=opset, reduction=reduction, **attrs,
+        "SoftmaxCrossEntropyLoss",
+        {"scores": x, "labels": target, "weights": weight},
+        opset=opset,
+        reduction=reduction,
+        **attrs,
     )
 
 
@@ -92,8 +98,12 @@ def test_nll_ignore_index_outside_classes(ignore_index, reduction):
     # of applied weights" and PyTorch, which leave ignored samples out of the mean.
     x, target, _ = _case((3, 4, 5), np.float32, ignore_index)
     assert_matches_reference(
-        "NegativeLogLikelihoodLoss", {"x": x, "target": target}, opset=22,
-        reduction=reduction, ignore_index=ignore_index, rtol=1e-5,
+        "NegativeLogLikelihoodLoss",
+        {"x": x, "target": target},
+        opset=22,
+        reduction=reduction,
+        ignore_index=ignore_index,
+        rtol=1e-5,
         expected=lambda x, t: [_numpy_nll(x, t, None, reduction, ignore_index).astype(np.float32)],
     )
 
@@ -104,7 +114,10 @@ def test_sce_log_prob_output_and_int32_labels(target_dtype):
     assert_matches_reference(
         "SoftmaxCrossEntropyLoss",
         {"scores": x, "labels": target.astype(target_dtype), "weights": weight},
-        2, opset=13, reduction="mean", ignore_index=0,
+        2,
+        opset=13,
+        reduction="mean",
+        ignore_index=0,
     )
 
 
@@ -119,8 +132,14 @@ def test_dtypes_are_kept(op, dtype, rtol, reduction):
         return [np.asarray(_numpy_nll(logp, t, w, reduction, 3)).astype(dtype)]
 
     assert_matches_reference(
-        op, {"x": x, "t": target, "w": weight}, opset=13, reduction=reduction, ignore_index=3,
-        expected=expected, rtol=rtol, atol=rtol,
+        op,
+        {"x": x, "t": target, "w": weight},
+        opset=13,
+        reduction=reduction,
+        ignore_index=3,
+        expected=expected,
+        rtol=rtol,
+        atol=rtol,
     )
 
 
@@ -143,8 +162,7 @@ def test_ignored_samples_get_zero_finite_gradient(op):
     weight = np.ones(3, np.float32)
 
     def loss(x, w):
-        return jonnx.ops.call(op, x, target, w, reduction="mean", ignore_index=-100, opset=13,
-                              n_outputs=1)
+        return jonnx.ops.call(op, x, target, w, reduction="mean", ignore_index=-100, opset=13, n_outputs=1)
 
     value, (grad, w_grad) = jax.value_and_grad(loss, (0, 1))(jnp.asarray(x), jnp.asarray(weight))
     assert np.all(np.isfinite(w_grad))

@@ -29,9 +29,7 @@ def _session(model: onnx.ModelProto):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    return ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def check(
@@ -65,11 +63,7 @@ def check(
     for name, value in (node_attrs or {}).items():
         model.graph.node[0].attribute.append(onnx.helper.make_attribute(name, value))
     if expected is None:
-        feeds = {
-            k: np.asarray(v)
-            for k, v in inputs.items()
-            if v is not None and k not in initializers
-        }
+        feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in initializers}
         expected = _session(model).run(None, feeds)
     got = run_jonnx(model, inputs, jit=True)
     outputs = range(n_outputs) if outputs is None else outputs
@@ -95,20 +89,14 @@ FLOATS = [pytest.param(np.float32, id="fp32"), pytest.param(np.float16, id="fp16
 
 
 def _tol(dtype):
-    return (
-        {"rtol": 2e-3, "atol": 2e-3}
-        if dtype == np.float16
-        else {"rtol": 1e-4, "atol": 1e-5}
-    )
+    return {"rtol": 2e-3, "atol": 2e-3} if dtype == np.float16 else {"rtol": 1e-4, "atol": 1e-5}
 
 
 # ------------------------------------------------------------------------------ normalization
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize(
-    "with_bias,with_beta", [(False, False), (True, True), (True, False)]
-)
+@pytest.mark.parametrize("with_bias,with_beta", [(False, False), (True, True), (True, False)])
 def test_skip_layer_normalization(dtype, with_bias, with_beta):
     h = 16
     inputs = {
@@ -118,9 +106,7 @@ def test_skip_layer_normalization(dtype, with_bias, with_beta):
         "beta": rand(h, dtype=dtype) if with_beta else None,
         "bias": rand(h, dtype=dtype) if with_bias else None,
     }
-    check(
-        "SkipLayerNormalization", inputs, 4, outputs=(0, 3), epsilon=1e-5, **_tol(dtype)
-    )
+    check("SkipLayerNormalization", inputs, 4, outputs=(0, 3), epsilon=1e-5, **_tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -173,12 +159,8 @@ def test_embed_layer_normalization(segments, mask, position_ids):
         "segemb": rand(2, h) if segments else None,
         "gamma": rand(h),
         "beta": rand(h),
-        "mask": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)
-        if mask
-        else None,
-        "position_ids": RNG.integers(0, 16, (b, s)).astype(np.int32)
-        if position_ids
-        else None,
+        "mask": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32) if mask else None,
+        "position_ids": RNG.integers(0, 16, (b, s)).astype(np.int32) if position_ids else None,
     }
     check(
         "EmbedLayerNormalization",
@@ -356,9 +338,7 @@ def test_attention(mask_kind, unidirectional, past, attention_bias, dtype):
         "bias": rand(3 * hidden, dtype=dtype),
         "mask": masks[mask_kind],
         "past": rand(2, b, heads, p, hidden // heads, dtype=dtype) if past else None,
-        "attention_bias": rand(1, heads, s, total, dtype=dtype)
-        if attention_bias
-        else None,
+        "attention_bias": rand(1, heads, s, total, dtype=dtype) if attention_bias else None,
     }
     check(
         "Attention",
@@ -419,22 +399,11 @@ def test_multi_head_attention(layout, dtype):
     if layout.startswith("packed"):
         # onnxruntime's CPU kernel refuses packed layouts: expect its result on the unpacked ones.
         packed = inputs["q"] if layout == "packed_qkv" else inputs["k"]
-        q = (
-            inputs["q"]
-            if layout == "packed_kv"
-            else packed[:, :, :, 0].reshape(b, s, d)
-        )
-        k, v = (
-            packed[:, :, :, i - (layout == "packed_kv")].reshape(b, -1, d)
-            for i in (1, 2)
-        )
-        unpacked = node_model(
-            "MultiHeadAttention", {"q": q, "k": k, "v": v}, opset=1, domain=MS, **attrs
-        )
+        q = inputs["q"] if layout == "packed_kv" else packed[:, :, :, 0].reshape(b, s, d)
+        k, v = (packed[:, :, :, i - (layout == "packed_kv")].reshape(b, -1, d) for i in (1, 2))
+        unpacked = node_model("MultiHeadAttention", {"q": q, "k": k, "v": v}, opset=1, domain=MS, **attrs)
         expected = _session(unpacked).run(None, {"q": q, "k": k, "v": v})
-    check(
-        "MultiHeadAttention", inputs, n_out, expected=expected, **attrs, **_tol(dtype)
-    )
+    check("MultiHeadAttention", inputs, n_out, expected=expected, **attrs, **_tol(dtype))
 
 
 def _rotary_caches(max_pos, rot_dim, dtype=np.float32):
@@ -449,16 +418,8 @@ def _rotary_caches(max_pos, rot_dim, dtype=np.float32):
 def test_rotary_embedding(form, interleaved, dtype):
     b, s, heads, h = 2, 3, 2, 8
     cos, sin = _rotary_caches(16, h // 2 if form == "partial" else h, dtype)
-    x = (
-        rand(b, heads, s, h, dtype=dtype)
-        if form == "4d"
-        else rand(b, s, heads * h, dtype=dtype)
-    )
-    pos = (
-        np.array([5], np.int64)
-        if form == "offset"
-        else RNG.integers(0, 16 - s, (b, s)).astype(np.int64)
-    )
+    x = rand(b, heads, s, h, dtype=dtype) if form == "4d" else rand(b, s, heads * h, dtype=dtype)
+    pos = np.array([5], np.int64) if form == "offset" else RNG.integers(0, 16 - s, (b, s)).astype(np.int64)
     attrs = {"interleaved": interleaved}
     if form == "partial":
         attrs.update(num_heads=heads, rotary_embedding_dim=h // 2)
@@ -504,9 +465,7 @@ def _check_gqa(inputs, lengths, s, attrs, dtype):
         initializers=("cos", "sin"),
         **attrs,
     )
-    feeds = {
-        k: v for k, v in inputs.items() if v is not None and k not in ("cos", "sin")
-    }
+    feeds = {k: v for k, v in inputs.items() if v is not None and k not in ("cos", "sin")}
     want = _session(model).run(None, feeds)
     got = run_jonnx(model, inputs)
     tol = _tol(dtype)
@@ -519,9 +478,7 @@ def _check_gqa(inputs, lengths, s, attrs, dtype):
         )
         for i in (1, 2):  # every slot: those past the row's length are zero in both
             assert got[i].shape == want[i].shape
-            np.testing.assert_allclose(
-                got[i][bi].astype(np.float64), want[i][bi].astype(np.float64), **tol
-            )
+            np.testing.assert_allclose(got[i][bi].astype(np.float64), want[i][bi].astype(np.float64), **tol)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -603,15 +560,9 @@ def test_group_query_attention(case, dtype):
     )
     if case in ("head_sink", "attention_bias"):
         inputs.update(cos=None, sin=None, position_ids=None)
-        inputs["attention_bias"] = (
-            rand(b, 1, s, max(lengths), dtype=dtype)
-            if case == "attention_bias"
-            else None
-        )
+        inputs["attention_bias"] = rand(b, 1, s, max(lengths), dtype=dtype) if case == "attention_bias" else None
         inputs["head_sink"] = rand(heads, dtype=dtype) if case == "head_sink" else None
-    if (
-        case == "rotary_position_ids"
-    ):  # explicit positions replace the cache-derived ones
+    if case == "rotary_position_ids":  # explicit positions replace the cache-derived ones
         inputs["position_ids"] = np.array([[3], [11]], np.int64)
     _check_gqa(inputs, lengths, s, attrs, dtype)
 
@@ -623,9 +574,7 @@ def _pack(values, bits):
     """Pack integers in [0, 2**bits) along the last axis, low-order bits first."""
     per = 8 // bits
     v = values.astype(np.uint8).reshape(values.shape[:-1] + (-1, per))
-    return np.bitwise_or.reduce(
-        v << (np.arange(per, dtype=np.uint8) * bits), axis=-1
-    ).astype(np.uint8)
+    return np.bitwise_or.reduce(v << (np.arange(per, dtype=np.uint8) * bits), axis=-1).astype(np.uint8)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -661,9 +610,7 @@ def test_matmul_nbits(bits, block, zp_kind, g_idx, bias, k, dtype):
         inputs["zp"] = (RNG.random((n, k_blocks)) * (1 << bits)).astype(dtype)
     else:
         inputs["zp"] = None
-    inputs["g_idx"] = (
-        RNG.permutation(np.arange(k) // block).astype(np.int32) if g_idx else None
-    )
+    inputs["g_idx"] = RNG.permutation(np.arange(k) // block).astype(np.int32) if g_idx else None
     inputs["bias"] = rand(n, dtype=dtype) if bias else None
     # float16: onnxruntime accumulates in float16, jonnx in float32.
     tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == np.float16 else _tol(dtype)
@@ -710,9 +657,7 @@ def test_gather_block_quantized(kind, zp, dtype):
         t = ml_dtypes.int4 if kind.startswith("int4") else ml_dtypes.uint4
         lo, hi = (-8, 8) if t == ml_dtypes.int4 else (0, 16)
         data = RNG.integers(lo, hi, (rows, cols)).astype(t)
-        if (
-            kind == "int4_axis0"
-        ):  # quantized along the gathered axis' partner: gather columns
+        if kind == "int4_axis0":  # quantized along the gathered axis' partner: gather columns
             attrs.update(quantize_axis=0, gather_axis=1, block_size=16)
             data = RNG.integers(lo, hi, (32, rows)).astype(t)
             scales = (RNG.random((2, rows)) * 0.1).astype(dtype)
@@ -746,12 +691,8 @@ def test_dynamic_quantize_matmul(b_type, per_column, zp, bias):
     inputs = {
         "a": rand(3, 8),
         "b": RNG.integers(lo, hi, (8, n)).astype(b_type),
-        "b_scale": (RNG.random(n if per_column else ()) * 0.05 + 0.01).astype(
-            np.float32
-        ),
-        "b_zp": RNG.integers(lo, hi, n if per_column else ()).astype(b_type)
-        if zp
-        else None,
+        "b_scale": (RNG.random(n if per_column else ()) * 0.05 + 0.01).astype(np.float32),
+        "b_zp": RNG.integers(lo, hi, n if per_column else ()).astype(b_type) if zp else None,
         "bias": rand(n) if bias else None,
     }
     check(
@@ -763,17 +704,13 @@ def test_dynamic_quantize_matmul(b_type, per_column, zp, bias):
     )
 
 
-@pytest.mark.parametrize(
-    "a_type,b_type", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)]
-)
+@pytest.mark.parametrize("a_type,b_type", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)])
 @pytest.mark.parametrize("per_column,bias", [(False, False), (True, True)])
 def test_matmul_integer_to_float(a_type, b_type, per_column, bias):
     n = 4
 
     def ints(t, shape):
-        return RNG.integers(
-            -128 if t == np.int8 else 0, 128 if t == np.int8 else 256, shape
-        ).astype(t)
+        return RNG.integers(-128 if t == np.int8 else 0, 128 if t == np.int8 else 256, shape).astype(t)
 
     inputs = {
         "a": ints(a_type, (2, 3, 8)),
@@ -800,11 +737,7 @@ def _qparams(t):
 
 
 def _qdata(t, *shape):
-    return (
-        RNG.integers(0, 256, shape).astype(t)
-        if t == np.uint8
-        else RNG.integers(-128, 128, shape).astype(t)
-    )
+    return RNG.integers(0, 256, shape).astype(t) if t == np.uint8 else RNG.integers(-128, 128, shape).astype(t)
 
 
 # onnxruntime evaluates these with fixed-point multipliers or lookup tables: one step apart
@@ -893,12 +826,8 @@ def test_qlinear_concat(axis, t):
 def test_quantize_dequantize_linear(t, per_axis):
     x = rand(2, 3, 4, scale=3)
     scale = (RNG.random(3 if per_axis else ()) * 0.05 + 0.01).astype(np.float32)
-    zp = np.zeros(3 if per_axis else (), t) + (
-        1 if np.issubdtype(t, np.signedinteger) else 100
-    )
-    q = check(
-        "QuantizeLinear", {"x": x, "s": scale, "z": zp}, initializers=("s", "z"), axis=1
-    )[0]
+    zp = np.zeros(3 if per_axis else (), t) + (1 if np.issubdtype(t, np.signedinteger) else 100)
+    q = check("QuantizeLinear", {"x": x, "s": scale, "z": zp}, initializers=("s", "z"), axis=1)[0]
     check(
         "DequantizeLinear",
         {"q": q, "s": scale, "z": zp},
@@ -1190,10 +1119,7 @@ def _check_grads(op, inputs, wrt, *, n_outputs=1, initializers=(), **attrs):
     """Forward- and reverse-mode gradients of output 0 against finite differences, in float64,
     through a jitted ``Model.apply`` (one compilation per mode instead of eager retracing)."""
     with jax.enable_x64(True):
-        inputs = {
-            k: (v.astype(np.float64) if v is not None and v.dtype.kind == "f" else v)
-            for k, v in inputs.items()
-        }
+        inputs = {k: (v.astype(np.float64) if v is not None and v.dtype.kind == "f" else v) for k, v in inputs.items()}
         model = node_model(
             op,
             inputs,
@@ -1204,9 +1130,7 @@ def _check_grads(op, inputs, wrt, *, n_outputs=1, initializers=(), **attrs):
             **attrs,
         )
         m = jonnx.load(model)
-        feeds = {
-            k: v for k, v in inputs.items() if v is not None and k in m.input_names
-        }
+        feeds = {k: v for k, v in inputs.items() if v is not None and k in m.input_names}
 
         @jax.jit
         def f(*diff):
@@ -1281,9 +1205,7 @@ def test_matmul_nbits_gradient_reaches_input_and_scales():
         "b": b,
         "scales": (RNG.random((n, 2)) * 0.1).astype(np.float32),
     }
-    _check_grads(
-        "MatMulNBits", inputs, ["a", "scales"], K=k, N=n, bits=4, block_size=block
-    )
+    _check_grads("MatMulNBits", inputs, ["a", "scales"], K=k, N=n, bits=4, block_size=block)
 
 
 # ------------------------------------------------------------------------------ load errors
@@ -1302,17 +1224,11 @@ def test_unimplemented_contrib_ops_fail_at_load_in_one_error():
     ]
     info = oh.make_tensor_value_info
     graph = oh.make_graph(nodes, "g", [info("x", 1, [2])], [info("y", 1, [2])])
-    model = oh.make_model(
-        graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)]
-    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)])
     with pytest.raises(errors.UnsupportedOpError) as caught:
         jonnx.load(model)
     message = str(caught.value)
-    assert (
-        "node 'search'" in message
-        and "node 'ordered'" in message
-        and "'com.microsoft', opset 1" in message
-    )
+    assert "node 'search'" in message and "node 'ordered'" in message and "'com.microsoft', opset 1" in message
     assert [n[0] for n in caught.value.nodes] == ["search", "ordered"]
     assert "fine" not in message
 
@@ -1320,8 +1236,6 @@ def test_unimplemented_contrib_ops_fail_at_load_in_one_error():
 def test_undeclared_contrib_attribute_is_refused_at_load():
     from jonnx import errors
 
-    model = node_model(
-        "FastGelu", {"x": rand(2)}, opset=1, domain=MS, approximate="tanh"
-    )
+    model = node_model("FastGelu", {"x": rand(2)}, opset=1, domain=MS, approximate="tanh")
     with pytest.raises(errors.JonnxError, match="approximate"):
         jonnx.load(model)

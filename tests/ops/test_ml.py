@@ -34,8 +34,7 @@ def run_ort(model, feeds):
 
 
 # The harness's assert_matches_reference does not take a domain: wrap node_model for it.
-def assert_ml(op, inputs, n_outputs=1, *, opset=1, expected=None, rtol=1e-5, atol=1e-6,
-              initializers=(), **attrs):
+def assert_ml(op, inputs, n_outputs=1, *, opset=1, expected=None, rtol=1e-5, atol=1e-6, initializers=(), **attrs):
     model = node_model(op, inputs, n_outputs, opset=opset, domain=ML, initializers=initializers, **attrs)
     want = run_reference(model, inputs) if expected is None else expected
     for jit in (True, False):
@@ -48,8 +47,7 @@ def assert_ml(op, inputs, n_outputs=1, *, opset=1, expected=None, rtol=1e-5, ato
                 np.testing.assert_array_equal(g.astype(str), w.astype(str))
             else:
                 assert g.shape == w.shape, (g.shape, w.shape)
-                np.testing.assert_allclose(g, w.astype(g.dtype) if w.dtype != g.dtype else w,
-                                           rtol=rtol, atol=atol)
+                np.testing.assert_allclose(g, w.astype(g.dtype) if w.dtype != g.dtype else w, rtol=rtol, atol=atol)
     return got
 
 
@@ -58,8 +56,15 @@ def ml_grads(op, x, **attrs):
     with jax.enable_x64(True):
         x64 = np.asarray(x, np.float64)
         m = jonnx.load(node_model(op, {"x": x64}, opset=1, domain=ML, **attrs))
-        check_grads(lambda v: m.apply(m.params, v)[0], (jax.numpy.asarray(x64),), order=1,
-                    modes=("fwd", "rev"), eps=1e-4, rtol=1e-3, atol=1e-3)
+        check_grads(
+            lambda v: m.apply(m.params, v)[0],
+            (jax.numpy.asarray(x64),),
+            order=1,
+            modes=("fwd", "rev"),
+            eps=1e-4,
+            rtol=1e-3,
+            atol=1e-3,
+        )
 
 
 # -- simple numeric ops -------------------------------------------------------------------------
@@ -74,11 +79,19 @@ def test_array_feature_extractor(shape, indices):
 def test_array_feature_extractor_strings_and_range():
     x = np.array([["a", "b", "c"], ["d", "e", "f"]], object)
     # Indices into strings must be concrete (here an initializer).
-    assert_ml("ArrayFeatureExtractor", {"x": x, "y": np.array([2, 0], np.int64)}, initializers=["y"],
-              expected=[np.array([["c", "a"], ["f", "d"]], object)])
-    model = node_model("ArrayFeatureExtractor", {"x": np.ones((2, 3), np.float32),
-                                                 "y": np.array([3], np.int64)}, opset=1, domain=ML,
-                       initializers=["y"])
+    assert_ml(
+        "ArrayFeatureExtractor",
+        {"x": x, "y": np.array([2, 0], np.int64)},
+        initializers=["y"],
+        expected=[np.array([["c", "a"], ["f", "d"]], object)],
+    )
+    model = node_model(
+        "ArrayFeatureExtractor",
+        {"x": np.ones((2, 3), np.float32), "y": np.array([3], np.int64)},
+        opset=1,
+        domain=ML,
+        initializers=["y"],
+    )
     with pytest.raises(errors.NodeError, match="out of range"):
         run_jonnx(model, {"x": np.ones((2, 3), np.float32), "y": np.array([3], np.int64)})
 
@@ -114,23 +127,29 @@ def test_imputer_float_nan_and_int():
 def test_feature_vectorizer():
     a = RNG.standard_normal((3, 2)).astype(np.float32)
     b = RNG.standard_normal((3, 4)).astype(np.float32)
-    assert_ml("FeatureVectorizer", {"a": a, "b": b}, inputdimensions=[3, 2],
-              expected=[np.concatenate([a, np.zeros((3, 1), np.float32), b[:, :2]], axis=1)])
+    assert_ml(
+        "FeatureVectorizer",
+        {"a": a, "b": b},
+        inputdimensions=[3, 2],
+        expected=[np.concatenate([a, np.zeros((3, 1), np.float32), b[:, :2]], axis=1)],
+    )
 
 
-@pytest.mark.parametrize("x,attrs", [
-    (np.array([[1, 3], [2, 7]], np.int64), {"cats_int64s": [1, 2, 3]}),
-    (np.array([1.0, 2.0, 5.0], np.float32), {"cats_int64s": [5, 1]}),
-    (_strs("a", "c", "b"), {"cats_strings": ["a", "b", "x"]}),
-])
+@pytest.mark.parametrize(
+    "x,attrs",
+    [
+        (np.array([[1, 3], [2, 7]], np.int64), {"cats_int64s": [1, 2, 3]}),
+        (np.array([1.0, 2.0, 5.0], np.float32), {"cats_int64s": [5, 1]}),
+        (_strs("a", "c", "b"), {"cats_strings": ["a", "b", "x"]}),
+    ],
+)
 def test_one_hot_encoder(x, attrs):
     assert_ml("OneHotEncoder", {"x": x}, **attrs)
 
 
 def test_one_hot_encoder_zeros_0_rejects_unknown():
     x = np.array([1, 9], np.int64)
-    model = node_model("OneHotEncoder", {"x": x}, opset=1, domain=ML, cats_int64s=[1, 2], zeros=0,
-                       initializers=["x"])
+    model = node_model("OneHotEncoder", {"x": x}, opset=1, domain=ML, cats_int64s=[1, 2], zeros=0, initializers=["x"])
     with pytest.raises(errors.NodeError, match="not among the categories"):
         run_jonnx(model, {"x": x})
 
@@ -146,8 +165,17 @@ def test_linear_regressor_and_grads(targets):
     assert_ml("LinearRegressor", {"x": x}, coefficients=coef, intercepts=icpt, targets=targets)
     ml_grads("LinearRegressor", x, coefficients=coef, intercepts=icpt, targets=targets)
     with jax.enable_x64(True):
-        m = jonnx.load(node_model("LinearRegressor", {"x": x.astype(np.float64)}, opset=1, domain=ML,
-                                  coefficients=coef, intercepts=icpt, targets=targets))
+        m = jonnx.load(
+            node_model(
+                "LinearRegressor",
+                {"x": x.astype(np.float64)},
+                opset=1,
+                domain=ML,
+                coefficients=coef,
+                intercepts=icpt,
+                targets=targets,
+            )
+        )
         g = jax.grad(lambda v: m.apply(m.params, v)[0].sum())(jax.numpy.asarray(x))
     np.testing.assert_allclose(g, np.tile(np.asarray(coef).reshape(targets, 3).sum(0), (4, 1)), rtol=1e-5)
 
@@ -161,17 +189,26 @@ def test_linear_classifier_multiclass(post, labels):
     coef = (RNG.standard_normal(6) * (0.2 if post == "PROBIT" else 1)).tolist()
     icpt = [0.3, 0.5, 0.4] if post == "PROBIT" else RNG.standard_normal(3).tolist()
     # PROBIT: the reference evaluates its erfinv approximation in float64, jonnx in float32.
-    assert_ml("LinearClassifier", {"x": x}, 2, coefficients=coef, intercepts=icpt,
-              post_transform=post, rtol=1e-4, atol=1e-4 if post == "PROBIT" else 1e-5, **labels)
-
+    assert_ml(
+        "LinearClassifier",
+        {"x": x},
+        2,
+        coefficients=coef,
+        intercepts=icpt,
+        post_transform=post,
+        rtol=1e-4,
+        atol=1e-4 if post == "PROBIT" else 1e-5,
+        **labels,
+    )
 
 
 def test_probit_is_infinite_at_scores_zero_and_one_like_onnxruntime():
     # erfinv(-1) and erfinv(1) are -inf and +inf; onnxruntime returns them (the onnx reference
     # returns 0 there, so onnxruntime is the reference here).
     x = np.array([[0.0], [1.0], [0.5], [0.25], [0.9]], np.float32)
-    model = node_model("LinearRegressor", {"x": x}, opset=1, domain=ML, coefficients=[1.0],
-                       intercepts=[0.0], post_transform="PROBIT")
+    model = node_model(
+        "LinearRegressor", {"x": x}, opset=1, domain=ML, coefficients=[1.0], intercepts=[0.0], post_transform="PROBIT"
+    )
     (want,) = run_ort(model, {"x": x})
     assert np.isneginf(want[0, 0]) and np.isposinf(want[1, 0])
     for jit in (True, False):
@@ -184,16 +221,31 @@ def test_ml_ops_by_name_resolve_their_domain():
     got = jonnx.ops.LinearRegressor(x, coefficients=[2.0, -1.0], intercepts=[0.5])
     np.testing.assert_allclose(got, x @ np.array([[2.0], [-1.0]], np.float32) + 0.5, rtol=1e-6)
 
+
 def test_linear_classifier_binary_one_row():
     x = RNG.standard_normal((6, 3)).astype(np.float32)
-    assert_ml("LinearClassifier", {"x": x}, 2, coefficients=[0.5, -1.0, 2.0], intercepts=[0.1],
-              classlabels_ints=[0, 1], post_transform="LOGISTIC")
+    assert_ml(
+        "LinearClassifier",
+        {"x": x},
+        2,
+        coefficients=[0.5, -1.0, 2.0],
+        intercepts=[0.1],
+        classlabels_ints=[0, 1],
+        post_transform="LOGISTIC",
+    )
 
 
 def test_string_labels_need_concrete_input():
     x = RNG.standard_normal((2, 2)).astype(np.float32)
-    model = node_model("LinearClassifier", {"x": x}, 2, opset=1, domain=ML, coefficients=[1.0, 0, 0, 1.0],
-                       classlabels_strings=["a", "b"])
+    model = node_model(
+        "LinearClassifier",
+        {"x": x},
+        2,
+        opset=1,
+        domain=ML,
+        coefficients=[1.0, 0, 0, 1.0],
+        classlabels_strings=["a", "b"],
+    )
     with jax.enable_x64(True):
         m = jonnx.load(model)
         # Model.__call__ runs the classifier on the host: x is data, not a static argument.
@@ -209,13 +261,19 @@ def test_string_labels_need_concrete_input():
 # -- SVMs ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kernel,params", [("LINEAR", None), ("RBF", [0.5, 0, 0]),
-                                           ("POLY", [0.3, 1.0, 3]), ("SIGMOID", [0.2, 0.1, 0])])
+@pytest.mark.parametrize(
+    "kernel,params", [("LINEAR", None), ("RBF", [0.5, 0, 0]), ("POLY", [0.3, 1.0, 3]), ("SIGMOID", [0.2, 0.1, 0])]
+)
 def test_svm_regressor(kernel, params):
     x = RNG.standard_normal((4, 3)).astype(np.float32)
     sv = RNG.standard_normal((5, 3)).astype(np.float32)
-    attrs = dict(coefficients=RNG.standard_normal(5).tolist(), rho=[0.25], n_supports=5,
-                 support_vectors=sv.ravel().tolist(), kernel_type=kernel)
+    attrs = dict(
+        coefficients=RNG.standard_normal(5).tolist(),
+        rho=[0.25],
+        n_supports=5,
+        support_vectors=sv.ravel().tolist(),
+        kernel_type=kernel,
+    )
     if params:
         attrs["kernel_params"] = params
     assert_ml("SVMRegressor", {"x": x}, rtol=1e-4, atol=1e-5, **attrs)
@@ -235,7 +293,8 @@ def _svc(n_classes, n_features, per_class, rng):
         support_vectors=rng.standard_normal(n_vec * n_features).tolist(),
         vectors_per_class=per_class,
         rho=rng.standard_normal(n_classes * (n_classes - 1) // 2).tolist(),
-        kernel_type="RBF", kernel_params=[0.4, 0.0, 0.0],
+        kernel_type="RBF",
+        kernel_params=[0.4, 0.0, 0.0],
     )
 
 
@@ -250,9 +309,17 @@ def test_svm_classifier_binary_and_linear():
     x = RNG.standard_normal((6, 4)).astype(np.float32)
     attrs = _svc(2, 4, [3, 2], np.random.default_rng(2))
     assert_ml("SVMClassifier", {"x": x}, 2, classlabels_ints=[4, 9], rtol=1e-4, atol=1e-5, **attrs)
-    assert_ml("SVMClassifier", {"x": x}, 2, classlabels_ints=[0, 1, 2],
-              coefficients=RNG.standard_normal(12).tolist(), rho=[0.5], post_transform="SOFTMAX",
-              rtol=1e-4, atol=1e-5)
+    assert_ml(
+        "SVMClassifier",
+        {"x": x},
+        2,
+        classlabels_ints=[0, 1, 2],
+        coefficients=RNG.standard_normal(12).tolist(),
+        rho=[0.5],
+        post_transform="SOFTMAX",
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("n_classes", [2, 3])
@@ -263,8 +330,11 @@ def test_svm_classifier_probabilities(n_classes):
     rng = np.random.default_rng(3)
     attrs = _svc(n_classes, 3, [2] * n_classes, rng)
     pairs = n_classes * (n_classes - 1) // 2
-    attrs.update(prob_a=(-rng.uniform(0.5, 2, pairs)).tolist(), prob_b=rng.uniform(-0.2, 0.2, pairs).tolist(),
-                 classlabels_ints=list(range(n_classes)))
+    attrs.update(
+        prob_a=(-rng.uniform(0.5, 2, pairs)).tolist(),
+        prob_b=rng.uniform(-0.2, 0.2, pairs).tolist(),
+        classlabels_ints=list(range(n_classes)),
+    )
     model = node_model("SVMClassifier", {"x": x}, 2, opset=1, domain=ML, **attrs)
     want = run_reference(model, {"x": x}) if n_classes == 2 else run_ort(model, {"x": x})
     got = run_jonnx(model, {"x": x})
@@ -288,8 +358,13 @@ def _random_tree(rng, n_features, depth, first_id=0):
         f, v = int(rng.integers(n_features)), float(rng.standard_normal())
         t = grow(d + 1)
         e = grow(d + 1)
-        nodes[k] = {"mode": str(rng.choice(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT", "BRANCH_GTE"])),
-                    "f": f, "v": v, "t": t, "e": e}
+        nodes[k] = {
+            "mode": str(rng.choice(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT", "BRANCH_GTE"])),
+            "f": f,
+            "v": v,
+            "t": t,
+            "e": e,
+        }
         return k
 
     grow(0)
@@ -297,9 +372,22 @@ def _random_tree(rng, n_features, depth, first_id=0):
 
 
 def _legacy_forest(rng, n_trees, n_features, n_targets, prefix, depth=4, missing=False):
-    attrs = {k: [] for k in ("nodes_treeids", "nodes_nodeids", "nodes_modes", "nodes_featureids",
-                             "nodes_values", "nodes_truenodeids", "nodes_falsenodeids",
-                             f"{prefix}_treeids", f"{prefix}_nodeids", f"{prefix}_ids", f"{prefix}_weights")}
+    attrs = {
+        k: []
+        for k in (
+            "nodes_treeids",
+            "nodes_nodeids",
+            "nodes_modes",
+            "nodes_featureids",
+            "nodes_values",
+            "nodes_truenodeids",
+            "nodes_falsenodeids",
+            f"{prefix}_treeids",
+            f"{prefix}_nodeids",
+            f"{prefix}_ids",
+            f"{prefix}_weights",
+        )
+    }
     if missing:
         attrs["nodes_missing_value_tracks_true"] = []
     for t in range(n_trees):
@@ -329,17 +417,28 @@ def test_tree_ensemble_regressor(aggregate, opset):
     attrs = _legacy_forest(rng, 5, 4, 2, "target", missing=True)
     x = rng.standard_normal((20, 4)).astype(np.float32)
     x[::3, 1] = np.nan
-    assert_ml("TreeEnsembleRegressor", {"x": x}, opset=opset, n_targets=2, aggregate_function=aggregate,
-              base_values=[0.5, -0.5], rtol=1e-5, atol=1e-5, **attrs)
+    assert_ml(
+        "TreeEnsembleRegressor",
+        {"x": x},
+        opset=opset,
+        n_targets=2,
+        aggregate_function=aggregate,
+        base_values=[0.5, -0.5],
+        rtol=1e-5,
+        atol=1e-5,
+        **attrs,
+    )
 
 
 def test_tree_ensemble_regressor_as_tensor_double():
     rng = np.random.default_rng(5)
     attrs = _legacy_forest(rng, 3, 3, 1, "target")
-    attrs["nodes_values_as_tensor"] = oh.make_tensor("v", onnx.TensorProto.DOUBLE, [len(attrs["nodes_values"])],
-                                                     attrs.pop("nodes_values"))
-    attrs["target_weights_as_tensor"] = oh.make_tensor("w", onnx.TensorProto.DOUBLE, [len(attrs["target_weights"])],
-                                                       attrs.pop("target_weights"))
+    attrs["nodes_values_as_tensor"] = oh.make_tensor(
+        "v", onnx.TensorProto.DOUBLE, [len(attrs["nodes_values"])], attrs.pop("nodes_values")
+    )
+    attrs["target_weights_as_tensor"] = oh.make_tensor(
+        "w", onnx.TensorProto.DOUBLE, [len(attrs["target_weights"])], attrs.pop("target_weights")
+    )
     x = rng.standard_normal((10, 3))
     model = node_model("TreeEnsembleRegressor", {"x": x}, opset=3, domain=ML, n_targets=1, **attrs)
     # The spec's output is float; the onnx reference keeps double, onnxruntime gives float.
@@ -355,8 +454,17 @@ def test_tree_ensemble_classifier(post, labels):
     rng = np.random.default_rng(6)
     attrs = _legacy_forest(rng, 4, 3, 3, "class")
     x = rng.standard_normal((15, 3)).astype(np.float32)
-    assert_ml("TreeEnsembleClassifier", {"x": x}, 2, post_transform=post, base_values=[0.1, 0.0, -0.1],
-              rtol=1e-5, atol=1e-5, **attrs, **labels)
+    assert_ml(
+        "TreeEnsembleClassifier",
+        {"x": x},
+        2,
+        post_transform=post,
+        base_values=[0.1, 0.0, -0.1],
+        rtol=1e-5,
+        atol=1e-5,
+        **attrs,
+        **labels,
+    )
 
 
 @pytest.mark.parametrize("post", ["NONE", "LOGISTIC"])
@@ -365,8 +473,17 @@ def test_tree_ensemble_classifier_binary(post):
     attrs = _legacy_forest(rng, 3, 3, 1, "class")
     x = rng.standard_normal((12, 3)).astype(np.float32)
     for opset in (1, 3, 5):
-        assert_ml("TreeEnsembleClassifier", {"x": x}, 2, opset=opset, classlabels_int64s=[0, 1],
-                  post_transform=post, rtol=1e-5, atol=1e-5, **attrs)
+        assert_ml(
+            "TreeEnsembleClassifier",
+            {"x": x},
+            2,
+            opset=opset,
+            classlabels_int64s=[0, 1],
+            post_transform=post,
+            rtol=1e-5,
+            atol=1e-5,
+            **attrs,
+        )
 
 
 def _v5_from_legacy(attrs, n_targets, dtype=np.float32):
@@ -378,13 +495,20 @@ def _v5_from_legacy(attrs, n_targets, dtype=np.float32):
     order_i, order_l = {key: n for n, key in enumerate(interior)}, {key: n for n, key in enumerate(leaves)}
     leaf_w, leaf_t = [], []
     for key in leaves:
-        w = [(tid, wt) for tr, nd, tid, wt in zip(attrs["target_treeids"], attrs["target_nodeids"],
-                                                  attrs["target_ids"], attrs["target_weights"]) if (tr, nd) == key]
+        w = [
+            (tid, wt)
+            for tr, nd, tid, wt in zip(
+                attrs["target_treeids"], attrs["target_nodeids"], attrs["target_ids"], attrs["target_weights"]
+            )
+            if (tr, nd) == key
+        ]
         assert len(w) == 1
         leaf_t.append(w[0][0])
         leaf_w.append(w[0][1])
-    out = {k: [] for k in ("nodes_featureids", "nodes_truenodeids", "nodes_falsenodeids", "nodes_trueleafs",
-                           "nodes_falseleafs")}
+    out = {
+        k: []
+        for k in ("nodes_featureids", "nodes_truenodeids", "nodes_falsenodeids", "nodes_trueleafs", "nodes_falseleafs")
+    }
     splits, mode = [], []
     for (t, i), k in interior.items():
         out["nodes_featureids"].append(attrs["nodes_featureids"][k])
@@ -398,7 +522,9 @@ def _v5_from_legacy(attrs, n_targets, dtype=np.float32):
             roots.append(order_i[t, i])
     elem = oh.np_dtype_to_tensor_dtype(np.dtype(dtype))
     out.update(
-        tree_roots=roots, n_targets=n_targets, leaf_targetids=leaf_t,
+        tree_roots=roots,
+        n_targets=n_targets,
+        leaf_targetids=leaf_t,
         nodes_splits=oh.make_tensor("s", elem, [len(splits)], np.asarray(splits, dtype)),
         leaf_weights=oh.make_tensor("w", elem, [len(leaf_w)], np.asarray(leaf_w, dtype)),
         nodes_modes=oh.make_tensor("m", onnx.TensorProto.UINT8, [len(mode)], np.asarray(mode, np.uint8)),
@@ -413,8 +539,11 @@ def test_tree_ensemble_v5(aggregate, dtype):
     legacy = {}
     while True:  # a forest whose trees all split at the root, each leaf voting once
         legacy = _legacy_forest(rng, 4, 3, 1, "target", depth=3)
-        if all(m != "LEAF" for t, i, m in zip(legacy["nodes_treeids"], legacy["nodes_nodeids"],
-                                              legacy["nodes_modes"]) if i == 0):
+        if all(
+            m != "LEAF"
+            for t, i, m in zip(legacy["nodes_treeids"], legacy["nodes_nodeids"], legacy["nodes_modes"])
+            if i == 0
+        ):
             break
     legacy["target_ids"] = [int(rng.integers(2)) for _ in legacy["target_ids"]]
     attrs = _v5_from_legacy(legacy, 2, dtype)
@@ -425,8 +554,13 @@ def test_tree_ensemble_v5(aggregate, dtype):
 def test_tree_ensemble_v5_membership_and_post_transform():
     # One tree: node 0 tests x0 in {1, 3, 5}; node 1 (false branch) tests x1 <= 0.5.
     attrs = dict(
-        n_targets=2, tree_roots=[0], nodes_featureids=[0, 1], nodes_truenodeids=[0, 1],
-        nodes_trueleafs=[1, 1], nodes_falsenodeids=[1, 2], nodes_falseleafs=[0, 1],
+        n_targets=2,
+        tree_roots=[0],
+        nodes_featureids=[0, 1],
+        nodes_truenodeids=[0, 1],
+        nodes_trueleafs=[1, 1],
+        nodes_falsenodeids=[1, 2],
+        nodes_falseleafs=[0, 1],
         nodes_modes=oh.make_tensor("m", onnx.TensorProto.UINT8, [2], np.array([6, 0], np.uint8)),
         nodes_splits=oh.make_tensor("s", onnx.TensorProto.FLOAT, [2], np.array([0.0, 0.5], np.float32)),
         membership_values=oh.make_tensor("v", onnx.TensorProto.FLOAT, [4], np.array([1, 3, 5, np.nan], np.float32)),
@@ -437,8 +571,7 @@ def test_tree_ensemble_v5_membership_and_post_transform():
     got = assert_ml("TreeEnsemble", {"x": x}, opset=5, **attrs)
     np.testing.assert_array_equal(got[0], [[1, 0], [1, 0], [0, 2], [3, 0], [1, 0]])
     # post_transform (the onnx reference ignores it): LOGISTIC per the spec.
-    assert_ml("TreeEnsemble", {"x": x}, opset=5, post_transform=2, **attrs,
-              expected=[1 / (1 + np.exp(-got[0]))])
+    assert_ml("TreeEnsemble", {"x": x}, opset=5, post_transform=2, **attrs, expected=[1 / (1 + np.exp(-got[0]))])
 
 
 # -- label and category maps ----------------------------------------------------------------------
@@ -446,22 +579,49 @@ def test_tree_ensemble_v5_membership_and_post_transform():
 
 def test_label_encoder_v1_both_directions():
     classes = ["a", "b", "c"]
-    assert_ml("LabelEncoder", {"x": _strs("b", "z", "c")}, classes_strings=classes, default_int64=-7,
-              expected=[np.array([1, -7, 2])])
-    assert_ml("LabelEncoder", {"x": np.array([2, 0, 5], np.int64)}, classes_strings=classes,
-              expected=[_strs("c", "a", "_Unused")])
+    assert_ml(
+        "LabelEncoder",
+        {"x": _strs("b", "z", "c")},
+        classes_strings=classes,
+        default_int64=-7,
+        expected=[np.array([1, -7, 2])],
+    )
+    assert_ml(
+        "LabelEncoder",
+        {"x": np.array([2, 0, 5], np.int64)},
+        classes_strings=classes,
+        expected=[_strs("c", "a", "_Unused")],
+    )
 
 
 @pytest.mark.parametrize("opset", [2, 4])
 def test_label_encoder_v2_lists(opset):
-    assert_ml("LabelEncoder", {"x": _strs("Amy", "Dori", "Sally")}, opset=opset, keys_strings=["Amy", "Sally"],
-              values_int64s=[5, 6], default_int64=-1)
-    assert_ml("LabelEncoder", {"x": np.array([1, 7, 2], np.int64)}, opset=opset, keys_int64s=[1, 2],
-              values_strings=["one", "two"], default_string="?")
+    assert_ml(
+        "LabelEncoder",
+        {"x": _strs("Amy", "Dori", "Sally")},
+        opset=opset,
+        keys_strings=["Amy", "Sally"],
+        values_int64s=[5, 6],
+        default_int64=-1,
+    )
+    assert_ml(
+        "LabelEncoder",
+        {"x": np.array([1, 7, 2], np.int64)},
+        opset=opset,
+        keys_int64s=[1, 2],
+        values_strings=["one", "two"],
+        default_string="?",
+    )
     x = np.array([[0.5, np.nan], [2.5, 1.0]], np.float32)
-    assert_ml("LabelEncoder", {"x": x}, opset=opset, keys_floats=[0.5, np.nan, 2.5],
-              values_floats=[10.0, 20.0, 30.0], default_float=-1.0,
-              expected=[np.array([[10.0, 20.0], [30.0, -1.0]], np.float32)])
+    assert_ml(
+        "LabelEncoder",
+        {"x": x},
+        opset=opset,
+        keys_floats=[0.5, np.nan, 2.5],
+        values_floats=[10.0, 20.0, 30.0],
+        default_float=-1.0,
+        expected=[np.array([[10.0, 20.0], [30.0, -1.0]], np.float32)],
+    )
 
 
 def test_label_encoder_v4_tensors_traced():
@@ -469,9 +629,15 @@ def test_label_encoder_v4_tensors_traced():
     values = oh.make_tensor("v", onnx.TensorProto.DOUBLE, [3], [0.5, 1.5, 2.5])
     x = np.array([[1, 3], [4, 1]], np.int64)
     # Repeated key 3: the last one wins (v4 spec).
-    got = assert_ml("LabelEncoder", {"x": x}, opset=4, keys_tensor=keys, values_tensor=values,
-                    default_tensor=oh.make_tensor("d", onnx.TensorProto.DOUBLE, [1], [-9.0]),
-                    expected=[np.array([[1.5, 2.5], [-9.0, 1.5]])])
+    got = assert_ml(
+        "LabelEncoder",
+        {"x": x},
+        opset=4,
+        keys_tensor=keys,
+        values_tensor=values,
+        default_tensor=oh.make_tensor("d", onnx.TensorProto.DOUBLE, [1], [-9.0]),
+        expected=[np.array([[1.5, 2.5], [-9.0, 1.5]])],
+    )
     assert got[0].dtype == np.float64
 
 
@@ -481,7 +647,10 @@ def test_category_mapper_against_onnxruntime():
         model = node_model("CategoryMapper", {"x": x}, opset=1, domain=ML, **attrs)
         want = run_ort(model, {"x": x.astype(str) if x.dtype == object else x})[0]
         got = run_jonnx(model, {"x": x})[0]
-        np.testing.assert_array_equal(got.astype(str) if got.dtype == object else got, want.astype(got.dtype) if got.dtype != object else np.asarray(want).astype(str))
+        np.testing.assert_array_equal(
+            got.astype(str) if got.dtype == object else got,
+            want.astype(got.dtype) if got.dtype != object else np.asarray(want).astype(str),
+        )
 
 
 # -- maps ----------------------------------------------------------------------------------------
@@ -501,8 +670,9 @@ def _call(op, *inputs, **attrs):
 
 def test_dict_vectorizer_against_onnxruntime():
     x = {"a": 4.0, "c": 8.0}
-    model = _map_model("DictVectorizer", onnx.TensorProto.STRING, onnx.TensorProto.FLOAT, None,
-                       string_vocabulary=["a", "b", "c", "z"])
+    model = _map_model(
+        "DictVectorizer", onnx.TensorProto.STRING, onnx.TensorProto.FLOAT, None, string_vocabulary=["a", "b", "c", "z"]
+    )
     want = run_ort(model, {"x": x})[0]
     got = np.asarray(_call("DictVectorizer", x, string_vocabulary=["a", "b", "c", "z"]))
     assert got.shape == want.shape
@@ -530,8 +700,10 @@ def test_zip_map_against_onnxruntime(labels):
     x = RNG.standard_normal((3, 2)).astype(np.float32)
     node = oh.make_node("ZipMap", ["x"], ["z"], domain=ML, **labels)
     key = onnx.TensorProto.STRING if "classlabels_strings" in labels else onnx.TensorProto.INT64
-    out = oh.make_value_info("z", oh.make_sequence_type_proto(
-        oh.make_map_type_proto(key, oh.make_tensor_type_proto(onnx.TensorProto.FLOAT, []))))
+    out = oh.make_value_info(
+        "z",
+        oh.make_sequence_type_proto(oh.make_map_type_proto(key, oh.make_tensor_type_proto(onnx.TensorProto.FLOAT, []))),
+    )
     graph = oh.make_graph([node], "zm", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2])], [out])
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid(ML, 1)], ir_version=8)
     want = run_ort(model, {"x": x})[0]

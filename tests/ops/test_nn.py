@@ -60,15 +60,22 @@ def test_conv_dtypes_without_bias(dtype):
     expected = None
     if dtype == np.float16:
         expected = [
-            ort_expected("Conv", {k: v.astype(np.float32) for k, v in inputs.items()}, opset=22, pads=[1, 1, 1, 1])[0]
-            .astype(np.float16)
+            ort_expected("Conv", {k: v.astype(np.float32) for k, v in inputs.items()}, opset=22, pads=[1, 1, 1, 1])[
+                0
+            ].astype(np.float16)
         ]
     assert_matches_reference("Conv", inputs, opset=22, expected=expected, rtol=tol, atol=tol, pads=[1, 1, 1, 1])
 
 
 def test_conv_is_one_xla_convolution():
-    model = node_model("Conv", {"x": rand(1, 4, 8, 8), "w": rand(8, 2, 3, 3), "b": rand(8)}, opset=22,
-                       group=2, pads=[1, 1, 1, 1], initializers=["w", "b"])
+    model = node_model(
+        "Conv",
+        {"x": rand(1, 4, 8, 8), "w": rand(8, 2, 3, 3), "b": rand(8)},
+        opset=22,
+        group=2,
+        pads=[1, 1, 1, 1],
+        initializers=["w", "b"],
+    )
     m = jonnx.load(model)
     jaxpr = jax.make_jaxpr(lambda p, x: m.apply(p, x))(m.params, rand(1, 4, 8, 8))
     prims = [str(e.primitive) for e in jaxpr.jaxpr.eqns]
@@ -145,12 +152,24 @@ def test_conv_transpose_output_shape_splits_odd_padding_per_version(opset, auto_
     assert want[0].shape == (1, 3, *output_shape)
     if opset >= 11:  # onnxruntime follows the opset-11 text: check the expectation against it
         np.testing.assert_allclose(
-            want[0], ort_expected("ConvTranspose", inputs, opset=opset, strides=[2, 2, 2],
-                                  output_shape=output_shape, auto_pad=auto_pad)[0],
-            rtol=1e-5, atol=1e-5,
+            want[0],
+            ort_expected(
+                "ConvTranspose", inputs, opset=opset, strides=[2, 2, 2], output_shape=output_shape, auto_pad=auto_pad
+            )[0],
+            rtol=1e-5,
+            atol=1e-5,
         )
-    assert_matches_reference("ConvTranspose", inputs, opset=opset, expected=want, rtol=1e-5, atol=1e-5,
-                             strides=[2, 2, 2], output_shape=output_shape, auto_pad=auto_pad)
+    assert_matches_reference(
+        "ConvTranspose",
+        inputs,
+        opset=opset,
+        expected=want,
+        rtol=1e-5,
+        atol=1e-5,
+        strides=[2, 2, 2],
+        output_shape=output_shape,
+        auto_pad=auto_pad,
+    )
 
 
 def test_conv_transpose_grads():
@@ -184,10 +203,11 @@ def test_average_pool_1_excludes_pads():
     x = rand(1, 1, 4, 4)
     padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     ones = np.pad(np.ones_like(x), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    windows = lambda a: np.stack([a[..., i:i + 3, j:j + 3].sum((-2, -1)) for i in (0, 2) for j in (0, 2)], -1)
+    windows = lambda a: np.stack([a[..., i : i + 3, j : j + 3].sum((-2, -1)) for i in (0, 2) for j in (0, 2)], -1)
     expected = (windows(padded) / windows(ones)).reshape(1, 1, 2, 2)
-    assert_matches_reference("AveragePool", {"x": x}, opset=1, kernel_shape=[3, 3], strides=[2, 2],
-                             pads=[1, 1, 1, 1], expected=[expected])
+    assert_matches_reference(
+        "AveragePool", {"x": x}, opset=1, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], expected=[expected]
+    )
 
 
 @pytest.mark.parametrize("case", range(len(POOL_CASES)))
@@ -209,12 +229,15 @@ CEIL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("op,opset,n_outputs,extra", [
-    ("AveragePool", 19, 1, dict(count_include_pad=0)),
-    ("AveragePool", 22, 1, dict(count_include_pad=1)),
-    ("MaxPool", 12, 2, dict(storage_order=0)),
-    ("LpPool", 18, 1, dict(p=2)),
-])
+@pytest.mark.parametrize(
+    "op,opset,n_outputs,extra",
+    [
+        ("AveragePool", 19, 1, dict(count_include_pad=0)),
+        ("AveragePool", 22, 1, dict(count_include_pad=1)),
+        ("MaxPool", 12, 2, dict(storage_order=0)),
+        ("LpPool", 18, 1, dict(p=2)),
+    ],
+)
 @pytest.mark.parametrize("case", range(len(CEIL_CASES)))
 def test_pool_ceil_mode_and_dilations(op, opset, n_outputs, extra, case):
     # The ReferenceEvaluator splits ceil_mode's extra padding over both ends (shifting the
@@ -222,8 +245,14 @@ def test_pool_ceil_mode_and_dilations(op, opset, n_outputs, extra, case):
     xs, attrs = CEIL_CASES[case]
     attrs = dict(attrs, ceil_mode=1, **extra)
     x = rand(*xs)
-    assert_matches_reference(op, {"x": x}, n_outputs, opset=opset,
-                             expected=ort_expected(op, {"x": x}, n_outputs, opset=opset, **attrs), **attrs)
+    assert_matches_reference(
+        op,
+        {"x": x},
+        n_outputs,
+        opset=opset,
+        expected=ort_expected(op, {"x": x}, n_outputs, opset=opset, **attrs),
+        **attrs,
+    )
 
 
 @pytest.mark.parametrize("storage_order,case", [(0, 1), (1, 2), (1, 3), (0, 4)])
@@ -247,8 +276,9 @@ def test_max_pool_dtypes(dtype):
     # The ReferenceEvaluator pads integers with NaN (fails) and float16 with the wrong shape.
     x = (RNG.standard_normal((1, 2, 5, 5)) * 50).astype(dtype)
     attrs = dict(kernel_shape=[2, 2], pads=[1, 1, 0, 0])
-    assert_matches_reference("MaxPool", {"x": x}, opset=12, expected=ort_expected("MaxPool", {"x": x}, opset=12, **attrs),
-                             **attrs)
+    assert_matches_reference(
+        "MaxPool", {"x": x}, opset=12, expected=ort_expected("MaxPool", {"x": x}, opset=12, **attrs), **attrs
+    )
 
 
 @pytest.mark.parametrize("opset,p", [(1, 2.0), (1, 3.0), (2, 2), (11, 3), (18, 1), (22, 2)])
@@ -257,21 +287,28 @@ def test_lp_pool(opset, p):
     attrs = dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], p=p)
     # Reference: sum(|x|^p)^(1/p) over each window, pads contributing zeros.
     padded = np.pad(np.abs(x).astype(np.float64) ** p, ((0, 0), (0, 0), (1, 1), (0, 1)))
-    expected = np.stack([
-        np.stack([padded[..., i:i + 3, j:j + 2].sum((-2, -1)) for j in range(5)], -1) for i in range(0, 5, 2)
-    ], -2) ** (1.0 / p)
-    assert_matches_reference("LpPool", {"x": x}, opset=opset, expected=[expected.astype(np.float32)],
-                             rtol=1e-5, atol=1e-5, **attrs)
+    expected = np.stack(
+        [np.stack([padded[..., i : i + 3, j : j + 2].sum((-2, -1)) for j in range(5)], -1) for i in range(0, 5, 2)], -2
+    ) ** (1.0 / p)
+    assert_matches_reference(
+        "LpPool", {"x": x}, opset=opset, expected=[expected.astype(np.float32)], rtol=1e-5, atol=1e-5, **attrs
+    )
 
 
-@pytest.mark.parametrize("op,opset,fn", [("GlobalAveragePool", 1, np.mean), ("GlobalAveragePool", 22, np.mean),
-                                         ("GlobalMaxPool", 1, np.max), ("GlobalMaxPool", 22, np.max)])
+@pytest.mark.parametrize(
+    "op,opset,fn",
+    [
+        ("GlobalAveragePool", 1, np.mean),
+        ("GlobalAveragePool", 22, np.mean),
+        ("GlobalMaxPool", 1, np.max),
+        ("GlobalMaxPool", 22, np.max),
+    ],
+)
 @pytest.mark.parametrize("shape", [(2, 3, 5), (2, 3, 4, 5), (1, 2, 3, 4, 2)])
 def test_global_pools(op, opset, fn, shape):
     # numpy, not the ReferenceEvaluator: its GlobalMaxPool drops axes for 1-D and 3-D inputs.
     axes = tuple(range(2, len(shape)))
-    assert_matches_reference(op, {"x": rand(*shape)}, opset=opset,
-                             expected=lambda x: [fn(x, axis=axes, keepdims=True)])
+    assert_matches_reference(op, {"x": rand(*shape)}, opset=opset, expected=lambda x: [fn(x, axis=axes, keepdims=True)])
 
 
 @pytest.mark.parametrize("opset,p", [(1, 2.0), (1, 3.0), (2, 2), (2, 3), (22, 1)])
@@ -281,14 +318,17 @@ def test_global_lp_pool(opset, p):
     assert_matches_reference("GlobalLpPool", {"x": x}, opset=opset, p=p, expected=[expected.astype(np.float32)])
 
 
-@pytest.mark.parametrize("op,attrs", [
-    ("AveragePool", dict(kernel_shape=[2, 3], strides=[2, 1], pads=[1, 0, 0, 1], count_include_pad=0, ceil_mode=1)),
-    ("MaxPool", dict(kernel_shape=[2, 2], strides=[1, 2], pads=[0, 1, 1, 0], dilations=[2, 1])),
-    ("LpPool", dict(kernel_shape=[2, 2], strides=[2, 1], p=3)),
-    ("GlobalLpPool", dict(p=2)),
-    ("GlobalAveragePool", dict()),
-    ("GlobalMaxPool", dict()),
-])
+@pytest.mark.parametrize(
+    "op,attrs",
+    [
+        ("AveragePool", dict(kernel_shape=[2, 3], strides=[2, 1], pads=[1, 0, 0, 1], count_include_pad=0, ceil_mode=1)),
+        ("MaxPool", dict(kernel_shape=[2, 2], strides=[1, 2], pads=[0, 1, 1, 0], dilations=[2, 1])),
+        ("LpPool", dict(kernel_shape=[2, 2], strides=[2, 1], p=3)),
+        ("GlobalLpPool", dict(p=2)),
+        ("GlobalAveragePool", dict()),
+        ("GlobalMaxPool", dict()),
+    ],
+)
 def test_pool_grads(op, attrs):
     check_op_grads(op, {"x": rand(1, 1, 5, 4)}, opset=22, **attrs)
 
@@ -316,8 +356,9 @@ def test_max_unpool_inverts_max_pool(opset):
     y, idx = ort_expected("MaxPool", {"x": x}, 2, opset=12, **attrs)
     expected = np.zeros(x.size, np.float32)
     expected[idx.reshape(-1)] = y.reshape(-1)
-    assert_matches_reference("MaxUnpool", {"x": y, "i": idx}, opset=opset,
-                             expected=[expected.reshape(x.shape)], **attrs)
+    assert_matches_reference(
+        "MaxUnpool", {"x": y, "i": idx}, opset=opset, expected=[expected.reshape(x.shape)], **attrs
+    )
 
 
 def test_max_unpool_output_shape_indexes_the_output():
@@ -328,23 +369,30 @@ def test_max_unpool_output_shape_indexes_the_output():
     y, idx = ort_expected("MaxPool", {"x": x}, 2, opset=12, **attrs)
     inputs = {"x": y, "i": idx, "shape": np.array(x.shape, np.int64)}
     expected = ort_expected("MaxUnpool", inputs, opset=11, **attrs)
-    got = assert_matches_reference("MaxUnpool", inputs, opset=11, expected=expected,
-                                   initializers=["shape"], **attrs)
+    got = assert_matches_reference("MaxUnpool", inputs, opset=11, expected=expected, initializers=["shape"], **attrs)
     assert got[0].shape == x.shape
 
 
 # ----------------------------------------------------------------------------- products
 
 
-@pytest.mark.parametrize("opset,trans_a,trans_b,c_shape", [
-    (7, 0, 0, (3, 5)), (9, 1, 0, (5,)), (11, 0, 1, (1, 5)), (13, 1, 1, (3, 1)), (13, 0, 0, ()),
-])
+@pytest.mark.parametrize(
+    "opset,trans_a,trans_b,c_shape",
+    [
+        (7, 0, 0, (3, 5)),
+        (9, 1, 0, (5,)),
+        (11, 0, 1, (1, 5)),
+        (13, 1, 1, (3, 1)),
+        (13, 0, 0, ()),
+    ],
+)
 def test_gemm(opset, trans_a, trans_b, c_shape):
     a = rand(*((4, 3) if trans_a else (3, 4)))
     b = rand(*((5, 4) if trans_b else (4, 5)))
     inputs = {"a": a, "b": b, "c": rand(*c_shape)}
-    assert_matches_reference("Gemm", inputs, opset=opset, transA=trans_a, transB=trans_b, alpha=0.5, beta=2.0,
-                             rtol=1e-5, atol=1e-5)
+    assert_matches_reference(
+        "Gemm", inputs, opset=opset, transA=trans_a, transB=trans_b, alpha=0.5, beta=2.0, rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("opset", [11, 13])
@@ -356,10 +404,24 @@ def test_gemm_without_c(opset):
 def test_gemm_legacy_broadcast(opset):
     # Opsets 1-6: C broadcasts only with broadcast=1 (changelog); numpy gives the value.
     a, b, c = rand(3, 4), rand(4, 5), rand(5)
-    assert_matches_reference("Gemm", {"a": a, "b": b, "c": c}, opset=opset, broadcast=1, beta=0.5,
-                             expected=[a @ b + 0.5 * c], rtol=1e-5, atol=1e-5)
-    assert_matches_reference("Gemm", {"a": a, "b": b, "c": rand(3, 5)}, opset=opset, rtol=1e-5, atol=1e-5,
-                             expected=lambda a, b, c: [a @ b + c])
+    assert_matches_reference(
+        "Gemm",
+        {"a": a, "b": b, "c": c},
+        opset=opset,
+        broadcast=1,
+        beta=0.5,
+        expected=[a @ b + 0.5 * c],
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    assert_matches_reference(
+        "Gemm",
+        {"a": a, "b": b, "c": rand(3, 5)},
+        opset=opset,
+        rtol=1e-5,
+        atol=1e-5,
+        expected=lambda a, b, c: [a @ b + c],
+    )
     inputs = {"a": a, "b": b, "c": c}
     with pytest.raises(errors.NodeError, match="broadcast=1"):
         run_jonnx(node_model("Gemm", inputs, opset=opset), inputs)
@@ -371,26 +433,36 @@ def test_gemm_bad_c_is_an_error():
         run_jonnx(node_model("Gemm", inputs, opset=13), inputs)
 
 
-@pytest.mark.parametrize("opset,dtype,shapes", [
-    (1, np.float32, ((3, 4), (4, 5))), (9, np.float64, ((4,), (4, 5))), (13, np.int32, ((3, 4), (4,))),
-    (13, np.int64, ((4,), (4,))), (9, np.int64, ((2, 1, 3, 4), (5, 4, 2))), (13, np.float32, ((2, 3, 4), (4, 2))),
-])
+@pytest.mark.parametrize(
+    "opset,dtype,shapes",
+    [
+        (1, np.float32, ((3, 4), (4, 5))),
+        (9, np.float64, ((4,), (4, 5))),
+        (13, np.int32, ((3, 4), (4,))),
+        (13, np.int64, ((4,), (4,))),
+        (9, np.int64, ((2, 1, 3, 4), (5, 4, 2))),
+        (13, np.float32, ((2, 3, 4), (4, 2))),
+    ],
+)
 def test_matmul(opset, shapes, dtype):
     a = (RNG.standard_normal(shapes[0]) * 5).astype(dtype)
     b = (RNG.standard_normal(shapes[1]) * 5).astype(dtype)
     assert_matches_reference("MatMul", {"a": a, "b": b}, opset=opset, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("equation,shapes", [
-    ("ij,jk->ik", [(3, 4), (4, 5)]),
-    ("bij, bjk -> bik", [(2, 3, 4), (2, 4, 5)]),
-    ("ii->i", [(4, 4)]),
-    ("ij", [(3, 4)]),
-    ("ji", [(3, 4)]),
-    ("...ij,...jk", [(2, 3, 4), (4, 5)]),
-    ("i,i", [(5,), (5,)]),
-    ("abc,cd,de->abe", [(2, 3, 4), (4, 5), (5, 2)]),
-])
+@pytest.mark.parametrize(
+    "equation,shapes",
+    [
+        ("ij,jk->ik", [(3, 4), (4, 5)]),
+        ("bij, bjk -> bik", [(2, 3, 4), (2, 4, 5)]),
+        ("ii->i", [(4, 4)]),
+        ("ij", [(3, 4)]),
+        ("ji", [(3, 4)]),
+        ("...ij,...jk", [(2, 3, 4), (4, 5)]),
+        ("i,i", [(5,), (5,)]),
+        ("abc,cd,de->abe", [(2, 3, 4), (4, 5), (5, 2)]),
+    ],
+)
 def test_einsum(equation, shapes):
     opset = 28 if "," in equation else 12
     inputs = {f"x{i}": rand(*s) for i, s in enumerate(shapes)}
@@ -403,11 +475,14 @@ def test_einsum_operand_count_is_checked():
         run_jonnx(node_model("Einsum", inputs, opset=12, equation="ij,jk->ik"), inputs)
 
 
-@pytest.mark.parametrize("op,inputs,attrs", [
-    ("Gemm", {"a": rand(4, 3), "b": rand(2, 4), "c": rand(2)}, dict(transA=1, transB=1, alpha=0.7, beta=1.3)),
-    ("MatMul", {"a": rand(2, 3, 4), "b": rand(4, 2)}, {}),
-    ("Einsum", {"a": rand(2, 3), "b": rand(3, 4)}, dict(equation="ij,jk->ki")),
-])
+@pytest.mark.parametrize(
+    "op,inputs,attrs",
+    [
+        ("Gemm", {"a": rand(4, 3), "b": rand(2, 4), "c": rand(2)}, dict(transA=1, transB=1, alpha=0.7, beta=1.3)),
+        ("MatMul", {"a": rand(2, 3, 4), "b": rand(4, 2)}, {}),
+        ("Einsum", {"a": rand(2, 3), "b": rand(3, 4)}, dict(equation="ij,jk->ki")),
+    ],
+)
 def test_product_grads(op, inputs, attrs):
     check_op_grads(op, inputs, opset=13 if op != "Einsum" else 12, **attrs)
 
@@ -415,19 +490,24 @@ def test_product_grads(op, inputs, attrs):
 # ----------------------------------------------------------------------------- Col2Im, DeformConv
 
 
-@pytest.mark.parametrize("image,block,attrs", [
-    ((5, 5), (2, 2), {}),
-    ((5, 6), (2, 3), dict(strides=[2, 1], pads=[1, 0, 1, 2], dilations=[1, 2])),
-    ((6,), (3,), dict(strides=[2])),
-])
+@pytest.mark.parametrize(
+    "image,block,attrs",
+    [
+        ((5, 5), (2, 2), {}),
+        ((5, 6), (2, 3), dict(strides=[2, 1], pads=[1, 0, 1, 2], dilations=[1, 2])),
+        ((6,), (3,), dict(strides=[2])),
+    ],
+)
 def test_col2im(image, block, attrs):
     n, c = 2, 3
     nd = len(image)
     strides = attrs.get("strides", [1] * nd)
     dil = attrs.get("dilations", [1] * nd)
     pads = attrs.get("pads", [0] * 2 * nd)
-    out = [(i + pads[d] + pads[d + nd] - (k - 1) * dil[d] - 1) // strides[d] + 1
-           for d, (i, k) in enumerate(zip(image, block))]
+    out = [
+        (i + pads[d] + pads[d + nd] - (k - 1) * dil[d] - 1) // strides[d] + 1
+        for d, (i, k) in enumerate(zip(image, block))
+    ]
     x = rand(n, c * int(np.prod(block)), int(np.prod(out)))
     inputs = {"x": x, "image": np.array(image, np.int64), "block": np.array(block, np.int64)}
     expected = None
@@ -438,16 +518,20 @@ def test_col2im(image, block, attrs):
         for k in range(block[0]):
             for o in range(out[0]):
                 y[:, :, o * strides[0] + k * dil[0]] += cols[:, :, k, o]
-        expected = [y[:, :, pads[0]:pads[0] + image[0]]]
-    assert_matches_reference("Col2Im", inputs, opset=18, initializers=["image", "block"], expected=expected,
-                             rtol=1e-5, atol=1e-5, **attrs)
+        expected = [y[:, :, pads[0] : pads[0] + image[0]]]
+    assert_matches_reference(
+        "Col2Im", inputs, opset=18, initializers=["image", "block"], expected=expected, rtol=1e-5, atol=1e-5, **attrs
+    )
 
 
-@pytest.mark.parametrize("opset,attrs,with_mask,with_bias", [
-    (19, {}, False, False),
-    (22, dict(pads=[1, 1, 1, 1], strides=[2, 1]), True, True),
-    (22, dict(group=2, offset_group=2, dilations=[1, 2]), True, False),
-])
+@pytest.mark.parametrize(
+    "opset,attrs,with_mask,with_bias",
+    [
+        (19, {}, False, False),
+        (22, dict(pads=[1, 1, 1, 1], strides=[2, 1]), True, True),
+        (22, dict(group=2, offset_group=2, dilations=[1, 2]), True, False),
+    ],
+)
 def test_deform_conv(opset, attrs, with_mask, with_bias):
     group, offset_group = attrs.get("group", 1), attrs.get("offset_group", 1)
     # Small shapes: the ReferenceEvaluator samples each output cell in a Python loop.
@@ -455,7 +539,9 @@ def test_deform_conv(opset, attrs, with_mask, with_bias):
     strides, dil, pads = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1]), attrs.get("pads", [0] * 4)
     out = [(s + pads[d] + pads[d + 2] - dil[d] - 1) // strides[d] + 1 for d, s in enumerate((3, 4))]
     inputs = {
-        "x": x, "w": w, "offset": rand(1, offset_group * 8, *out),
+        "x": x,
+        "w": w,
+        "offset": rand(1, offset_group * 8, *out),
         "b": rand(2) if with_bias else None,
         "mask": RNG.uniform(0, 1, (1, offset_group * 4, *out)).astype(np.float32) if with_mask else None,
     }
@@ -467,14 +553,25 @@ def test_deform_conv_grads():
     check_op_grads("DeformConv", inputs, opset=22, wrt=["x", "w"])
 
 
-@pytest.mark.parametrize("op,inputs,attrs,match", [
-    ("ConvTranspose", {"x": rand(1, 3, 4, 4), "w": rand(3, 2, 3, 3)}, dict(group=2), "divisible by group=2"),
-    ("MaxUnpool", {"x": rand(1, 1, 2, 2), "i": np.zeros((1, 1, 2, 3), np.int64)}, dict(kernel_shape=[2, 2]),
-     "must have X's shape"),
-    ("DeformConv", {"x": rand(1, 2, 4, 4), "w": rand(2, 2, 2, 2), "offset": rand(1, 8, 2, 2)}, {},
-     r"differs from the output shape \(3, 3\)"),
-    ("AveragePool", {"x": rand(1, 1, 4, 4)}, dict(kernel_shape=[2]), "kernel_shape"),
-])
+@pytest.mark.parametrize(
+    "op,inputs,attrs,match",
+    [
+        ("ConvTranspose", {"x": rand(1, 3, 4, 4), "w": rand(3, 2, 3, 3)}, dict(group=2), "divisible by group=2"),
+        (
+            "MaxUnpool",
+            {"x": rand(1, 1, 2, 2), "i": np.zeros((1, 1, 2, 3), np.int64)},
+            dict(kernel_shape=[2, 2]),
+            "must have X's shape",
+        ),
+        (
+            "DeformConv",
+            {"x": rand(1, 2, 4, 4), "w": rand(2, 2, 2, 2), "offset": rand(1, 8, 2, 2)},
+            {},
+            r"differs from the output shape \(3, 3\)",
+        ),
+        ("AveragePool", {"x": rand(1, 1, 4, 4)}, dict(kernel_shape=[2]), "kernel_shape"),
+    ],
+)
 def test_bad_inputs_are_errors(op, inputs, attrs, match):
     model = node_model(op, inputs, opset=22, **attrs)
     with pytest.raises(errors.NodeError, match=match):

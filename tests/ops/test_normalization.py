@@ -41,34 +41,56 @@ def _bn_train_numpy(x, s, b, mean, var, momentum=0.9, eps=1e-5, spatial=True):
 
 
 def _bn_inputs(c=3, shape=(2, 3, 4, 5)):
-    return {"x": _f32(*shape), "s": _f32(c), "b": _f32(c), "mean": _f32(c),
-            "var": RNG.uniform(0.5, 1.5, c).astype(np.float32)}
+    return {
+        "x": _f32(*shape),
+        "s": _f32(c),
+        "b": _f32(c),
+        "mean": _f32(c),
+        "var": RNG.uniform(0.5, 1.5, c).astype(np.float32),
+    }
 
 
-@pytest.mark.parametrize("opset,attrs", [
-    (6, {"is_test": 1}), (7, {}), (9, {}), (14, {}), (15, {"training_mode": 0}),
-])
+@pytest.mark.parametrize(
+    "opset,attrs",
+    [
+        (6, {"is_test": 1}),
+        (7, {}),
+        (9, {}),
+        (14, {}),
+        (15, {"training_mode": 0}),
+    ],
+)
 def test_batchnorm_inference(opset, attrs):
     # numpy: the ReferenceEvaluator's BatchNormalization_9 runs training statistics whenever
     # `momentum` is set (it always is, by default), which opset 9 does not say.
     inputs = _bn_inputs()
-    assert_matches_reference("BatchNormalization", inputs, opset=opset, epsilon=1e-3, **attrs,
-                             expected=lambda *a: [_bn_numpy(*a, eps=1e-3)])
+    assert_matches_reference(
+        "BatchNormalization", inputs, opset=opset, epsilon=1e-3, **attrs, expected=lambda *a: [_bn_numpy(*a, eps=1e-3)]
+    )
 
 
 @pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5), (2, 3, 2, 2, 2)])
 def test_batchnorm_training_mode_attribute(shape):
     inputs = _bn_inputs(shape=shape)
-    out = assert_matches_reference("BatchNormalization", inputs, 3, opset=15, training_mode=1,
-                                   momentum=0.8, rtol=1e-4, atol=1e-5)
+    out = assert_matches_reference(
+        "BatchNormalization", inputs, 3, opset=15, training_mode=1, momentum=0.8, rtol=1e-4, atol=1e-5
+    )
     want = _bn_train_numpy(*inputs.values(), momentum=0.8)
     np.testing.assert_allclose(out[2], want[2], rtol=1e-5)
 
 
 def test_batchnorm_opset6_is_test_0_trains_with_five_outputs():
     inputs = _bn_inputs()
-    assert_matches_reference("BatchNormalization", inputs, 5, opset=6, is_test=0,
-                             expected=lambda *a: _bn_train_numpy(*a), rtol=1e-4, atol=1e-5)
+    assert_matches_reference(
+        "BatchNormalization",
+        inputs,
+        5,
+        opset=6,
+        is_test=0,
+        expected=lambda *a: _bn_train_numpy(*a),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("opset", [1, 6, 7])
@@ -80,10 +102,15 @@ def test_batchnorm_spatial0_per_activation(opset):
     legacy = {"is_test": 1} if opset < 7 else {}
     if opset == 1:
         legacy["consumed_inputs"] = [0, 0, 0, 1, 1]
-    assert_matches_reference("BatchNormalization", inputs, opset=opset, spatial=0, **legacy,
-                             expected=lambda *a: [_bn_numpy(*a, spatial=False)])
-    got = jonnx.ops.call("BatchNormalization", *inputs.values(), opset=opset, spatial=0, train=True,
-                         **legacy)
+    assert_matches_reference(
+        "BatchNormalization",
+        inputs,
+        opset=opset,
+        spatial=0,
+        **legacy,
+        expected=lambda *a: [_bn_numpy(*a, spatial=False)],
+    )
+    got = jonnx.ops.call("BatchNormalization", *inputs.values(), opset=opset, spatial=0, train=True, **legacy)
     want = _bn_train_numpy(*inputs.values(), spatial=False)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5)
@@ -107,8 +134,9 @@ def test_batchnorm_running_statistics_carry_no_gradient():
     inputs = _bn_inputs()
 
     def stats(x, mean):
-        _, new_mean, new_var = jonnx.ops.call("BatchNormalization", x, inputs["s"], inputs["b"], mean,
-                                              inputs["var"], opset=15, training_mode=1)
+        _, new_mean, new_var = jonnx.ops.call(
+            "BatchNormalization", x, inputs["s"], inputs["b"], mean, inputs["var"], opset=15, training_mode=1
+        )
         return new_mean.sum() + new_var.sum()
 
     gx, gm = jax.grad(stats, argnums=(0, 1))(inputs["x"], inputs["mean"])
@@ -118,15 +146,20 @@ def test_batchnorm_running_statistics_carry_no_gradient():
 
 def test_batchnorm_training_gradients():
     inputs = _bn_inputs(shape=(3, 3, 2))
-    check_op_grads("BatchNormalization", inputs, opset=15, training_mode=1, n_outputs=3,
-                   wrt=["x", "s", "b"])
+    check_op_grads("BatchNormalization", inputs, opset=15, training_mode=1, n_outputs=3, wrt=["x", "s", "b"])
 
 
 def test_batchnorm_float16_input_with_float32_parameters():
     inputs = _bn_inputs()
     inputs["x"] = inputs["x"].astype(np.float16)
-    assert_matches_reference("BatchNormalization", inputs, opset=15, rtol=2e-3, atol=2e-3,
-                             expected=lambda x, *p: [_bn_numpy(x.astype(np.float32), *p).astype(np.float16)])
+    assert_matches_reference(
+        "BatchNormalization",
+        inputs,
+        opset=15,
+        rtol=2e-3,
+        atol=2e-3,
+        expected=lambda x, *p: [_bn_numpy(x.astype(np.float32), *p).astype(np.float16)],
+    )
 
 
 # -- Instance, layer, group, RMS normalization ------------------------------------------------
@@ -136,8 +169,7 @@ def test_batchnorm_float16_input_with_float32_parameters():
 @pytest.mark.parametrize("shape", [(2, 3, 4), (2, 3, 4, 5)])
 def test_instance_normalization(opset, shape):
     inputs = {"x": _f32(*shape), "s": _f32(3), "b": _f32(3)}
-    assert_matches_reference("InstanceNormalization", inputs, opset=opset, epsilon=1e-2,
-                             rtol=1e-5, atol=1e-5)
+    assert_matches_reference("InstanceNormalization", inputs, opset=opset, epsilon=1e-2, rtol=1e-5, atol=1e-5)
 
 
 def test_instance_normalization_opset1_and_gradients():
@@ -147,8 +179,9 @@ def test_instance_normalization_opset1_and_gradients():
         return [(s[:, None] * (x - mean) / np.sqrt(var + 1e-5) + b[:, None]).astype(x.dtype)]
 
     inputs = {"x": _f32(2, 3, 4), "s": _f32(3), "b": _f32(3)}
-    assert_matches_reference("InstanceNormalization", inputs, opset=1, consumed_inputs=[0, 0, 0],
-                             rtol=1e-5, atol=1e-5, expected=expected)
+    assert_matches_reference(
+        "InstanceNormalization", inputs, opset=1, consumed_inputs=[0, 0, 0], rtol=1e-5, atol=1e-5, expected=expected
+    )
     check_op_grads("InstanceNormalization", inputs, opset=22)
 
 
@@ -156,10 +189,9 @@ def test_instance_normalization_opset1_and_gradients():
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_layer_normalization(axis, with_bias):
     x = _f32(2, 3, 4)
-    norm_shape = x.shape[axis % 3:]
+    norm_shape = x.shape[axis % 3 :]
     inputs = {"x": x, "w": _f32(*norm_shape), "b": _f32(*norm_shape) if with_bias else None}
-    assert_matches_reference("LayerNormalization", inputs, 3, opset=17, axis=axis, epsilon=1e-3,
-                             rtol=1e-5, atol=1e-5)
+    assert_matches_reference("LayerNormalization", inputs, 3, opset=17, axis=axis, epsilon=1e-3, rtol=1e-5, atol=1e-5)
 
 
 def test_layer_normalization_float16_uses_float32_statistics():
@@ -172,8 +204,9 @@ def test_layer_normalization_float16_uses_float32_statistics():
         inv = 1 / np.sqrt(((x32 - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
         return [((x32 - mean) * inv).astype(np.float16) * w + b, mean, inv]
 
-    assert_matches_reference("LayerNormalization", {"x": x, "w": w, "b": b}, 3, opset=17,
-                             expected=expected, rtol=2e-3, atol=2e-3)
+    assert_matches_reference(
+        "LayerNormalization", {"x": x, "w": w, "b": b}, 3, opset=17, expected=expected, rtol=2e-3, atol=2e-3
+    )
 
 
 def test_layer_normalization_gradients():
@@ -183,7 +216,7 @@ def test_layer_normalization_gradients():
 def _group_norm_numpy(x, scale, bias, groups, eps=1e-5, per_channel=True):
     n, c = x.shape[:2]
     g = x.reshape(n, groups, -1)
-    normed = ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + eps))
+    normed = (g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + eps)
     trailing = (1,) * (x.ndim - 2)
     if per_channel:
         normed = normed.reshape(x.shape)
@@ -195,8 +228,15 @@ def _group_norm_numpy(x, scale, bias, groups, eps=1e-5, per_channel=True):
 def test_group_normalization_21_per_channel(groups):
     x = _f32(2, 4, 3, 2)
     inputs = {"x": x, "s": _f32(4), "b": _f32(4)}
-    assert_matches_reference("GroupNormalization", inputs, opset=21, num_groups=groups, rtol=1e-5,
-                             atol=1e-5, expected=lambda x, s, b: [_group_norm_numpy(x, s, b, groups)])
+    assert_matches_reference(
+        "GroupNormalization",
+        inputs,
+        opset=21,
+        num_groups=groups,
+        rtol=1e-5,
+        atol=1e-5,
+        expected=lambda x, s, b: [_group_norm_numpy(x, s, b, groups)],
+    )
 
 
 @pytest.mark.parametrize("groups", [1, 2])
@@ -205,8 +245,14 @@ def test_group_normalization_18_per_group(groups):
     x = _f32(2, 4, 3)
     inputs = {"x": x, "s": _f32(groups), "b": _f32(groups)}
     assert_matches_reference(
-        "GroupNormalization", inputs, opset=18, num_groups=groups, rtol=1e-5, atol=1e-5,
-        expected=lambda x, s, b: [_group_norm_numpy(x, s, b, groups, per_channel=False)])
+        "GroupNormalization",
+        inputs,
+        opset=18,
+        num_groups=groups,
+        rtol=1e-5,
+        atol=1e-5,
+        expected=lambda x, s, b: [_group_norm_numpy(x, s, b, groups, per_channel=False)],
+    )
     if groups == 2:
         check_op_grads("GroupNormalization", inputs, opset=18, num_groups=groups)
 
@@ -221,7 +267,7 @@ def test_group_normalization_groups_must_divide_channels():
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_rms_normalization(axis):
     x = _f32(2, 3, 4)
-    inputs = {"x": x, "s": _f32(*x.shape[axis % 3:])}
+    inputs = {"x": x, "s": _f32(*x.shape[axis % 3 :])}
     assert_matches_reference("RMSNormalization", inputs, opset=23, axis=axis, rtol=1e-5, atol=1e-5)
     check_op_grads("RMSNormalization", inputs, opset=23, axis=axis)
 
@@ -235,11 +281,12 @@ def test_lp_normalization(opset, p, axis):
     # numpy: the ReferenceEvaluator sums x**p without abs, wrong for p=1 with negative entries.
     x = _f32(3, 4)
     x[1] = 0.0  # an all-zero row gives zeros
+
     def expected(x):
         norm = np.sum(np.abs(x) ** p, axis=axis, keepdims=True) ** (1 / p)
         return [np.where(norm == 0, 0, x / np.where(norm == 0, 1, norm)).astype(x.dtype)]
-    assert_matches_reference("LpNormalization", {"x": x}, opset=opset, p=p, axis=axis,
-                             expected=expected)
+
+    assert_matches_reference("LpNormalization", {"x": x}, opset=opset, p=p, axis=axis, expected=expected)
 
 
 def test_lp_normalization_gradient_finite_at_zero():
@@ -260,8 +307,9 @@ def test_lp_normalization_rejects_p3():
 @pytest.mark.parametrize("axes", [None, [1], [0, 1, 2, 3]])
 def test_mean_variance_normalization(opset, axes):
     attrs = {} if axes is None else {"axes": axes}
-    assert_matches_reference("MeanVarianceNormalization", {"x": _f32(2, 3, 2, 4)}, opset=opset,
-                             rtol=1e-4, atol=1e-5, **attrs)
+    assert_matches_reference(
+        "MeanVarianceNormalization", {"x": _f32(2, 3, 2, 4)}, opset=opset, rtol=1e-4, atol=1e-5, **attrs
+    )
 
 
 def test_mean_variance_normalization_gradients():
@@ -274,7 +322,7 @@ def _lrn_numpy(x, size, alpha=1e-4, beta=0.75, bias=1.0):
     sq = np.zeros_like(x)
     for i in range(c):
         lo, hi = max(0, i - (size - 1) // 2), min(c - 1, i + math.ceil((size - 1) / 2))
-        sq[:, i] = (x[:, lo:hi + 1] ** 2).sum(axis=1)
+        sq[:, i] = (x[:, lo : hi + 1] ** 2).sum(axis=1)
     return (x / (bias + alpha / size * sq) ** beta).astype(x.dtype)
 
 
@@ -282,8 +330,18 @@ def _lrn_numpy(x, size, alpha=1e-4, beta=0.75, bias=1.0):
 @pytest.mark.parametrize("size,shape", [(3, (2, 5, 3, 3)), (4, (1, 6, 2)), (1, (2, 3, 2, 2))])
 def test_lrn(opset, size, shape):
     x = _f32(*shape)
-    assert_matches_reference("LRN", {"x": x}, opset=opset, size=size, alpha=0.5, beta=0.6, bias=2.0,
-                             expected=lambda x: [_lrn_numpy(x, size, 0.5, 0.6, 2.0)], rtol=1e-5, atol=1e-6)
+    assert_matches_reference(
+        "LRN",
+        {"x": x},
+        opset=opset,
+        size=size,
+        alpha=0.5,
+        beta=0.6,
+        bias=2.0,
+        expected=lambda x: [_lrn_numpy(x, size, 0.5, 0.6, 2.0)],
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_lrn_gradients():
@@ -293,22 +351,32 @@ def test_lrn_gradients():
 # -- Dropout -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("opset,attrs,mask_dtype", [
-    (1, {"is_test": 1}, np.float32), (6, {"is_test": 1}, np.float32), (7, {}, np.float32),
-    (10, {}, np.bool_), (12, {}, np.bool_), (13, {}, np.bool_), (22, {}, np.bool_),
-])
+@pytest.mark.parametrize(
+    "opset,attrs,mask_dtype",
+    [
+        (1, {"is_test": 1}, np.float32),
+        (6, {"is_test": 1}, np.float32),
+        (7, {}, np.float32),
+        (10, {}, np.bool_),
+        (12, {}, np.bool_),
+        (13, {}, np.bool_),
+        (22, {}, np.bool_),
+    ],
+)
 def test_dropout_inference_is_identity_with_all_true_mask(opset, attrs, mask_dtype):
     x = _f32(3, 4)
-    out = assert_matches_reference("Dropout", {"x": x}, 2, opset=opset, **attrs,
-                                   expected=[x, np.ones(x.shape, mask_dtype)])
+    out = assert_matches_reference(
+        "Dropout", {"x": x}, 2, opset=opset, **attrs, expected=[x, np.ones(x.shape, mask_dtype)]
+    )
     assert out[1].dtype == mask_dtype
 
 
 def test_dropout_training_mode_false_input_is_identity():
     x = _f32(3, 4)
     inputs = {"x": x, "r": np.array(0.7, np.float32), "t": np.array(False)}
-    assert_matches_reference("Dropout", inputs, 2, opset=13, initializers=["r", "t"],
-                             expected=[x, np.ones(x.shape, bool)])
+    assert_matches_reference(
+        "Dropout", inputs, 2, opset=13, initializers=["r", "t"], expected=[x, np.ones(x.shape, bool)]
+    )
 
 
 @pytest.mark.parametrize("opset,how", [(13, "input"), (22, "train"), (10, "train"), (6, "is_test")])
@@ -329,8 +397,7 @@ def test_dropout_training_masks_and_scales(opset, how):
     assert abs(mask.mean() - (1 - ratio)) < 0.02
     # Same key, same mask; another key, another mask (no fixed seed anywhere).
     again = jonnx.ops.call("Dropout", x, np.float32(ratio), np.array(True), opset=13, key=key)[1]
-    other = jonnx.ops.call("Dropout", x, np.float32(ratio), np.array(True), opset=13,
-                           key=jax.random.key(8))[1]
+    other = jonnx.ops.call("Dropout", x, np.float32(ratio), np.array(True), opset=13, key=jax.random.key(8))[1]
     assert not np.array_equal(np.asarray(again), np.asarray(other))
 
 

@@ -92,14 +92,19 @@ def test_adagrad(dtype, n, t):
     attrs = dict(norm_coefficient=f32(0.01), decay_factor=f32(0.1), epsilon=f32(1e-5))
     inputs = optimizer_inputs(n, 1, dtype, t)
     want = grouped_reference(ref_adagrad, inputs, n, 1, dtype, **attrs)
-    assert_matches_reference("Adagrad", inputs, 2 * n, opset=1, domain=TRAINING, expected=want,
-                             **attrs)
+    assert_matches_reference("Adagrad", inputs, 2 * n, opset=1, domain=TRAINING, expected=want, **attrs)
 
 
 def test_adagrad_defaults():
     inputs = optimizer_inputs(1, 1, np.float32, 2)
     want = grouped_reference(
-        ref_adagrad, inputs, 1, 1, np.float32, norm_coefficient=0.0, decay_factor=0.0,
+        ref_adagrad,
+        inputs,
+        1,
+        1,
+        np.float32,
+        norm_coefficient=0.0,
+        decay_factor=0.0,
         epsilon=f32(1e-6),
     )
     assert_matches_reference("Adagrad", inputs, 2, opset=1, domain=TRAINING, expected=want)
@@ -110,20 +115,30 @@ def test_adagrad_defaults():
 @pytest.mark.parametrize("t", [0, 1, 7])
 def test_adam(dtype, n, t):
     attrs = dict(
-        norm_coefficient=f32(0.001), norm_coefficient_post=f32(0.02), alpha=f32(0.85),
-        beta=f32(0.95), epsilon=f32(1e-7),
+        norm_coefficient=f32(0.001),
+        norm_coefficient_post=f32(0.02),
+        alpha=f32(0.85),
+        beta=f32(0.95),
+        epsilon=f32(1e-7),
     )
     inputs = optimizer_inputs(n, 2, dtype, t)
     want = grouped_reference(ref_adam, inputs, n, 2, dtype, **attrs)
-    assert_matches_reference("Adam", inputs, 3 * n, opset=1, domain=TRAINING, expected=want,
-                             **attrs)
+    assert_matches_reference("Adam", inputs, 3 * n, opset=1, domain=TRAINING, expected=want, **attrs)
 
 
 def test_adam_defaults():
     inputs = optimizer_inputs(1, 2, np.float32, 3)
     want = grouped_reference(
-        ref_adam, inputs, 1, 2, np.float32, norm_coefficient=0.0, norm_coefficient_post=0.0,
-        alpha=f32(0.9), beta=f32(0.999), epsilon=f32(1e-6),
+        ref_adam,
+        inputs,
+        1,
+        2,
+        np.float32,
+        norm_coefficient=0.0,
+        norm_coefficient_post=0.0,
+        alpha=f32(0.9),
+        beta=f32(0.999),
+        epsilon=f32(1e-6),
     )
     assert_matches_reference("Adam", inputs, 3, opset=1, domain=TRAINING, expected=want, rtol=1e-4)
 
@@ -136,8 +151,7 @@ def test_momentum(mode, dtype, n, t):
     attrs = dict(norm_coefficient=f32(0.01), alpha=f32(0.9), beta=f32(0.3), mode=mode)
     inputs = optimizer_inputs(n, 1, dtype, t)
     want = grouped_reference(ref_momentum, inputs, n, 1, dtype, **attrs)
-    assert_matches_reference("Momentum", inputs, 2 * n, opset=1, domain=TRAINING, expected=want,
-                             **attrs)
+    assert_matches_reference("Momentum", inputs, 2 * n, opset=1, domain=TRAINING, expected=want, **attrs)
 
 
 def test_float64_rate_keeps_float32_tensors():
@@ -146,8 +160,7 @@ def test_float64_rate_keeps_float32_tensors():
     inputs["R"] = np.array(0.1, np.float64)
     attrs = dict(norm_coefficient=0.0, alpha=f32(0.9), beta=f32(0.5), mode="standard")
     want = grouped_reference(ref_momentum, inputs, 1, 1, np.float32, **attrs)
-    assert_matches_reference("Momentum", inputs, 2, opset=1, domain=TRAINING, expected=want,
-                             **attrs)
+    assert_matches_reference("Momentum", inputs, 2, opset=1, domain=TRAINING, expected=want, **attrs)
 
 
 def test_step_count_is_traced_once():
@@ -161,8 +174,7 @@ def test_step_count_is_traced_once():
         inputs["T"] = np.array(t, np.int64)
         with jax.enable_x64(True):
             got = m(*inputs.values())
-        want = ref_adam(*inputs.values(), norm_coefficient=0.0, norm_coefficient_post=0.0,
-                        epsilon=f32(1e-6), **attrs)
+        want = ref_adam(*inputs.values(), norm_coefficient=0.0, norm_coefficient_post=0.0, epsilon=f32(1e-6), **attrs)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
@@ -172,34 +184,68 @@ def test_adam_grads(t):
     # T = 0 exercises the masked bias-correction branch: its gradient must stay finite.
     inputs = optimizer_inputs(2, 2, np.float64, t)
     for out in range(6):
-        check_op_grads("Adam", inputs, opset=1, domain=TRAINING, n_outputs=6, output=out,
-                       alpha=0.8, beta=0.9, norm_coefficient=0.01)
+        check_op_grads(
+            "Adam",
+            inputs,
+            opset=1,
+            domain=TRAINING,
+            n_outputs=6,
+            output=out,
+            alpha=0.8,
+            beta=0.9,
+            norm_coefficient=0.01,
+        )
 
 
 @pytest.mark.parametrize("t", [0, 3])
 def test_adagrad_grads(t):
     inputs = optimizer_inputs(1, 1, np.float64, t)
     for out in range(2):
-        check_op_grads("Adagrad", inputs, opset=1, domain=TRAINING, n_outputs=2, output=out,
-                       decay_factor=0.1, norm_coefficient=0.01)
+        check_op_grads(
+            "Adagrad",
+            inputs,
+            opset=1,
+            domain=TRAINING,
+            n_outputs=2,
+            output=out,
+            decay_factor=0.1,
+            norm_coefficient=0.01,
+        )
 
 
 @pytest.mark.parametrize("mode", ["standard", "nesterov"])
 def test_momentum_grads(mode):
     inputs = optimizer_inputs(1, 1, np.float64, 2)
     for out in range(2):
-        check_op_grads("Momentum", inputs, opset=1, domain=TRAINING, n_outputs=2, output=out,
-                       alpha=0.9, beta=0.5, norm_coefficient=0.01, mode=mode)
+        check_op_grads(
+            "Momentum",
+            inputs,
+            opset=1,
+            domain=TRAINING,
+            n_outputs=2,
+            output=out,
+            alpha=0.9,
+            beta=0.5,
+            norm_coefficient=0.01,
+            mode=mode,
+        )
 
 
 def test_direct_call():
     x, g, h = np.array([1.0], np.float32), np.array([-1.0], np.float32), np.array([2.0], np.float32)
     x_new, h_new = jonnx.ops.call(
-        "Adagrad", np.float32(0.1), np.int64(0), x, g, h, domain=TRAINING,
-        norm_coefficient=0.001, decay_factor=0.1, epsilon=1e-5,
+        "Adagrad",
+        np.float32(0.1),
+        np.int64(0),
+        x,
+        g,
+        h,
+        domain=TRAINING,
+        norm_coefficient=0.001,
+        decay_factor=0.1,
+        epsilon=1e-5,
     )
-    want_x, want_h = ref_adagrad(0.1, 0, x, g, h, norm_coefficient=0.001, decay_factor=0.1,
-                                 epsilon=1e-5)
+    want_x, want_h = ref_adagrad(0.1, 0, x, g, h, norm_coefficient=0.001, decay_factor=0.1, epsilon=1e-5)
     np.testing.assert_allclose(x_new, want_x, rtol=1e-6)
     np.testing.assert_allclose(h_new, want_h, rtol=1e-6)
 
@@ -210,11 +256,11 @@ def test_errors():
     with pytest.raises(jonnx.errors.NodeError, match="4 inputs per optimized tensor"):
         jonnx.ops.call("Adam", r, t, x, x, x, domain=TRAINING)
     with pytest.raises(jonnx.errors.NodeError, match="mode must be"):
-        jonnx.ops.call("Momentum", r, t, x, x, x, domain=TRAINING, alpha=0.9, beta=0.1,
-                       norm_coefficient=0.0, mode="heavy")
+        jonnx.ops.call(
+            "Momentum", r, t, x, x, x, domain=TRAINING, alpha=0.9, beta=0.1, norm_coefficient=0.0, mode="heavy"
+        )
     with pytest.raises(jonnx.errors.NodeError, match="missing required attribute.*mode"):
-        jonnx.ops.call("Momentum", r, t, x, x, x, domain=TRAINING, alpha=0.9, beta=0.1,
-                       norm_coefficient=0.0)
+        jonnx.ops.call("Momentum", r, t, x, x, x, domain=TRAINING, alpha=0.9, beta=0.1, norm_coefficient=0.0)
     with pytest.raises(jonnx.errors.NodeError, match="R and T must be scalars"):
         jonnx.ops.call("Adagrad", np.ones(2, np.float32), t, x, x, x, domain=TRAINING)
     with pytest.raises(jonnx.errors.NodeError, match="only run inside a model"):
@@ -226,7 +272,8 @@ def test_errors():
 
 def gradient_model(nodes, inputs, outputs, initializers=()):
     graph = oh.make_graph(
-        nodes, "g",
+        nodes,
+        "g",
         [oh.make_tensor_value_info(n, onnx.TensorProto.DOUBLE, s) for n, s in inputs],
         [oh.make_empty_tensor_value_info(o) for o in outputs],
         initializer=[numpy_helper.from_array(v, n) for n, v in initializers],
@@ -274,12 +321,12 @@ def test_gradient_intermediate_zs_and_initializer():
         oh.make_node("Mul", ["h", "z"], ["hz"]),
         oh.make_node("Mul", ["hz", "hz"], ["sq"]),
         oh.make_node("ReduceSum", ["sq"], ["y"], keepdims=0),
-        oh.make_node("Gradient", ["h1", "z"], ["dy_dh", "dy_dz"], domain=TRAINING,
-                     xs=["h", "z"], y="y"),
+        oh.make_node("Gradient", ["h1", "z"], ["dy_dh", "dy_dz"], domain=TRAINING, xs=["h", "z"], y="y"),
         oh.make_node("Gradient", ["x", "z"], ["dy_dx"], domain=TRAINING, xs=["x"], zs=["z"], y="y"),
     ]
-    m = gradient_model(nodes, [("x", [2]), ("z", [2]), ("h1", [2])],
-                       ["y", "dy_dh", "dy_dz", "dy_dx"], initializers=[("W", w)])
+    m = gradient_model(
+        nodes, [("x", [2]), ("z", [2]), ("h1", [2])], ["y", "dy_dh", "dy_dz", "dy_dx"], initializers=[("W", w)]
+    )
     x, z, h1 = np.array([0.5, -1.5]), np.array([2.0, 0.25]), np.array([1.0, -3.0])
     h = x @ w
     for y, dy_dh, dy_dz, dy_dx in run_both(m, x, z, h1):
@@ -295,10 +342,8 @@ def test_gradient_second_order():
         oh.make_node("Mul", ["w", "x"], ["p"]),
         oh.make_node("Mul", ["p", "p"], ["p2"]),
         oh.make_node("Mul", ["p2", "w"], ["o"]),  # o = w^3 x^2
-        oh.make_node("Gradient", ["x", "w"], ["do_dx", "do_dw"], domain=TRAINING,
-                     xs=["x", "w"], y="o"),
-        oh.make_node("Gradient", ["x", "w"], ["d2_dwdx", "d2_dw2"], domain=TRAINING,
-                     xs=["x", "w"], y="do_dw"),
+        oh.make_node("Gradient", ["x", "w"], ["do_dx", "do_dw"], domain=TRAINING, xs=["x", "w"], y="o"),
+        oh.make_node("Gradient", ["x", "w"], ["d2_dwdx", "d2_dw2"], domain=TRAINING, xs=["x", "w"], y="do_dw"),
     ]
     m = gradient_model(nodes, [("x", []), ("w", [])], ["do_dw", "d2_dwdx", "d2_dw2"])
     x, w = np.array(1.5), np.array(-0.5)

@@ -37,15 +37,20 @@ def test_quantize_per_tensor(opset, zp_dtype):
     x = _x()
     zp = np.array(3 if zp_dtype == np.int8 else 128, zp_dtype)
     assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(0.25), "zp": zp}, opset=opset)
-    assert_matches_reference("DequantizeLinear", {"q": x.astype(zp_dtype), "s": np.float32(0.25), "zp": zp},
-                             opset=opset, expected=None if opset >= 19 else _dequantize())
+    assert_matches_reference(
+        "DequantizeLinear",
+        {"q": x.astype(zp_dtype), "s": np.float32(0.25), "zp": zp},
+        opset=opset,
+        expected=None if opset >= 19 else _dequantize(),
+    )
 
 
 def test_quantize_rounds_half_to_even_and_saturates():
     x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 300.0, -300.0, 127.5], np.float32)
     want = np.clip(np.rint(x), -128, 127).astype(np.int8)
-    assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(1), "zp": np.int8(0)}, opset=13,
-                             expected=[want])
+    assert_matches_reference(
+        "QuantizeLinear", {"x": x, "s": np.float32(1), "zp": np.int8(0)}, opset=13, expected=[want]
+    )
 
 
 def test_quantize_without_zero_point_is_uint8():
@@ -63,8 +68,13 @@ def test_per_axis(opset, axis):
     zp = RNG.integers(-10, 10, n).astype(np.int8)
     assert_matches_reference("QuantizeLinear", {"x": x, "s": s, "zp": zp}, opset=opset, axis=axis)
     q = RNG.integers(-128, 127, x.shape).astype(np.int8)
-    assert_matches_reference("DequantizeLinear", {"q": q, "s": s, "zp": zp}, opset=opset, axis=axis,
-                             expected=None if opset >= 19 else _dequantize(axis))
+    assert_matches_reference(
+        "DequantizeLinear",
+        {"q": q, "s": s, "zp": zp},
+        opset=opset,
+        axis=axis,
+        expected=None if opset >= 19 else _dequantize(axis),
+    )
 
 
 @pytest.mark.parametrize("block_size,axis", [(2, 1), (3, 1), (4, 0)])
@@ -73,15 +83,14 @@ def test_blocked(block_size, axis):
     sshape = tuple(-(-d // block_size) if i == axis else d for i, d in enumerate(x.shape))
     s = RNG.uniform(0.1, 1.0, sshape).astype(np.float32)
     zp = RNG.integers(0, 20, sshape).astype(np.uint8)
-    assert_matches_reference("QuantizeLinear", {"x": x, "s": s, "zp": zp}, opset=21, axis=axis,
-                             block_size=block_size)
+    assert_matches_reference("QuantizeLinear", {"x": x, "s": s, "zp": zp}, opset=21, axis=axis, block_size=block_size)
     q = RNG.integers(0, 255, x.shape).astype(np.uint8)
-    assert_matches_reference("DequantizeLinear", {"q": q, "s": s, "zp": zp}, opset=21, axis=axis,
-                             block_size=block_size)
+    assert_matches_reference("DequantizeLinear", {"q": q, "s": s, "zp": zp}, opset=21, axis=axis, block_size=block_size)
 
 
-@pytest.mark.parametrize("dtype", [np.uint16, np.int16, ml_dtypes.int4, ml_dtypes.uint4,
-                                   ml_dtypes.int2, ml_dtypes.uint2])
+@pytest.mark.parametrize(
+    "dtype", [np.uint16, np.int16, ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2, ml_dtypes.uint2]
+)
 def test_wide_and_narrow_integer_types(dtype):
     x = _x((2, 6), 40.0)
     zp = np.array(1, dtype)
@@ -90,15 +99,23 @@ def test_wide_and_narrow_integer_types(dtype):
     assert_matches_reference("DequantizeLinear", {"q": out[0], "s": np.float32(2.0), "zp": zp}, opset=25)
 
 
-@pytest.mark.parametrize("dtype", [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
-                                   ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz,
-                                   ml_dtypes.float4_e2m1fn])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        ml_dtypes.float8_e4m3fn,
+        ml_dtypes.float8_e4m3fnuz,
+        ml_dtypes.float8_e5m2,
+        ml_dtypes.float8_e5m2fnuz,
+        ml_dtypes.float4_e2m1fn,
+    ],
+)
 @pytest.mark.parametrize("saturate", [0, 1])
 def test_float_targets(dtype, saturate):
     x = np.array([0.3, -1.7, 1000.0, -1e6, 5e4, 0.0, 3.0], np.float32)
     zp = np.zeros((), dtype)
-    out = assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(0.5), "zp": zp}, opset=21,
-                                   saturate=saturate)
+    out = assert_matches_reference(
+        "QuantizeLinear", {"x": x, "s": np.float32(0.5), "zp": zp}, opset=21, saturate=saturate
+    )
     assert out[0].dtype == np.dtype(dtype)
     q = out[0][np.isfinite(out[0].astype(np.float32))]
     assert_matches_reference("DequantizeLinear", {"q": q, "s": np.float32(0.5), "zp": zp}, opset=21)
@@ -106,17 +123,18 @@ def test_float_targets(dtype, saturate):
 
 def test_output_dtype_and_precision():
     x = _x()
-    out = assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(0.5)}, opset=21,
-                                   output_dtype=TP.INT4)
+    out = assert_matches_reference("QuantizeLinear", {"x": x, "s": np.float32(0.5)}, opset=21, output_dtype=TP.INT4)
     assert out[0].dtype == np.dtype(ml_dtypes.int4)
     # precision (opset 23): the division runs in float16; numpy gives the expected value.
     s = np.float32(0.37)
     want = np.clip(np.rint(x.astype(np.float16) / s.astype(np.float16)), -128, 127).astype(np.int8)
-    assert_matches_reference("QuantizeLinear", {"x": x, "s": s}, opset=23, output_dtype=TP.INT8,
-                             precision=TP.FLOAT16, expected=[want])
+    assert_matches_reference(
+        "QuantizeLinear", {"x": x, "s": s}, opset=23, output_dtype=TP.INT8, precision=TP.FLOAT16, expected=[want]
+    )
     q = RNG.integers(0, 255, (3, 4)).astype(np.uint8)
-    out = assert_matches_reference("DequantizeLinear", {"q": q, "s": np.float32(0.5)}, opset=23,
-                                   output_dtype=TP.FLOAT16)
+    out = assert_matches_reference(
+        "DequantizeLinear", {"q": q, "s": np.float32(0.5)}, opset=23, output_dtype=TP.FLOAT16
+    )
     assert out[0].dtype == np.float16
 
 
@@ -138,11 +156,11 @@ def test_bad_blocked_scale_shape_is_an_error():
 
 def test_dequantize_int32_and_float16_scale():
     q = RNG.integers(-(2**20), 2**20, (3, 4)).astype(np.int32)
-    assert_matches_reference("DequantizeLinear", {"q": q, "s": np.float32(0.01)}, opset=13,
-                             expected=_dequantize())
+    assert_matches_reference("DequantizeLinear", {"q": q, "s": np.float32(0.01)}, opset=13, expected=_dequantize())
     q8 = RNG.integers(0, 255, (3, 4)).astype(np.uint8)
-    out = assert_matches_reference("DequantizeLinear", {"q": q8, "s": np.float16(0.1), "zp": np.uint8(7)},
-                                   opset=19, rtol=1e-3)
+    out = assert_matches_reference(
+        "DequantizeLinear", {"q": q8, "s": np.float16(0.1), "zp": np.uint8(7)}, opset=19, rtol=1e-3
+    )
     assert out[0].dtype == np.float16
 
 
@@ -152,12 +170,15 @@ def test_dequantize_differentiable_in_scale():
     check_op_grads("DequantizeLinear", {"q": q, "s": s, "zp": np.full(4, 9, np.uint8)}, opset=13, axis=1)
 
 
-@pytest.mark.parametrize("x", [
-    np.array([0, 2, -3, -2.5, 1.34, 0.5], np.float32),
-    np.array([-1.0, -2.1, -1.3, -2.5, -3.34, -4.0], np.float32),
-    np.array([1, 2.1, 1.3, 2.5, 3.34, 4.0, 1.5, 2.6, 3.9, 4.0, 3.0, 2.345], np.float32).reshape(3, 4),
-    np.zeros(4, np.float32),
-])
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.array([0, 2, -3, -2.5, 1.34, 0.5], np.float32),
+        np.array([-1.0, -2.1, -1.3, -2.5, -3.34, -4.0], np.float32),
+        np.array([1, 2.1, 1.3, 2.5, 3.34, 4.0, 1.5, 2.6, 3.9, 4.0, 3.0, 2.345], np.float32).reshape(3, 4),
+        np.zeros(4, np.float32),
+    ],
+)
 def test_dynamic_quantize_linear(x):
     assert_matches_reference("DynamicQuantizeLinear", {"x": x}, 3, opset=11)
 
@@ -166,8 +187,9 @@ def test_dynamic_quantize_linear(x):
 def test_matmul_integer(dtype):
     a = RNG.integers(0, 100, (2, 4, 3)).astype(dtype)
     b = RNG.integers(0, 100, (3, 5)).astype(dtype)
-    assert_matches_reference("MatMulInteger", {"a": a, "b": b, "za": np.array(12, dtype),
-                                               "zb": np.array(3, dtype)}, opset=10)
+    assert_matches_reference(
+        "MatMulInteger", {"a": a, "b": b, "za": np.array(12, dtype), "zb": np.array(3, dtype)}, opset=10
+    )
     # per-row a zero point, per-column b zero point (numpy: the reference cannot broadcast them)
     a2 = a[0]
     za, zb = np.arange(4).astype(dtype), np.arange(5).astype(dtype)
@@ -187,8 +209,9 @@ def test_matmul_integer_is_exact_over_full_ranges(a_dtype, b_dtype):
     za = np.array([info_a.min, info_a.max, 0, 1, 3, 7], a_dtype)
     zb = np.array([info_b.max, info_b.min, 0, 5, 2, 1, 9], b_dtype)
     want = (a.astype(np.int64) - za[:, None].astype(np.int64)) @ (b.astype(np.int64) - zb.astype(np.int64))
-    assert_matches_reference("MatMulInteger", {"a": a, "b": b, "za": za, "zb": zb}, opset=10,
-                             expected=[want.astype(np.int32)])
+    assert_matches_reference(
+        "MatMulInteger", {"a": a, "b": b, "za": za, "zb": zb}, opset=10, expected=[want.astype(np.int32)]
+    )
 
 
 @pytest.mark.parametrize("opset", [10, 21])
@@ -196,16 +219,29 @@ def test_matmul_integer_is_exact_over_full_ranges(a_dtype, b_dtype):
 def test_qlinear_matmul(opset, dtype):
     a = RNG.integers(0, 100, (2, 4, 3)).astype(dtype)
     b = RNG.integers(0, 100, (3, 5)).astype(dtype)
-    inputs = {"a": a, "sa": np.float32(0.05), "za": np.array(10, dtype), "b": b, "sb": np.float32(0.02),
-              "zb": np.array(5, dtype), "sy": np.float32(0.3), "zy": np.array(7, dtype)}
+    inputs = {
+        "a": a,
+        "sa": np.float32(0.05),
+        "za": np.array(10, dtype),
+        "b": b,
+        "sb": np.float32(0.02),
+        "zb": np.array(5, dtype),
+        "sy": np.float32(0.3),
+        "zy": np.array(7, dtype),
+    }
     assert_matches_reference("QLinearMatMul", inputs, opset=opset)
 
 
 def test_conv_integer():
     x = RNG.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
     w = RNG.integers(0, 255, (3, 2, 3, 3)).astype(np.uint8)
-    assert_matches_reference("ConvInteger", {"x": x, "w": w, "zx": np.uint8(100), "zw": np.uint8(120)},
-                             opset=10, pads=[1, 1, 1, 1], strides=[2, 1])
+    assert_matches_reference(
+        "ConvInteger",
+        {"x": x, "w": w, "zx": np.uint8(100), "zw": np.uint8(120)},
+        opset=10,
+        pads=[1, 1, 1, 1],
+        strides=[2, 1],
+    )
     assert_matches_reference("ConvInteger", {"x": x, "w": w}, opset=10, auto_pad="SAME_UPPER")
 
 
@@ -218,8 +254,9 @@ def test_conv_integer_is_exact_over_full_ranges(x_dtype, w_dtype, channels, grou
     w = RNG.integers(info_w.min, info_w.max, (8, channels // group, 3, 3), endpoint=True).astype(w_dtype)
     zx = np.array(info_x.max if x_dtype == np.uint8 else info_x.min, x_dtype)  # the widest centered range
     zw = np.array(info_w.min, w_dtype)
-    assert_matches_reference("ConvInteger", {"x": x, "w": w, "zx": zx, "zw": zw}, opset=10,
-                             pads=[1, 0, 1, 2], strides=[1, 2], group=group)
+    assert_matches_reference(
+        "ConvInteger", {"x": x, "w": w, "zx": zx, "zw": zw}, opset=10, pads=[1, 0, 1, 2], strides=[1, 2], group=group
+    )
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
@@ -228,6 +265,15 @@ def test_qlinear_conv(per_channel):
     w = RNG.integers(0, 255, (3, 2, 3, 3)).astype(np.uint8)
     ws = RNG.uniform(0.001, 0.01, 3).astype(np.float32) if per_channel else np.float32(0.005)
     wz = np.full(3, 120, np.uint8) if per_channel else np.uint8(120)
-    inputs = {"x": x, "sx": np.float32(0.02), "zx": np.uint8(100), "w": w, "sw": ws, "zw": wz,
-              "sy": np.float32(0.05), "zy": np.uint8(128), "b": RNG.integers(-500, 500, 3).astype(np.int32)}
+    inputs = {
+        "x": x,
+        "sx": np.float32(0.02),
+        "zx": np.uint8(100),
+        "w": w,
+        "sw": ws,
+        "zw": wz,
+        "sy": np.float32(0.05),
+        "zy": np.uint8(128),
+        "b": RNG.integers(-500, 500, 3).astype(np.int32),
+    }
     assert_matches_reference("QLinearConv", inputs, opset=10, pads=[1, 1, 1, 1])

@@ -35,8 +35,11 @@ def _model(op, inputs=None, *, opset, **attrs):
 
 
 KEY = jax.random.key(0)
-FLOATS = [(onnx.TensorProto.FLOAT16, np.float16), (onnx.TensorProto.FLOAT, np.float32),
-          (onnx.TensorProto.DOUBLE, np.float64)]
+FLOATS = [
+    (onnx.TensorProto.FLOAT16, np.float16),
+    (onnx.TensorProto.FLOAT, np.float32),
+    (onnx.TensorProto.DOUBLE, np.float64),
+]
 
 
 @pytest.mark.parametrize("opset", [1, 22])
@@ -65,8 +68,9 @@ def test_random_default_dtype_is_float32():
     assert y.dtype == np.float32 and y.shape == (3, 2)
 
 
-@pytest.mark.parametrize("op,attrs", [("RandomNormalLike", {"mean": -1.0, "scale": 0.5}),
-                                      ("RandomUniformLike", {"low": 2.0, "high": 4.0})])
+@pytest.mark.parametrize(
+    "op,attrs", [("RandomNormalLike", {"mean": -1.0, "scale": 0.5}), ("RandomUniformLike", {"low": 2.0, "high": 4.0})]
+)
 @pytest.mark.parametrize("opset", [1, 22])
 def test_like_ops_take_shape_and_dtype_from_input(op, attrs, opset):
     x = np.zeros((N // 50, 50), np.float64)
@@ -89,10 +93,15 @@ def test_like_with_integer_input_and_no_dtype_is_an_error():
 
 
 @pytest.mark.parametrize("opset", [15, 22])
-@pytest.mark.parametrize("dtype,elem,out", [
-    (np.float32, None, np.float32), (np.float64, None, np.float64),
-    (np.float32, onnx.TensorProto.BOOL, np.bool_), (np.float64, onnx.TensorProto.INT32, np.int32),
-])
+@pytest.mark.parametrize(
+    "dtype,elem,out",
+    [
+        (np.float32, None, np.float32),
+        (np.float64, None, np.float64),
+        (np.float32, onnx.TensorProto.BOOL, np.bool_),
+        (np.float64, onnx.TensorProto.INT32, np.int32),
+    ],
+)
 def test_bernoulli(opset, dtype, elem, out):
     p = np.tile(np.array([0.0, 0.2, 0.5, 0.9, 1.0], dtype), (N // 5, 1))
     attrs = {} if elem is None else {"dtype": elem}

@@ -14,8 +14,16 @@ from tests.ops._harness import assert_matches_reference, check_op_grads, node_mo
 RNG = np.random.default_rng(0)
 
 REDUCE_OPS = [
-    "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-    "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
 ]
 # The first opset at which each op takes its axes as an input rather than an attribute.
 AXES_INPUT_FROM = {op: 18 for op in REDUCE_OPS} | {"ReduceSum": 13}
@@ -33,16 +41,22 @@ def _check(op, x, axes, opset, keepdims=1, **kw):
     """Run ``op`` with ``axes`` as an attribute or a static input, as ``opset`` requires."""
     if opset >= AXES_INPUT_FROM[op]:
         inputs = {"x": x, "axes": None if axes is None else np.array(axes, np.int64)}
-        return assert_matches_reference(op, inputs, opset=opset, keepdims=keepdims,
-                                        initializers=["axes"], **kw)
+        return assert_matches_reference(op, inputs, opset=opset, keepdims=keepdims, initializers=["axes"], **kw)
     attrs = {} if axes is None else {"axes": list(axes)}
     return assert_matches_reference(op, {"x": x}, opset=opset, keepdims=keepdims, **attrs, **kw)
 
 
 @pytest.mark.parametrize("op", REDUCE_OPS)
-@pytest.mark.parametrize("opset,axes,keepdims", [
-    (1, (1,), 1), (11, (0, 2), 0), (13, None, 1), (18, (0, 2), 0), (20, None, 0),
-])
+@pytest.mark.parametrize(
+    "opset,axes,keepdims",
+    [
+        (1, (1,), 1),
+        (11, (0, 2), 0),
+        (13, None, 1),
+        (18, (0, 2), 0),
+        (20, None, 0),
+    ],
+)
 def test_reduce_float32(op, opset, axes, keepdims):
     _check(op, _data(op, (3, 4, 5)), axes, opset, keepdims, rtol=1e-5, atol=1e-5)
 
@@ -62,18 +76,31 @@ def test_reduce_dtypes(op, dtype):
     tol = 2e-3 if dtype == np.float16 else 1e-6
     expected = None
     if np.dtype(dtype).kind == "i":
-        fns = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceProd": np.prod,
-               "ReduceSumSquare": lambda x, **kw: np.sum(x * x, **kw),
-               "ReduceMean": lambda x, **kw: np.trunc(np.mean(x, **kw))}
+        fns = {
+            "ReduceSum": np.sum,
+            "ReduceMax": np.max,
+            "ReduceProd": np.prod,
+            "ReduceSumSquare": lambda x, **kw: np.sum(x * x, **kw),
+            "ReduceMean": lambda x, **kw: np.trunc(np.mean(x, **kw)),
+        }
         expected = [fns[op](x, axis=1, keepdims=True).astype(dtype)]
     _check(op, x, (1,), 18, rtol=tol, atol=tol, expected=expected)
 
 
-@pytest.mark.parametrize("op,expected", [
-    ("ReduceSum", 0.0), ("ReduceProd", 1.0), ("ReduceMax", -np.inf), ("ReduceMin", np.inf),
-    ("ReduceL1", 0.0), ("ReduceL2", 0.0), ("ReduceSumSquare", 0.0), ("ReduceLogSum", -np.inf),
-    ("ReduceLogSumExp", -np.inf),
-])
+@pytest.mark.parametrize(
+    "op,expected",
+    [
+        ("ReduceSum", 0.0),
+        ("ReduceProd", 1.0),
+        ("ReduceMax", -np.inf),
+        ("ReduceMin", np.inf),
+        ("ReduceL1", 0.0),
+        ("ReduceL2", 0.0),
+        ("ReduceSumSquare", 0.0),
+        ("ReduceLogSum", -np.inf),
+        ("ReduceLogSumExp", -np.inf),
+    ],
+)
 def test_reduce_empty_set_gives_identity(op, expected):
     # The spec (opset 18/20 docs) defines each empty reduction; numpy raises for max/min.
     x = np.zeros((2, 0, 4), np.float32)
@@ -81,10 +108,15 @@ def test_reduce_empty_set_gives_identity(op, expected):
     _check(op, x, (1,), 20 if op in ("ReduceMax", "ReduceMin") else 18, expected=[want])
 
 
-@pytest.mark.parametrize("op,dtype,expected", [
-    ("ReduceMax", np.int32, np.iinfo(np.int32).min), ("ReduceMin", np.int64, np.iinfo(np.int64).max),
-    ("ReduceMax", np.bool_, False), ("ReduceMin", np.bool_, True),
-])
+@pytest.mark.parametrize(
+    "op,dtype,expected",
+    [
+        ("ReduceMax", np.int32, np.iinfo(np.int32).min),
+        ("ReduceMin", np.int64, np.iinfo(np.int64).max),
+        ("ReduceMax", np.bool_, False),
+        ("ReduceMin", np.bool_, True),
+    ],
+)
 def test_reduce_empty_set_integer_and_bool(op, dtype, expected):
     x = np.zeros((2, 0), dtype)
     _check(op, x, (1,), 20, keepdims=0, expected=[np.full((2,), expected, dtype)])
@@ -165,9 +197,15 @@ def test_reduce_axis_out_of_range_is_an_error():
 
 
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
-@pytest.mark.parametrize("opset,axis,keepdims,dtype", [
-    (1, 0, 1, np.float32), (11, -1, 0, np.int32), (12, 1, 1, np.float16), (13, 2, 0, np.float64),
-])
+@pytest.mark.parametrize(
+    "opset,axis,keepdims,dtype",
+    [
+        (1, 0, 1, np.float32),
+        (11, -1, 0, np.int32),
+        (12, 1, 1, np.float16),
+        (13, 2, 0, np.float64),
+    ],
+)
 def test_arg_reductions(op, opset, axis, keepdims, dtype):
     x = RNG.permutation(24).reshape(2, 3, 4).astype(dtype)
     out = assert_matches_reference(op, {"x": x}, opset=opset, axis=axis, keepdims=keepdims)
@@ -182,8 +220,15 @@ def test_arg_select_last_index_with_ties(op, find, select_last_index):
         want = x.shape[1] - 1 - find(x[:, ::-1], axis=1)
     else:
         want = find(x, axis=1)
-    assert_matches_reference(op, {"x": x}, opset=13, axis=-1, keepdims=0,
-                             select_last_index=select_last_index, expected=[want.astype(np.int64)])
+    assert_matches_reference(
+        op,
+        {"x": x},
+        opset=13,
+        axis=-1,
+        keepdims=0,
+        select_last_index=select_last_index,
+        expected=[want.astype(np.int64)],
+    )
 
 
 def test_arg_without_x64_returns_the_index_dtype():

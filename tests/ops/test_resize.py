@@ -39,7 +39,8 @@ SCALES = {"up": [1.0, 1.0, 2.0, 1.5], "down": [1.0, 1.0, 0.6, 0.8], "mixed": [1.
 _CASES = [
     (opset, mode, ctm, which)
     for i, (mode, ctm) in enumerate(
-        (m, c) for m in ("nearest", "linear", "cubic")
+        (m, c)
+        for m in ("nearest", "linear", "cubic")
         for c in ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
     )
     for opset, which in [((11, 13, 18, 19)[i % 4], ("up", "down", "mixed")[i % 3])]
@@ -51,33 +52,58 @@ def test_resize_scales(opset, mode, ctm, which):
     x = _x((1, 2, 5, 7))
     scales = np.array(SCALES[which], np.float32)
     assert_matches_reference(
-        "Resize", {"x": x, "roi": np.array([], np.float32), "scales": scales}, opset=opset,
-        initializers=("roi", "scales"), mode=mode, coordinate_transformation_mode=ctm, **TOL,
+        "Resize",
+        {"x": x, "roi": np.array([], np.float32), "scales": scales},
+        opset=opset,
+        initializers=("roi", "scales"),
+        mode=mode,
+        coordinate_transformation_mode=ctm,
+        **TOL,
     )
 
 
-@pytest.mark.parametrize("nearest_mode,sizes", [
-    ("round_prefer_floor", [1, 1, 9, 4]), ("round_prefer_ceil", [2, 3, 3, 11]),
-    ("floor", [1, 1, 9, 4]), ("ceil", [2, 3, 3, 11]),
-])
+@pytest.mark.parametrize(
+    "nearest_mode,sizes",
+    [
+        ("round_prefer_floor", [1, 1, 9, 4]),
+        ("round_prefer_ceil", [2, 3, 3, 11]),
+        ("floor", [1, 1, 9, 4]),
+        ("ceil", [2, 3, 3, 11]),
+    ],
+)
 def test_resize_sizes_nearest_modes(nearest_mode, sizes):
     x = _x((2, 3, 5, 6))
     assert_matches_reference(
-        "Resize", {"x": x, "roi": None, "scales": None, "sizes": np.array(sizes, np.int64)}, opset=13,
-        initializers=("sizes",), mode="nearest", nearest_mode=nearest_mode,
+        "Resize",
+        {"x": x, "roi": None, "scales": None, "sizes": np.array(sizes, np.int64)},
+        opset=13,
+        initializers=("sizes",),
+        mode="nearest",
+        nearest_mode=nearest_mode,
         coordinate_transformation_mode="half_pixel",
     )
 
 
-@pytest.mark.parametrize("mode,sizes,ctm", [
-    ("linear", [1, 1, 3, 2], "half_pixel"), ("cubic", [1, 1, 3, 2], "half_pixel_symmetric"),
-    ("linear", [1, 1, 8, 4], "half_pixel_symmetric"), ("cubic", [1, 1, 4, 9], "align_corners"),
-])
+@pytest.mark.parametrize(
+    "mode,sizes,ctm",
+    [
+        ("linear", [1, 1, 3, 2], "half_pixel"),
+        ("cubic", [1, 1, 3, 2], "half_pixel_symmetric"),
+        ("linear", [1, 1, 8, 4], "half_pixel_symmetric"),
+        ("cubic", [1, 1, 4, 9], "align_corners"),
+    ],
+)
 def test_resize_antialias_sizes(mode, sizes, ctm):
     x = _x((1, 1, 9, 7))
     assert_matches_reference(
-        "Resize", {"x": x, "roi": None, "scales": None, "sizes": np.array(sizes, np.int64)}, opset=19,
-        initializers=("sizes",), mode=mode, antialias=1, coordinate_transformation_mode=ctm, **TOL,
+        "Resize",
+        {"x": x, "roi": None, "scales": None, "sizes": np.array(sizes, np.int64)},
+        opset=19,
+        initializers=("sizes",),
+        mode=mode,
+        antialias=1,
+        coordinate_transformation_mode=ctm,
+        **TOL,
     )
 
 
@@ -86,19 +112,36 @@ def test_resize_antialias_sizes(mode, sizes, ctm):
 def test_resize_cubic_coeff_and_exclude_outside(a, exclude):
     x = _x((1, 1, 6, 6))
     assert_matches_reference(
-        "Resize", {"x": x, "roi": None, "scales": np.array([1, 1, 0.7, 1.6], np.float32)}, opset=18,
-        initializers=("scales",), mode="cubic", cubic_coeff_a=a, exclude_outside=exclude, **TOL,
+        "Resize",
+        {"x": x, "roi": None, "scales": np.array([1, 1, 0.7, 1.6], np.float32)},
+        opset=18,
+        initializers=("scales",),
+        mode="cubic",
+        cubic_coeff_a=a,
+        exclude_outside=exclude,
+        **TOL,
     )
 
 
-@pytest.mark.parametrize("policy,axes", [
-    ("stretch", [2, 3]), ("not_larger", [3, 2]), ("not_smaller", [3, 1]),
-])
+@pytest.mark.parametrize(
+    "policy,axes",
+    [
+        ("stretch", [2, 3]),
+        ("not_larger", [3, 2]),
+        ("not_smaller", [3, 1]),
+    ],
+)
 def test_resize_axes_keep_aspect_ratio(policy, axes):
     x = _x((1, 3, 4, 6))
     assert_matches_reference(
-        "Resize", {"x": x, "roi": None, "scales": None, "sizes": np.array([7, 5], np.int64)}, opset=19,
-        initializers=("sizes",), mode="linear", axes=axes, keep_aspect_ratio_policy=policy, **TOL,
+        "Resize",
+        {"x": x, "roi": None, "scales": None, "sizes": np.array([7, 5], np.int64)},
+        opset=19,
+        initializers=("sizes",),
+        mode="linear",
+        axes=axes,
+        keep_aspect_ratio_policy=policy,
+        **TOL,
     )
 
 
@@ -107,9 +150,14 @@ def test_resize_tf_crop_and_resize(mode, extrapolation):
     x = _x((1, 1, 5, 6))
     roi = np.array([0.1, -0.2, 0.9, 1.3], np.float32)
     assert_matches_reference(
-        "Resize", {"x": x, "roi": roi, "scales": None, "sizes": np.array([4, 5], np.int64)}, opset=19,
-        initializers=("roi", "sizes"), mode=mode, axes=[2, 3],
-        coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=extrapolation,
+        "Resize",
+        {"x": x, "roi": roi, "scales": None, "sizes": np.array([4, 5], np.int64)},
+        opset=19,
+        initializers=("roi", "sizes"),
+        mode=mode,
+        axes=[2, 3],
+        coordinate_transformation_mode="tf_crop_and_resize",
+        extrapolation_value=extrapolation,
     )
 
 
@@ -117,9 +165,12 @@ def test_resize_negative_axes():
     x = _x((1, 3, 4, 6))
     inputs = {"x": x, "roi": None, "scales": None, "sizes": np.array([7, 5], np.int64)}
     # The ReferenceEvaluator cannot take negative axes: expect what it gives for axes [3, 1].
-    want = run_reference(node_model("Resize", inputs, opset=19, initializers=("sizes",), mode="linear", axes=[3, 1]), inputs)
-    assert_matches_reference("Resize", inputs, opset=19, initializers=("sizes",), mode="linear",
-                             axes=[-1, -3], expected=want, **TOL)
+    want = run_reference(
+        node_model("Resize", inputs, opset=19, initializers=("sizes",), mode="linear", axes=[3, 1]), inputs
+    )
+    assert_matches_reference(
+        "Resize", inputs, opset=19, initializers=("sizes",), mode="linear", axes=[-1, -3], expected=want, **TOL
+    )
 
 
 def test_resize_tf_crop_and_resize_scales_output_size_uses_roi():
@@ -130,8 +181,12 @@ def test_resize_tf_crop_and_resize_scales_output_size_uses_roi():
     roi = np.array([0, 0, 1, 0.5], np.float32)
     pos = np.arange(4) * 0.5 * 7 / 3
     assert_matches_reference(
-        "Resize", {"x": x, "roi": roi, "scales": np.array([1, 1], np.float32)}, opset=13,
-        initializers=("roi", "scales"), mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
+        "Resize",
+        {"x": x, "roi": roi, "scales": np.array([1, 1], np.float32)},
+        opset=13,
+        initializers=("roi", "scales"),
+        mode="linear",
+        coordinate_transformation_mode="tf_crop_and_resize",
         expected=[pos.astype(np.float32)[None]],
     )
 
@@ -142,8 +197,13 @@ def test_resize_dtypes(dtype):
     rtol = 1e-3 if dtype == np.float16 else 1e-5
     for mode in ("nearest", "cubic") if dtype == np.uint8 else ("linear",):
         assert_matches_reference(
-            "Resize", {"x": x, "roi": None, "scales": np.array([1, 1, 1.5, 0.8], np.float32)}, opset=18,
-            initializers=("scales",), mode=mode, rtol=rtol, atol=1 if dtype in (np.uint8, np.int32) else 1e-3,
+            "Resize",
+            {"x": x, "roi": None, "scales": np.array([1, 1, 1.5, 0.8], np.float32)},
+            opset=18,
+            initializers=("scales",),
+            mode=mode,
+            rtol=rtol,
+            atol=1 if dtype in (np.uint8, np.int32) else 1e-3,
         )
 
 
@@ -152,8 +212,9 @@ def test_resize_11_tf_half_pixel_for_nn():
     inputs = {"x": x, "roi": np.array([], np.float32), "scales": np.array([1, 1, 1.5, 0.5], np.float32)}
     attrs = dict(mode="nearest", coordinate_transformation_mode="tf_half_pixel_for_nn")
     init = ("roi", "scales")
-    assert_matches_reference("Resize", inputs, opset=11, initializers=init,
-                             expected=_ort("Resize", inputs, 11, init, **attrs), **attrs)
+    assert_matches_reference(
+        "Resize", inputs, opset=11, initializers=init, expected=_ort("Resize", inputs, 11, init, **attrs), **attrs
+    )
     with pytest.raises(errors.NodeError, match="tf_half_pixel_for_nn"):
         run_jonnx(node_model("Resize", inputs, opset=13, initializers=init, **attrs), inputs)
 
@@ -161,14 +222,24 @@ def test_resize_11_tf_half_pixel_for_nn():
 @pytest.mark.parametrize("mode", ["linear", "cubic"])
 def test_resize_grads(mode):
     x = _x((1, 2, 4, 5))
-    check_op_grads("Resize", {"x": x, "roi": None, "scales": np.array([1, 1, 1.5, 0.6], np.float32)},
-                   opset=19, initializers=("scales",), mode=mode, antialias=1)
+    check_op_grads(
+        "Resize",
+        {"x": x, "roi": None, "scales": np.array([1, 1, 1.5, 0.6], np.float32)},
+        opset=19,
+        initializers=("scales",),
+        mode=mode,
+        antialias=1,
+    )
 
 
 def test_resize_errors():
     x = _x((1, 1, 4, 4))
-    both = {"x": x, "roi": None, "scales": np.array([1, 1, 2, 2], np.float32),
-            "sizes": np.array([1, 1, 8, 8], np.int64)}
+    both = {
+        "x": x,
+        "roi": None,
+        "scales": np.array([1, 1, 2, 2], np.float32),
+        "sizes": np.array([1, 1, 8, 8], np.int64),
+    }
     with pytest.raises(errors.NodeError, match="only one of"):
         run_jonnx(node_model("Resize", both, opset=13, initializers=("scales", "sizes")), both)
     bad = {"x": x, "roi": None, "scales": np.array([1, 1, 2, 2], np.float32)}
@@ -188,16 +259,28 @@ def test_resize_errors():
 @pytest.mark.parametrize("scales", [[1, 1, 2.0, 3.0], [1, 1, 1.5, 2.5], [1, 1, 0.6, 0.5]])
 def test_resize_10(mode, scales):
     inputs = {"x": _x((1, 2, 4, 6)), "scales": np.array(scales, np.float32)}
-    assert_matches_reference("Resize", inputs, opset=10, initializers=("scales",), mode=mode,
-                             expected=_ort("Resize", inputs, 10, ("scales",), mode=mode))
+    assert_matches_reference(
+        "Resize",
+        inputs,
+        opset=10,
+        initializers=("scales",),
+        mode=mode,
+        expected=_ort("Resize", inputs, 10, ("scales",), mode=mode),
+    )
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 @pytest.mark.parametrize("scales", [[1, 1, 2.0, 3.0], [1, 1, 1.5, 2.5]])
 def test_upsample_9(mode, scales):
     inputs = {"x": _x((1, 2, 3, 4)), "scales": np.array(scales, np.float32)}
-    assert_matches_reference("Upsample", inputs, opset=9, initializers=("scales",), mode=mode,
-                             expected=_ort("Upsample", inputs, 9, ("scales",), mode=mode))
+    assert_matches_reference(
+        "Upsample",
+        inputs,
+        opset=9,
+        initializers=("scales",),
+        mode=mode,
+        expected=_ort("Upsample", inputs, 9, ("scales",), mode=mode),
+    )
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
@@ -210,8 +293,7 @@ def test_upsample_7(mode):
 def test_upsample_1_nearest_changelog_example():
     data = np.array([[[[1, 2], [3, 4]]]], np.float32)
     expected = np.array([[[[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]]]], np.float32)
-    assert_matches_reference("Upsample", {"x": data}, opset=1, height_scale=2.0, width_scale=2.0,
-                             expected=[expected])
+    assert_matches_reference("Upsample", {"x": data}, opset=1, height_scale=2.0, width_scale=2.0, expected=[expected])
 
 
 def test_upsample_rejects_downscale():
@@ -227,29 +309,54 @@ def _grid(shape):
     return RNG.uniform(-1.3, 1.3, shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("mode,padding,align", [
-    ("linear", "zeros", 0), ("linear", "border", 1), ("linear", "reflection", 0),
-    ("nearest", "zeros", 1), ("nearest", "border", 0), ("nearest", "reflection", 1),
-    ("cubic", "zeros", 0), ("cubic", "border", 1), ("cubic", "reflection", 0), ("cubic", "reflection", 1),
-])
+@pytest.mark.parametrize(
+    "mode,padding,align",
+    [
+        ("linear", "zeros", 0),
+        ("linear", "border", 1),
+        ("linear", "reflection", 0),
+        ("nearest", "zeros", 1),
+        ("nearest", "border", 0),
+        ("nearest", "reflection", 1),
+        ("cubic", "zeros", 0),
+        ("cubic", "border", 1),
+        ("cubic", "reflection", 0),
+        ("cubic", "reflection", 1),
+    ],
+)
 def test_grid_sample_2d(mode, padding, align):
     x, grid = _x((2, 1, 4, 5)), _grid((2, 2, 3, 2))
     grid[0, 0] = [[-1, -1], [1, 1], [0.25, -0.75]]  # corners and half-way points
-    assert_matches_reference("GridSample", {"x": x, "grid": grid}, opset=20, mode=mode,
-                             padding_mode=padding, align_corners=align, rtol=1e-4, atol=1e-5)
+    assert_matches_reference(
+        "GridSample",
+        {"x": x, "grid": grid},
+        opset=20,
+        mode=mode,
+        padding_mode=padding,
+        align_corners=align,
+        rtol=1e-4,
+        atol=1e-5,
+    )
     old = {"linear": "bilinear", "nearest": "nearest", "cubic": "bicubic"}[mode]
-    got16 = run_jonnx(node_model("GridSample", {"x": x, "grid": grid}, opset=16, mode=old,
-                                 padding_mode=padding, align_corners=align), {"x": x, "grid": grid})
-    got20 = run_jonnx(node_model("GridSample", {"x": x, "grid": grid}, opset=20, mode=mode,
-                                 padding_mode=padding, align_corners=align), {"x": x, "grid": grid})
+    got16 = run_jonnx(
+        node_model("GridSample", {"x": x, "grid": grid}, opset=16, mode=old, padding_mode=padding, align_corners=align),
+        {"x": x, "grid": grid},
+    )
+    got20 = run_jonnx(
+        node_model(
+            "GridSample", {"x": x, "grid": grid}, opset=20, mode=mode, padding_mode=padding, align_corners=align
+        ),
+        {"x": x, "grid": grid},
+    )
     np.testing.assert_array_equal(got16[0], got20[0])
 
 
 @pytest.mark.parametrize("mode,padding", [("linear", "zeros"), ("nearest", "reflection"), ("linear", "border")])
 def test_grid_sample_3d(mode, padding):
     x, grid = _x((1, 2, 3, 4, 5)), _grid((1, 2, 3, 2, 3))
-    assert_matches_reference("GridSample", {"x": x, "grid": grid}, opset=22, mode=mode,
-                             padding_mode=padding, rtol=1e-4, atol=1e-5)
+    assert_matches_reference(
+        "GridSample", {"x": x, "grid": grid}, opset=22, mode=mode, padding_mode=padding, rtol=1e-4, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("mode", ["linear", "cubic"])
@@ -267,33 +374,64 @@ def test_grid_sample_16_rejects_5d():
 # -------------------------------------------------------------------------------- AffineGrid
 
 
-@pytest.mark.parametrize("size,align", [([2, 1, 3, 4], 0), ([2, 1, 3, 4], 1), ([1, 2, 2, 3, 4], 1),
-                                        ([1, 2, 2, 3, 4], 0), ([1, 1, 1, 5], 0)])
+@pytest.mark.parametrize(
+    "size,align", [([2, 1, 3, 4], 0), ([2, 1, 3, 4], 1), ([1, 2, 2, 3, 4], 1), ([1, 2, 2, 3, 4], 0), ([1, 1, 1, 5], 0)]
+)
 def test_affine_grid(size, align):
     r = len(size) - 2
     theta = _x((size[0], r, r + 1))
-    assert_matches_reference("AffineGrid", {"theta": theta, "size": np.array(size, np.int64)}, opset=20,
-                             initializers=("size",), align_corners=align)
-    check_op_grads("AffineGrid", {"theta": theta, "size": np.array(size, np.int64)}, opset=20,
-                   initializers=("size",), align_corners=align)
+    assert_matches_reference(
+        "AffineGrid",
+        {"theta": theta, "size": np.array(size, np.int64)},
+        opset=20,
+        initializers=("size",),
+        align_corners=align,
+    )
+    check_op_grads(
+        "AffineGrid",
+        {"theta": theta, "size": np.array(size, np.int64)},
+        opset=20,
+        initializers=("size",),
+        align_corners=align,
+    )
 
 
 # ------------------------------------------------------------------------ RoiAlign, MaxRoiPool
 
-ROIS = np.array([[0, 0, 9, 9], [0, 5, 4, 9], [5.5, 5.3, 9.9, 9.1], [-1, 1, 3, 9.5]], np.float32)  # within the cap for traced rois
+ROIS = np.array(
+    [[0, 0, 9, 9], [0, 5, 4, 9], [5.5, 5.3, 9.9, 9.1], [-1, 1, 3, 9.5]], np.float32
+)  # within the cap for traced rois
 
 
-@pytest.mark.parametrize("mode,ctm,ratio,static_rois", [
-    ("avg", "half_pixel", 0, False), ("avg", "output_half_pixel", 2, False), ("avg", "half_pixel", 0, True),
-    ("max", "half_pixel", 2, False), ("max", "output_half_pixel", 0, False), ("max", "half_pixel", 0, True),
-])
+@pytest.mark.parametrize(
+    "mode,ctm,ratio,static_rois",
+    [
+        ("avg", "half_pixel", 0, False),
+        ("avg", "output_half_pixel", 2, False),
+        ("avg", "half_pixel", 0, True),
+        ("max", "half_pixel", 2, False),
+        ("max", "output_half_pixel", 0, False),
+        ("max", "half_pixel", 0, True),
+    ],
+)
 def test_roi_align(mode, ctm, ratio, static_rois):
     x = _x((2, 1, 10, 10))
     inputs = {"x": x, "rois": ROIS, "batch_indices": np.array([0, 1, 0, 1], np.int64)}
     init = ("rois",) if static_rois else ()
-    assert_matches_reference("RoiAlign", inputs, opset=16, initializers=init, mode=mode,
-                             coordinate_transformation_mode=ctm, sampling_ratio=ratio,
-                             output_height=2, output_width=3, spatial_scale=0.9, rtol=1e-4, atol=1e-5)
+    assert_matches_reference(
+        "RoiAlign",
+        inputs,
+        opset=16,
+        initializers=init,
+        mode=mode,
+        coordinate_transformation_mode=ctm,
+        sampling_ratio=ratio,
+        output_height=2,
+        output_width=3,
+        spatial_scale=0.9,
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 # Rois reaching past the feature map, and one spanning many times its size: their bins need
@@ -307,8 +445,14 @@ def test_roi_align_adaptive_sampling_with_traced_rois(mode, ctm):
     # sampling_ratio=0 with rois traced: graph inputs here, params when float initializers.
     x = _x((2, 2, 10, 10))
     inputs = {"x": x, "rois": WIDE_ROIS, "batch_indices": np.array([0, 1, 0, 1], np.int64)}
-    attrs = dict(mode=mode, coordinate_transformation_mode=ctm, sampling_ratio=0, output_height=3,
-                 output_width=2, spatial_scale=0.9)
+    attrs = dict(
+        mode=mode,
+        coordinate_transformation_mode=ctm,
+        sampling_ratio=0,
+        output_height=3,
+        output_width=2,
+        spatial_scale=0.9,
+    )
     want = run_reference(node_model("RoiAlign", inputs, opset=16, **attrs), inputs)
     assert_matches_reference("RoiAlign", inputs, opset=16, expected=want, rtol=1e-4, atol=1e-5, **attrs)
     # The same with rois as initializers of a model: params, traced under jit.
@@ -323,14 +467,17 @@ def test_roi_align_adaptive_sampling_with_traced_rois_grads():
     # ReferenceEvaluator on each basis image (cheaper than finite differences, and exact).
     x, rois, idx = _x((1, 1, 4, 4)), WIDE_ROIS[:2] * 0.5, np.zeros(2, np.int64)
     attrs = dict(sampling_ratio=0, output_height=2, output_width=1)
-    model = node_model("RoiAlign", {"x": x, "rois": rois, "batch_indices": idx}, opset=16,
-                       initializers=("rois",), **attrs)
+    model = node_model(
+        "RoiAlign", {"x": x, "rois": rois, "batch_indices": idx}, opset=16, initializers=("rois",), **attrs
+    )
     c = np.arange(1, 5, dtype=np.float32).reshape(2, 1, 2, 1)
     reference = ReferenceEvaluator(model)
-    want = np.array([
-        (c * reference.run(None, {"x": e.reshape(x.shape), "batch_indices": idx})[0]).sum()
-        for e in np.eye(x.size, dtype=np.float32)
-    ]).reshape(x.shape)
+    want = np.array(
+        [
+            (c * reference.run(None, {"x": e.reshape(x.shape), "batch_indices": idx})[0]).sum()
+            for e in np.eye(x.size, dtype=np.float32)
+        ]
+    ).reshape(x.shape)
     m = jonnx.load(model)
     got = jax.jit(jax.grad(lambda x: jnp.sum(c * m.apply(m.params, x, idx)[0])))(x)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
@@ -340,8 +487,9 @@ def test_roi_align_10_has_no_half_pixel_shift():
     # The ReferenceEvaluator needs the opset-16 attribute; onnxruntime implements opset 10.
     inputs = {"x": _x((1, 2, 8, 8)), "rois": ROIS[:3] * 0.8, "batch_indices": np.zeros(3, np.int64)}
     attrs = dict(output_height=2, output_width=3, sampling_ratio=2)
-    assert_matches_reference("RoiAlign", inputs, opset=10, expected=_ort("RoiAlign", inputs, 10, **attrs),
-                             rtol=1e-4, atol=1e-5, **attrs)
+    assert_matches_reference(
+        "RoiAlign", inputs, opset=10, expected=_ort("RoiAlign", inputs, 10, **attrs), rtol=1e-4, atol=1e-5, **attrs
+    )
 
 
 def test_roi_align_grads():

@@ -25,8 +25,21 @@ GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 N_OUT = {"RNN": 2, "GRU": 2, "LSTM": 3}
 
 
-def _inputs(kind, *, seq=4, batch=3, size=5, hidden=2, num_dir=1, bias=True, h0=True,
-            lens=None, peep=False, layout=0, dtype=np.float32):
+def _inputs(
+    kind,
+    *,
+    seq=4,
+    batch=3,
+    size=5,
+    hidden=2,
+    num_dir=1,
+    bias=True,
+    h0=True,
+    lens=None,
+    peep=False,
+    layout=0,
+    dtype=np.float32,
+):
     g = GATES[kind]
     x_shape = (batch, seq, size) if layout else (seq, batch, size)
     h_shape = (batch, num_dir, hidden) if layout else (num_dir, batch, hidden)
@@ -55,21 +68,26 @@ def _onnxruntime(kind, ins, *, opset, **attrs):
     return sess.run(None, feeds)
 
 
-@pytest.mark.parametrize("kind,opset,direction", [
-    *[("RNN", v, "bidirectional") for v in (1, 7, 14, 22)],
-    *[("GRU", v, "bidirectional") for v in (1, 3, 7, 14, 22)],
-    *[("LSTM", v, "bidirectional") for v in (1, 7, 14, 22)],
-    *[(k, 22, d) for k in ("RNN", "GRU", "LSTM") for d in ("forward", "reverse")],
-])
+@pytest.mark.parametrize(
+    "kind,opset,direction",
+    [
+        *[("RNN", v, "bidirectional") for v in (1, 7, 14, 22)],
+        *[("GRU", v, "bidirectional") for v in (1, 3, 7, 14, 22)],
+        *[("LSTM", v, "bidirectional") for v in (1, 7, 14, 22)],
+        *[(k, 22, d) for k in ("RNN", "GRU", "LSTM") for d in ("forward", "reverse")],
+    ],
+)
 def test_matches_reference_every_opset(kind, opset, direction):
     num_dir = 2 if direction == "bidirectional" else 1
     ins = _inputs(kind, num_dir=num_dir, peep=True)
     # The ReferenceEvaluator has no opset 1/3 versions; the changelog gives them opset 7's
     # equations (GRU-1 with linear_before_reset=0), so opset 7's reference is the expectation.
-    want = run_reference(node_model(kind, ins, N_OUT[kind], opset=max(opset, 7), hidden_size=2,
-                                    direction=direction), ins)
-    assert_matches_reference(kind, ins, N_OUT[kind], opset=opset, hidden_size=2,
-                             direction=direction, expected=want, rtol=1e-5, atol=1e-5)
+    want = run_reference(
+        node_model(kind, ins, N_OUT[kind], opset=max(opset, 7), hidden_size=2, direction=direction), ins
+    )
+    assert_matches_reference(
+        kind, ins, N_OUT[kind], opset=opset, hidden_size=2, direction=direction, expected=want, rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
@@ -82,42 +100,61 @@ def test_opset1_default_direction_is_forward(kind):
         np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kind,direction", [
-    ("RNN", "bidirectional"), ("GRU", "bidirectional"), ("LSTM", "bidirectional"), ("LSTM", "reverse"),
-])
+@pytest.mark.parametrize(
+    "kind,direction",
+    [
+        ("RNN", "bidirectional"),
+        ("GRU", "bidirectional"),
+        ("LSTM", "bidirectional"),
+        ("LSTM", "reverse"),
+    ],
+)
 def test_sequence_lens_against_onnxruntime(kind, direction):
     num_dir = 2 if direction == "bidirectional" else 1
     ins = _inputs(kind, seq=5, batch=4, num_dir=num_dir, lens=[5, 3, 1, 4], peep=True)
     want = _onnxruntime(kind, ins, opset=14, hidden_size=2, direction=direction)
-    assert_matches_reference(kind, ins, N_OUT[kind], opset=14, hidden_size=2, direction=direction,
-                             expected=want, rtol=1e-5, atol=1e-5)
+    assert_matches_reference(
+        kind, ins, N_OUT[kind], opset=14, hidden_size=2, direction=direction, expected=want, rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
 def test_layout_batch_first(kind):
     ins = _inputs(kind, num_dir=2, layout=1, lens=[4, 2, 3])
     # onnxruntime rejects layout=1: run it on the time-major transposes instead.
-    time_major = {k: (np.swapaxes(v, 0, 1) if k in ("X", "initial_h", "initial_c") else v)
-                  for k, v in ins.items()}
+    time_major = {k: (np.swapaxes(v, 0, 1) if k in ("X", "initial_h", "initial_c") else v) for k, v in ins.items()}
     y, *finals = _onnxruntime(kind, time_major, opset=22, hidden_size=2, direction="bidirectional")
     want = [np.transpose(y, (2, 0, 1, 3))] + [np.swapaxes(f, 0, 1) for f in finals]
-    assert_matches_reference(kind, ins, N_OUT[kind], opset=22, hidden_size=2,
-                             direction="bidirectional", layout=1, expected=want, rtol=1e-5, atol=1e-5)
+    assert_matches_reference(
+        kind,
+        ins,
+        N_OUT[kind],
+        opset=22,
+        hidden_size=2,
+        direction="bidirectional",
+        layout=1,
+        expected=want,
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
-@pytest.mark.parametrize("kind,acts,alpha,beta", [
-    ("RNN", ["Relu"], None, None),
-    ("RNN", ["LeakyRelu"], [0.3], None),
-    ("RNN", ["ThresholdedRelu"], [0.2], None),
-    ("RNN", ["Affine"], [0.7], [0.1]),
-    ("RNN", ["ScaledTanh"], [1.5], [0.8]),
-    ("RNN", ["HardSigmoid"], [0.3], [0.4]),
-    ("RNN", ["Elu"], [0.9], None),
-    ("RNN", ["Softsign"], None, None),
-    ("RNN", ["Softplus"], None, None),
-    ("GRU", ["HardSigmoid", "Softsign"], [0.25], [0.45]),
-    ("LSTM", ["HardSigmoid", "ScaledTanh", "Elu"], [0.25, 1.2, 0.6], [0.45, 0.7]),
-])
+@pytest.mark.parametrize(
+    "kind,acts,alpha,beta",
+    [
+        ("RNN", ["Relu"], None, None),
+        ("RNN", ["LeakyRelu"], [0.3], None),
+        ("RNN", ["ThresholdedRelu"], [0.2], None),
+        ("RNN", ["Affine"], [0.7], [0.1]),
+        ("RNN", ["ScaledTanh"], [1.5], [0.8]),
+        ("RNN", ["HardSigmoid"], [0.3], [0.4]),
+        ("RNN", ["Elu"], [0.9], None),
+        ("RNN", ["Softsign"], None, None),
+        ("RNN", ["Softplus"], None, None),
+        ("GRU", ["HardSigmoid", "Softsign"], [0.25], [0.45]),
+        ("LSTM", ["HardSigmoid", "ScaledTanh", "Elu"], [0.25, 1.2, 0.6], [0.45, 0.7]),
+    ],
+)
 def test_activations_against_onnxruntime(kind, acts, alpha, beta):
     ins = _inputs(kind)
     attrs = {"activations": acts}
@@ -126,8 +163,9 @@ def test_activations_against_onnxruntime(kind, acts, alpha, beta):
     if beta:
         attrs["activation_beta"] = beta
     want = _onnxruntime(kind, ins, opset=14, hidden_size=2, **attrs)
-    assert_matches_reference(kind, ins, N_OUT[kind], opset=14, hidden_size=2, expected=want,
-                             rtol=1e-5, atol=1e-5, **attrs)
+    assert_matches_reference(
+        kind, ins, N_OUT[kind], opset=14, hidden_size=2, expected=want, rtol=1e-5, atol=1e-5, **attrs
+    )
 
 
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
@@ -135,22 +173,25 @@ def test_clip_against_onnxruntime(kind):
     ins = _inputs(kind, size=6)
     ins["X"] = ins["X"] * 4
     want = _onnxruntime(kind, ins, opset=14, hidden_size=2, clip=0.5)
-    assert_matches_reference(kind, ins, N_OUT[kind], opset=14, hidden_size=2, clip=0.5,
-                             expected=want, rtol=1e-5, atol=1e-5)
+    assert_matches_reference(
+        kind, ins, N_OUT[kind], opset=14, hidden_size=2, clip=0.5, expected=want, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_lstm_input_forget_against_onnxruntime():
     ins = _inputs("LSTM", peep=True)
     want = _onnxruntime("LSTM", ins, opset=14, hidden_size=2, input_forget=1)
-    assert_matches_reference("LSTM", ins, 3, opset=14, hidden_size=2, input_forget=1,
-                             expected=want, rtol=1e-5, atol=1e-5)
+    assert_matches_reference(
+        "LSTM", ins, 3, opset=14, hidden_size=2, input_forget=1, expected=want, rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("lbr", [0, 1])
 def test_gru_linear_before_reset(lbr):
     ins = _inputs("GRU", num_dir=2)
-    assert_matches_reference("GRU", ins, 2, opset=7, hidden_size=2, direction="bidirectional",
-                             linear_before_reset=lbr, rtol=1e-5, atol=1e-5)
+    assert_matches_reference(
+        "GRU", ins, 2, opset=7, hidden_size=2, direction="bidirectional", linear_before_reset=lbr, rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
@@ -159,21 +200,24 @@ def test_no_bias_no_initial_state_float64_and_float16(kind):
     assert_matches_reference(kind, ins, N_OUT[kind], opset=14, rtol=1e-10, atol=1e-10)
     ins16 = {k: v.astype(np.float16) for k, v in ins.items() if v is not None}
     got = run_jonnx(node_model(kind, ins16, N_OUT[kind], opset=14), ins16)
-    want = _onnxruntime(kind, {k: v.astype(np.float32) for k, v in ins16.items()}, opset=14,
-                        hidden_size=2)
+    want = _onnxruntime(kind, {k: v.astype(np.float32) for k, v in ins16.items()}, opset=14, hidden_size=2)
     for g, w in zip(got, want):
         assert g.dtype == np.float16
         np.testing.assert_allclose(g.astype(np.float32), w, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("kind,direction,output", [
-    ("RNN", "bidirectional", 0), ("GRU", "forward", 1), ("LSTM", "reverse", 2),
-])
+@pytest.mark.parametrize(
+    "kind,direction,output",
+    [
+        ("RNN", "bidirectional", 0),
+        ("GRU", "forward", 1),
+        ("LSTM", "reverse", 2),
+    ],
+)
 def test_gradients_through_scan(kind, direction, output):
     num_dir = 2 if direction == "bidirectional" else 1
     ins = _inputs(kind, seq=3, batch=2, size=2, num_dir=num_dir, lens=[3, 2], peep=True)
-    check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=output,
-                   hidden_size=2, direction=direction)
+    check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=output, hidden_size=2, direction=direction)
 
 
 def test_traced_sequence_lens_under_jit():

@@ -46,8 +46,17 @@ def test_sequence_at_position_as_graph_input_is_static():
         run(proto, [*feeds, np.int64(0)], "jit")
 
 
-@pytest.mark.parametrize("op, position", [("SequenceAt", 3), ("SequenceAt", -4), ("SequenceErase", 3),
-                                          ("SequenceErase", -4), ("SequenceInsert", 4), ("SequenceInsert", -4)])
+@pytest.mark.parametrize(
+    "op, position",
+    [
+        ("SequenceAt", 3),
+        ("SequenceAt", -4),
+        ("SequenceErase", 3),
+        ("SequenceErase", -4),
+        ("SequenceInsert", 4),
+        ("SequenceInsert", -4),
+    ],
+)
 def test_positions_out_of_range_name_the_node(op, position):
     inputs, feeds, construct = _three()
     args = ["seq", "a", "p"] if op == "SequenceInsert" else ["seq", "p"]
@@ -110,8 +119,11 @@ def test_sequence_empty_and_length():
 def test_sequence_length_of_traced_sequence_is_static():
     # The length is structure: it folds to a constant even when the elements are traced.
     inputs, feeds, construct = _three()
-    nodes = [construct, oh.make_node("SequenceLength", ["seq"], ["n"]),
-             oh.make_node("Range", ["zero", "n", "one"], ["r"])]
+    nodes = [
+        construct,
+        oh.make_node("SequenceLength", ["seq"], ["n"]),
+        oh.make_node("Range", ["zero", "n", "one"], ["r"]),
+    ]
     proto = model(nodes, inputs, [vi("r", I64, [None])], inits={"zero": np.int64(0), "one": np.int64(1)})
     check(proto, feeds)
 
@@ -127,13 +139,16 @@ def test_split_to_sequence_without_split(axis, keepdims):
     assert_same(run(proto, [x])[0], [p if keepdims else np.squeeze(p, axis) for p in parts])
 
 
-@pytest.mark.parametrize("split, sizes", [
-    (np.int64(2), [2, 2, 1]),  # a scalar: chunks of 2, the last one shorter
-    (np.int64(5), [5]),
-    (np.int32(1), [1] * 5),
-    (np.int64([1, 4]), [1, 4]),
-    (np.int64([0, 2, 3]), [0, 2, 3]),
-])
+@pytest.mark.parametrize(
+    "split, sizes",
+    [
+        (np.int64(2), [2, 2, 1]),  # a scalar: chunks of 2, the last one shorter
+        (np.int64(5), [5]),
+        (np.int32(1), [1] * 5),
+        (np.int64([1, 4]), [1, 4]),
+        (np.int64([0, 2, 3]), [0, 2, 3]),
+    ],
+)
 @pytest.mark.parametrize("opset", [11, 24])
 def test_split_to_sequence_with_split(split, sizes, opset):
     # keepdims is ignored when split is given.
@@ -147,8 +162,10 @@ def test_split_to_sequence_with_split(split, sizes, opset):
 
 
 def test_split_to_sequence_sizes_must_add_up():
-    nodes = [const("split", np.int64([2, 2])),
-             oh.make_node("SplitToSequence", ["x", "split"], ["s"], name="split_node")]
+    nodes = [
+        const("split", np.int64([2, 2])),
+        oh.make_node("SplitToSequence", ["x", "split"], ["s"], name="split_node"),
+    ]
     proto = model(nodes, [vi("x", F, [5])], [seq_vi("s", F, None)])
     with pytest.raises(errors.NodeError, match=r"'split_node'.*\[2, 2\] do not add up to dimension 5"):
         run(proto, [np.zeros(5, np.float32)])
@@ -157,8 +174,10 @@ def test_split_to_sequence_sizes_must_add_up():
 @pytest.mark.parametrize("axis, new_axis", [(0, 0), (1, 0), (-1, 0), (0, 1), (1, 1), (2, 1), (-1, 1), (-3, 1)])
 def test_concat_from_sequence(axis, new_axis):
     xs = [RNG.standard_normal((2, 3)).astype(np.float32) for _ in range(3)]
-    nodes = [oh.make_node("SequenceConstruct", ["a", "b", "c"], ["s"]),
-             oh.make_node("ConcatFromSequence", ["s"], ["y"], axis=axis, new_axis=new_axis)]
+    nodes = [
+        oh.make_node("SequenceConstruct", ["a", "b", "c"], ["s"]),
+        oh.make_node("ConcatFromSequence", ["s"], ["y"], axis=axis, new_axis=new_axis),
+    ]
     proto = model(nodes, [vi(n, F, [2, 3]) for n in "abc"], [vi("y", F, None)])
     want = np.stack(xs, axis=axis) if new_axis else np.concatenate(xs, axis=axis)
     check(proto, xs, expected=[want])
@@ -166,13 +185,17 @@ def test_concat_from_sequence(axis, new_axis):
 
 
 def test_concat_from_sequence_errors():
-    nodes = [oh.make_node("SequenceEmpty", [], ["s"]),
-             oh.make_node("ConcatFromSequence", ["s"], ["y"], axis=0, name="cat")]
+    nodes = [
+        oh.make_node("SequenceEmpty", [], ["s"]),
+        oh.make_node("ConcatFromSequence", ["s"], ["y"], axis=0, name="cat"),
+    ]
     proto = model(nodes, [vi("x", F, [1])], [vi("y", F, None)])
     with pytest.raises(errors.NodeError, match="'cat'.*empty sequence"):
         run(proto, [np.zeros(1, np.float32)])
-    nodes = [oh.make_node("SequenceConstruct", ["x"], ["s"]),
-             oh.make_node("ConcatFromSequence", ["s"], ["y"], axis=2, new_axis=1, name="cat")]
+    nodes = [
+        oh.make_node("SequenceConstruct", ["x"], ["s"]),
+        oh.make_node("ConcatFromSequence", ["s"], ["y"], axis=2, new_axis=1, name="cat"),
+    ]
     proto = model(nodes, [vi("x", F, [1])], [vi("y", F, None)])
     with pytest.raises(errors.NodeError, match="'cat'"):
         run(proto, [np.zeros(1, np.float32)])
@@ -181,16 +204,25 @@ def test_concat_from_sequence_errors():
 def _sequence_map_model():
     """y_i = x_i * w_i + k and z_i = shape(x_i) over sequences x, w and a tensor k."""
     body = graph(
-        [oh.make_node("Mul", ["xi", "wi"], ["m"]), oh.make_node("Add", ["m", "kk"], ["yi"]),
-         oh.make_node("Shape", ["xi"], ["zi"])],
+        [
+            oh.make_node("Mul", ["xi", "wi"], ["m"]),
+            oh.make_node("Add", ["m", "kk"], ["yi"]),
+            oh.make_node("Shape", ["xi"], ["zi"]),
+        ],
         [vi("xi", F, [None]), vi("wi", F, [None]), vi("kk", F, [])],
         [vi("yi", F, [None]), vi("zi", I64, [1])],
     )
-    nodes = [oh.make_node("SplitToSequence", ["x", "split"], ["xs"]),
-             oh.make_node("SplitToSequence", ["w", "split"], ["ws"]),
-             oh.make_node("SequenceMap", ["xs", "ws", "k"], ["ys", "zs"], body=body, name="map")]
-    return model(nodes, [vi("x", F, [6]), vi("w", F, [6]), vi("k", F, [])],
-                 [seq_vi("ys", F, None), seq_vi("zs", I64, None)], inits={"split": np.int64([1, 2, 3])})
+    nodes = [
+        oh.make_node("SplitToSequence", ["x", "split"], ["xs"]),
+        oh.make_node("SplitToSequence", ["w", "split"], ["ws"]),
+        oh.make_node("SequenceMap", ["xs", "ws", "k"], ["ys", "zs"], body=body, name="map"),
+    ]
+    return model(
+        nodes,
+        [vi("x", F, [6]), vi("w", F, [6]), vi("k", F, [])],
+        [seq_vi("ys", F, None), seq_vi("zs", I64, None)],
+        inits={"split": np.int64([1, 2, 3])},
+    )
 
 
 def test_sequence_map_two_sequences_and_a_tensor():
@@ -199,15 +231,17 @@ def test_sequence_map_two_sequences_and_a_tensor():
     feeds = [x, w, np.float32(0.5)]
     # numpy: the ReferenceEvaluator's SequenceMap rejects a tensor among its inputs.
     bounds = [0, 1, 3, 6]
-    want = [[x[a:b] * w[a:b] + np.float32(0.5) for a, b in zip(bounds, bounds[1:])],
-            [np.int64([n]) for n in (1, 2, 3)]]
+    want = [[x[a:b] * w[a:b] + np.float32(0.5) for a, b in zip(bounds, bounds[1:])], [np.int64([n]) for n in (1, 2, 3)]]
     check(proto, feeds, expected=want)
 
 
 def test_sequence_map_body_reads_outer_value():
     body = graph([oh.make_node("Add", ["xi", "outer"], ["yi"])], [vi("xi", F, [2])], [vi("yi", F, [2])])
-    nodes = [oh.make_node("Exp", ["x"], ["outer"]), oh.make_node("SequenceConstruct", ["x", "x"], ["s"]),
-             oh.make_node("SequenceMap", ["s"], ["ys"], body=body)]
+    nodes = [
+        oh.make_node("Exp", ["x"], ["outer"]),
+        oh.make_node("SequenceConstruct", ["x", "x"], ["s"]),
+        oh.make_node("SequenceMap", ["s"], ["ys"], body=body),
+    ]
     proto = model(nodes, [vi("x", F, [2])], [seq_vi("ys", F, None)])
     # numpy: the ReferenceEvaluator's SequenceMap body cannot read outer values.
     x = np.float32([0.1, -1])
@@ -216,8 +250,11 @@ def test_sequence_map_body_reads_outer_value():
 
 def test_sequence_map_lengths_must_agree():
     body = graph([oh.make_node("Add", ["p", "q"], ["r"])], [vi("p", F, [1]), vi("q", F, [1])], [vi("r", F, [1])])
-    nodes = [oh.make_node("SequenceConstruct", ["x", "x"], ["s2"]), oh.make_node("SequenceConstruct", ["x"], ["s1"]),
-             oh.make_node("SequenceMap", ["s2", "s1"], ["ys"], body=body, name="map")]
+    nodes = [
+        oh.make_node("SequenceConstruct", ["x", "x"], ["s2"]),
+        oh.make_node("SequenceConstruct", ["x"], ["s1"]),
+        oh.make_node("SequenceMap", ["s2", "s1"], ["ys"], body=body, name="map"),
+    ]
     proto = model(nodes, [vi("x", F, [1])], [seq_vi("ys", F, None)])
     with pytest.raises(errors.NodeError, match=r"'map'.*differ in length: \[1, 2\]"):
         run(proto, [np.float32([1])])
@@ -232,13 +269,17 @@ def _optional_tensor(name, elem=F):
 
 def _optional_sequence(name, elem=F):
     return oh.make_value_info(
-        name, oh.make_optional_type_proto(oh.make_sequence_type_proto(oh.make_tensor_type_proto(elem, None))))
+        name, oh.make_optional_type_proto(oh.make_sequence_type_proto(oh.make_tensor_type_proto(elem, None)))
+    )
 
 
 @pytest.mark.parametrize("opset", [15, 18])
 def test_optional_of_tensor(opset):
-    nodes = [oh.make_node("Optional", ["x"], ["o"]), oh.make_node("OptionalHasElement", ["o"], ["has"]),
-             oh.make_node("OptionalGetElement", ["o"], ["y"])]
+    nodes = [
+        oh.make_node("Optional", ["x"], ["o"]),
+        oh.make_node("OptionalHasElement", ["o"], ["has"]),
+        oh.make_node("OptionalGetElement", ["o"], ["y"]),
+    ]
     proto = model(nodes, [vi("x", F, [3])], [vi("has", B, []), vi("y", F, [3])], opset=opset)
     feeds = [RNG.standard_normal(3).astype(np.float32)]
     # Expected values by hand: the ReferenceEvaluator holds an optional as a one-item list.
@@ -247,30 +288,40 @@ def test_optional_of_tensor(opset):
 
 def test_optional_of_sequence():
     inputs, feeds, construct = _three()
-    nodes = [construct, oh.make_node("Optional", ["seq"], ["o"]),
-             oh.make_node("OptionalHasElement", ["o"], ["has"]),
-             oh.make_node("OptionalGetElement", ["o"], ["s"]), oh.make_node("SequenceAt", ["s", "one"], ["y"])]
-    proto = model(nodes, inputs, [vi("has", B, []), seq_vi("s", F, None), vi("y", F, None)],
-                  inits={"one": np.int64(1)})
+    nodes = [
+        construct,
+        oh.make_node("Optional", ["seq"], ["o"]),
+        oh.make_node("OptionalHasElement", ["o"], ["has"]),
+        oh.make_node("OptionalGetElement", ["o"], ["s"]),
+        oh.make_node("SequenceAt", ["s", "one"], ["y"]),
+    ]
+    proto = model(nodes, inputs, [vi("has", B, []), seq_vi("s", F, None), vi("y", F, None)], inits={"one": np.int64(1)})
     check(proto, feeds, expected=[np.array(True), list(feeds), feeds[1]])
 
 
-@pytest.mark.parametrize("type_proto", [
-    oh.make_tensor_type_proto(F, None),
-    oh.make_sequence_type_proto(oh.make_tensor_type_proto(F, None)),
-])
+@pytest.mark.parametrize(
+    "type_proto",
+    [
+        oh.make_tensor_type_proto(F, None),
+        oh.make_sequence_type_proto(oh.make_tensor_type_proto(F, None)),
+    ],
+)
 def test_empty_optional(type_proto):
-    nodes = [oh.make_node("Optional", [], ["o"], type=type_proto),
-             oh.make_node("OptionalHasElement", ["o"], ["has"]),
-             oh.make_node("Not", ["has"], ["y"])]
+    nodes = [
+        oh.make_node("Optional", [], ["o"], type=type_proto),
+        oh.make_node("OptionalHasElement", ["o"], ["has"]),
+        oh.make_node("Not", ["has"], ["y"]),
+    ]
     proto = model(nodes, [vi("x", F, [1])], [vi("has", B, []), vi("y", B, [])])
     # By hand: the ReferenceEvaluator's empty optional is [None], which "has an element".
     check(proto, [np.float32([1])], expected=[np.array(False), np.array(True)])
 
 
 def test_optional_get_element_of_empty_is_an_error():
-    nodes = [oh.make_node("Optional", [], ["o"], type=oh.make_tensor_type_proto(F, None)),
-             oh.make_node("OptionalGetElement", ["o"], ["y"], name="get")]
+    nodes = [
+        oh.make_node("Optional", [], ["o"], type=oh.make_tensor_type_proto(F, None)),
+        oh.make_node("OptionalGetElement", ["o"], ["y"], name="get"),
+    ]
     proto = model(nodes, [vi("x", F, [1])], [vi("y", F, None)])
     with pytest.raises(errors.NodeError, match="'get'.*optional is empty"):
         run(proto, [np.float32([1])])
@@ -281,8 +332,10 @@ def test_optional_model_input(value):
     # An optional graph input: None for empty. OptionalHasElement gates an If statically.
     has_then = graph([oh.make_node("OptionalGetElement", ["o"], ["t"])], [], [vi("t", F, [2])], "then")
     has_else = graph([oh.make_node("Identity", ["x"], ["e"])], [], [vi("e", F, [2])], "else")
-    nodes = [oh.make_node("OptionalHasElement", ["o"], ["has"]),
-             oh.make_node("If", ["has"], ["y"], then_branch=has_then, else_branch=has_else)]
+    nodes = [
+        oh.make_node("OptionalHasElement", ["o"], ["has"]),
+        oh.make_node("If", ["has"], ["y"], then_branch=has_then, else_branch=has_else),
+    ]
     proto = model(nodes, [_optional_tensor("o"), vi("x", F, [2])], [vi("has", B, []), vi("y", F, [2])], opset=18)
     x = np.float32([-1, -2])
     want = [np.array(value is not None), x if value is None else value]
@@ -299,9 +352,12 @@ def test_optional_has_element_without_input():
 def test_optional_get_element_of_plain_tensor():
     # Opset 18: OptionalGetElement passes a plain tensor (or sequence) through.
     inputs, feeds, construct = _three()
-    nodes = [construct, oh.make_node("OptionalGetElement", ["a"], ["y"]),
-             oh.make_node("OptionalGetElement", ["seq"], ["s"]),
-             oh.make_node("OptionalHasElement", ["a"], ["has"])]
+    nodes = [
+        construct,
+        oh.make_node("OptionalGetElement", ["a"], ["y"]),
+        oh.make_node("OptionalGetElement", ["seq"], ["s"]),
+        oh.make_node("OptionalHasElement", ["a"], ["has"]),
+    ]
     proto = model(nodes, inputs, [vi("y", F, [2]), seq_vi("s", F, None), vi("has", B, [])], opset=18)
     check(proto, feeds)
 
@@ -310,13 +366,18 @@ def test_optional_get_element_of_plain_tensor():
 
 
 def test_sequence_model_input():
-    nodes = [oh.make_node("ConcatFromSequence", ["xs"], ["cat"], axis=0),
-             oh.make_node("SequenceLength", ["xs"], ["n"]),
-             oh.make_node("SequenceAt", ["xs", "last"], ["y"]),
-             oh.make_node("SequenceInsert", ["xs", "cat"], ["more"])]
-    proto = model(nodes, [seq_vi("xs", F, [None])],
-                  [vi("cat", F, [None]), vi("n", I64, []), vi("y", F, None), seq_vi("more", F, None)],
-                  inits={"last": np.int64(-1)})
+    nodes = [
+        oh.make_node("ConcatFromSequence", ["xs"], ["cat"], axis=0),
+        oh.make_node("SequenceLength", ["xs"], ["n"]),
+        oh.make_node("SequenceAt", ["xs", "last"], ["y"]),
+        oh.make_node("SequenceInsert", ["xs", "cat"], ["more"]),
+    ]
+    proto = model(
+        nodes,
+        [seq_vi("xs", F, [None])],
+        [vi("cat", F, [None]), vi("n", I64, []), vi("y", F, None), seq_vi("more", F, None)],
+        inits={"last": np.int64(-1)},
+    )
     for xs in ([np.float32([1, 2]), np.float32([3])], [np.float32([4, 5, 6])]):
         check(proto, [xs])
         assert run(proto, [xs])[1] == len(xs)
@@ -325,10 +386,12 @@ def test_sequence_model_input():
 def test_sequence_input_through_sequence_map_and_optional():
     # A sequence input feeds SequenceMap and an Optional holding a sequence.
     body = graph([oh.make_node("ReduceSum", ["xi"], ["yi"], keepdims=1)], [vi("xi", F, [None])], [vi("yi", F, [1])])
-    nodes = [oh.make_node("SequenceMap", ["xs"], ["sums"], body=body),
-             oh.make_node("ConcatFromSequence", ["sums"], ["y"], axis=0),
-             oh.make_node("Optional", ["sums"], ["o"]),
-             oh.make_node("OptionalGetElement", ["o"], ["back"])]
+    nodes = [
+        oh.make_node("SequenceMap", ["xs"], ["sums"], body=body),
+        oh.make_node("ConcatFromSequence", ["sums"], ["y"], axis=0),
+        oh.make_node("Optional", ["sums"], ["o"]),
+        oh.make_node("OptionalGetElement", ["o"], ["back"]),
+    ]
     proto = model(nodes, [seq_vi("xs", F, [None])], [vi("y", F, [None]), seq_vi("back", F, None)])
     xs = [np.float32([1, 2]), np.float32([3]), np.float32([4, 5, 6])]
     check(proto, [xs], expected=[np.float32([3, 3, 15]), [np.float32([3]), np.float32([3]), np.float32([15])]])

@@ -32,17 +32,34 @@ def _dft_inputs(opset, x, length=None, axis=None):
 
 
 @pytest.mark.parametrize("opset", [17, 20])
-@pytest.mark.parametrize("complex_,inverse,onesided,length,dtype", [
-    (False, 0, 0, None, np.float32), (True, 0, 0, 6, np.float32), (False, 1, 0, 11, np.float32),
-    (True, 1, 0, None, np.float64), (False, 0, 1, 11, np.float64), (True, 0, 1, 6, np.float32),
-    (False, 0, 1, None, np.float32), (True, 0, 0, 11, np.float64),
-])
+@pytest.mark.parametrize(
+    "complex_,inverse,onesided,length,dtype",
+    [
+        (False, 0, 0, None, np.float32),
+        (True, 0, 0, 6, np.float32),
+        (False, 1, 0, 11, np.float32),
+        (True, 1, 0, None, np.float64),
+        (False, 0, 1, 11, np.float64),
+        (True, 0, 1, 6, np.float32),
+        (False, 0, 1, None, np.float32),
+        (True, 0, 0, 11, np.float64),
+    ],
+)
 def test_dft_matches_reference(opset, complex_, inverse, onesided, length, dtype):
     x = _signal((2, 8, 3), complex_, dtype)
     inputs, attrs = _dft_inputs(opset, x, length, axis=1)
     rtol = 1e-4 if dtype == np.float32 else 1e-10
-    assert_matches_reference("DFT", inputs, opset=opset, inverse=inverse, onesided=onesided,
-                             initializers=("dft_length", "axis"), rtol=rtol, atol=rtol, **attrs)
+    assert_matches_reference(
+        "DFT",
+        inputs,
+        opset=opset,
+        inverse=inverse,
+        onesided=onesided,
+        initializers=("dft_length", "axis"),
+        rtol=rtol,
+        atol=rtol,
+        **attrs,
+    )
 
 
 @pytest.mark.parametrize("opset,axis", [(17, None), (17, 2), (17, -3), (20, None), (20, 0), (20, -3)])
@@ -57,8 +74,9 @@ def test_dft_axis(opset, axis):
         y = np.fft.fft(x[..., 0] + 1j * x[..., 1].astype(np.float64), axis=signal_axis % 4)
         return [np.stack([y.real, y.imag], -1).astype(np.float32)]
 
-    assert_matches_reference("DFT", inputs, opset=opset, initializers=("axis",), expected=expected,
-                             rtol=1e-4, atol=1e-4, **attrs)
+    assert_matches_reference(
+        "DFT", inputs, opset=opset, initializers=("axis",), expected=expected, rtol=1e-4, atol=1e-4, **attrs
+    )
 
 
 @pytest.mark.parametrize("n", [8, 9])
@@ -69,8 +87,17 @@ def test_irfft(n):
     x = np.stack([spectrum.real, spectrum.imag], -1).astype(np.float32)
     length = None if n % 2 == 0 else n  # the default is 2 * (bins - 1), an even length
     inputs, _ = _dft_inputs(20, x, length, axis=1)
-    assert_matches_reference("DFT", inputs, opset=20, inverse=1, onesided=1, initializers=("dft_length", "axis"),
-                             expected=[real[..., None].astype(np.float32)], rtol=1e-4, atol=1e-5)
+    assert_matches_reference(
+        "DFT",
+        inputs,
+        opset=20,
+        inverse=1,
+        onesided=1,
+        initializers=("dft_length", "axis"),
+        expected=[real[..., None].astype(np.float32)],
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_dft_real_input_keeps_dc_and_nyquist_real():
@@ -84,13 +111,19 @@ def test_dft_float16_computes_in_float32():
     full = x[..., 0].astype(np.float64) + 1j * x[..., 1]
     want = np.fft.fft(full, axis=1)
     out = assert_matches_reference(
-        "DFT", {"x": x}, opset=20, expected=[np.stack([want.real, want.imag], -1).astype(np.float16)],
-        rtol=1e-2, atol=2e-2,
+        "DFT",
+        {"x": x},
+        opset=20,
+        expected=[np.stack([want.real, want.imag], -1).astype(np.float16)],
+        rtol=1e-2,
+        atol=2e-2,
     )
     assert out[0].dtype == np.float16
 
 
-@pytest.mark.parametrize("complex_,inverse,onesided", [(False, 0, 0), (True, 0, 0), (True, 1, 0), (False, 0, 1), (True, 1, 1)])
+@pytest.mark.parametrize(
+    "complex_,inverse,onesided", [(False, 0, 0), (True, 0, 0), (True, 1, 0), (False, 0, 1), (True, 1, 1)]
+)
 def test_dft_gradients(complex_, inverse, onesided):
     x = _signal((2, 6), complex_)
     check_op_grads("DFT", {"x": x}, opset=20, inverse=inverse, onesided=onesided)
@@ -128,21 +161,29 @@ def test_stft_matches_reference(onesided, window, frame_length, complex_):
         frame_length = 16  # without both, the frame is the whole signal
     x = _signal((2, 40), complex_)
     win = None if window is None else np.hanning(frame_length or 8).astype(np.float32)
-    inputs = {"x": x, "step": np.array(5, I64), "window": win,
-              "frame_length": None if frame_length is None else np.array(frame_length, I64)}
-    assert_matches_reference("STFT", inputs, opset=17, onesided=onesided,
-                             initializers=("step", "frame_length"), rtol=1e-4, atol=1e-4)
+    inputs = {
+        "x": x,
+        "step": np.array(5, I64),
+        "window": win,
+        "frame_length": None if frame_length is None else np.array(frame_length, I64),
+    }
+    assert_matches_reference(
+        "STFT", inputs, opset=17, onesided=onesided, initializers=("step", "frame_length"), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_stft_gradients_in_signal_and_window():
-    inputs = {"x": _signal((1, 20), False), "step": np.array(4, I64),
-              "window": np.hanning(8).astype(np.float32)}
+    inputs = {"x": _signal((1, 20), False), "step": np.array(4, I64), "window": np.hanning(8).astype(np.float32)}
     check_op_grads("STFT", inputs, opset=17, initializers=("step",))
 
 
 def test_stft_window_length_mismatch():
-    inputs = {"x": _signal((1, 20), False), "step": np.array(4, I64),
-              "window": np.ones(8, np.float32), "frame_length": np.array(6, I64)}
+    inputs = {
+        "x": _signal((1, 20), False),
+        "step": np.array(4, I64),
+        "window": np.ones(8, np.float32),
+        "frame_length": np.array(6, I64),
+    }
     with pytest.raises(errors.NodeError, match="window has 8 entries"):
         run_jonnx(node_model("STFT", inputs, opset=17, initializers=("step", "frame_length")), inputs)
 
@@ -157,21 +198,31 @@ def test_windows_match_reference(op, periodic, size, elem):
     # jonnx computes in float64 and rounds once; the reference computes float16 windows in
     # float16, a few ulps apart.
     atol = 2e-3 if elem == 10 else 1e-6
-    assert_matches_reference(op, {"size": np.array(size, I64)}, opset=17, periodic=periodic,
-                             output_datatype=elem, initializers=("size",), rtol=1e-3, atol=atol)
+    assert_matches_reference(
+        op,
+        {"size": np.array(size, I64)},
+        opset=17,
+        periodic=periodic,
+        output_datatype=elem,
+        initializers=("size",),
+        rtol=1e-3,
+        atol=atol,
+    )
 
 
 def test_symmetric_windows_match_numpy():
     size = {"size": np.array(9, np.int32)}
     assert_matches_reference("HannWindow", size, opset=17, periodic=0, expected=[np.hanning(9).astype(np.float32)])
-    assert_matches_reference("BlackmanWindow", size, opset=17, periodic=0,
-                             expected=[np.blackman(9).astype(np.float32)], atol=1e-6)
+    assert_matches_reference(
+        "BlackmanWindow", size, opset=17, periodic=0, expected=[np.blackman(9).astype(np.float32)], atol=1e-6
+    )
 
 
 def test_one_point_symmetric_window_is_one():
     # N - 1 = 0: numpy and torch define the window as [1] (the reference divides by zero).
-    assert_matches_reference("HannWindow", {"size": np.array(1, I64)}, opset=17, periodic=0,
-                             expected=[np.ones(1, np.float32)])
+    assert_matches_reference(
+        "HannWindow", {"size": np.array(1, I64)}, opset=17, periodic=0, expected=[np.ones(1, np.float32)]
+    )
 
 
 def test_window_size_must_be_static():
@@ -180,18 +231,28 @@ def test_window_size_must_be_static():
         jax.jit(lambda n: m.apply(m.params, n))(np.array(4, I64))
 
 
-@pytest.mark.parametrize("bins,dft,rate,lo,hi", [(8, 64, 8000, 0.0, 4000.0), (12, 400, 16000, 20.0, 7600.0),
-                                                 (5, 31, 1000, 10.0, 400.0)])
+@pytest.mark.parametrize(
+    "bins,dft,rate,lo,hi", [(8, 64, 8000, 0.0, 4000.0), (12, 400, 16000, 20.0, 7600.0), (5, 31, 1000, 10.0, 400.0)]
+)
 @pytest.mark.parametrize("elem", [1, 11])
 def test_mel_weight_matrix_matches_reference(bins, dft, rate, lo, hi, elem):
-    inputs = {"bins": np.array(bins, I64), "dft": np.array(dft, I64), "rate": np.array(rate, I64),
-              "lo": np.array(lo, np.float32), "hi": np.array(hi, np.float32)}
-    assert_matches_reference("MelWeightMatrix", inputs, opset=17, output_datatype=elem,
-                             initializers=tuple(inputs))
+    inputs = {
+        "bins": np.array(bins, I64),
+        "dft": np.array(dft, I64),
+        "rate": np.array(rate, I64),
+        "lo": np.array(lo, np.float32),
+        "hi": np.array(hi, np.float32),
+    }
+    assert_matches_reference("MelWeightMatrix", inputs, opset=17, output_datatype=elem, initializers=tuple(inputs))
 
 
 def test_mel_weight_matrix_bad_range():
-    inputs = {"bins": np.array(4, I64), "dft": np.array(16, I64), "rate": np.array(100, I64),
-              "lo": np.array(40.0, np.float32), "hi": np.array(20.0, np.float32)}
+    inputs = {
+        "bins": np.array(4, I64),
+        "dft": np.array(16, I64),
+        "rate": np.array(100, I64),
+        "lo": np.array(40.0, np.float32),
+        "hi": np.array(20.0, np.float32),
+    }
     with pytest.raises(errors.NodeError, match="lower_edge_hertz"):
         run_jonnx(node_model("MelWeightMatrix", inputs, opset=17, initializers=tuple(inputs)), inputs)

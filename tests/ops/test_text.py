@@ -24,28 +24,44 @@ def _s(*values, shape=None) -> np.ndarray:
 WEEK = _s("monday", "Tuesday", "MONDAY", "monday blues", "Éclair")
 
 
-@pytest.mark.parametrize("sensitive,action,expected", [
-    (0, "NONE", _s("Tuesday", "monday blues", "Éclair")),
-    (0, "UPPER", _s("TUESDAY", "MONDAY BLUES", "ÉCLAIR")),
-    (1, "LOWER", _s("tuesday", "monday", "monday blues", "éclair")),
-    (1, "NONE", _s("Tuesday", "MONDAY", "monday blues", "Éclair")),
-])
+@pytest.mark.parametrize(
+    "sensitive,action,expected",
+    [
+        (0, "NONE", _s("Tuesday", "monday blues", "Éclair")),
+        (0, "UPPER", _s("TUESDAY", "MONDAY BLUES", "ÉCLAIR")),
+        (1, "LOWER", _s("tuesday", "monday", "monday blues", "éclair")),
+        (1, "NONE", _s("Tuesday", "MONDAY", "monday blues", "Éclair")),
+    ],
+)
 def test_string_normalizer_stopwords_and_case(sensitive, action, expected):
-    assert_matches_reference("StringNormalizer", {"x": WEEK}, opset=10, stopwords=["monday"],
-                             is_case_sensitive=sensitive, case_change_action=action, expected=[expected])
+    assert_matches_reference(
+        "StringNormalizer",
+        {"x": WEEK},
+        opset=10,
+        stopwords=["monday"],
+        is_case_sensitive=sensitive,
+        case_change_action=action,
+        expected=[expected],
+    )
 
 
 def test_string_normalizer_row_input_keeps_its_rank():
     x = WEEK.reshape(1, -1)
-    assert_matches_reference("StringNormalizer", {"x": x}, opset=10, case_change_action="LOWER",
-                             expected=[_s("monday", "tuesday", "monday", "monday blues", "éclair", shape=(1, 5))])
+    assert_matches_reference(
+        "StringNormalizer",
+        {"x": x},
+        opset=10,
+        case_change_action="LOWER",
+        expected=[_s("monday", "tuesday", "monday", "monday blues", "éclair", shape=(1, 5))],
+    )
 
 
 @pytest.mark.parametrize("shape,out_shape", [((2,), (1,)), ((1, 2), (1, 1))])
 def test_string_normalizer_everything_removed(shape, out_shape):
     x = _s("monday", "Monday").reshape(shape)
-    assert_matches_reference("StringNormalizer", {"x": x}, opset=10, stopwords=["MONDAY"],
-                             expected=[_s("", shape=out_shape)])
+    assert_matches_reference(
+        "StringNormalizer", {"x": x}, opset=10, stopwords=["MONDAY"], expected=[_s("", shape=out_shape)]
+    )
 
 
 def test_string_normalizer_rejects_several_rows():
@@ -57,11 +73,14 @@ def test_string_normalizer_rejects_several_rows():
 # -- StringConcat, StringSplit, RegexFullMatch -----------------------------------------------
 
 
-@pytest.mark.parametrize("x,y", [
-    (_s("abc", "", "日本"), _s("def", "x", "語")),
-    (_s("a", "b", "c", "d", shape=(2, 2)), _s("!", "?")),  # broadcasting
-    (_s(), _s("z")),
-])
+@pytest.mark.parametrize(
+    "x,y",
+    [
+        (_s("abc", "", "日本"), _s("def", "x", "語")),
+        (_s("a", "b", "c", "d", shape=(2, 2)), _s("!", "?")),  # broadcasting
+        (_s(), _s("z")),
+    ],
+)
 def test_string_concat(x, y):
     assert_matches_reference("StringConcat", {"x": x, "y": y}, opset=20)
 
@@ -78,26 +97,34 @@ def test_string_concat_bad_broadcast():
         run_jonnx(node_model("StringConcat", inputs, opset=20), inputs)
 
 
-@pytest.mark.parametrize("x,attrs", [
-    (_s("abc.com", "def.net", "x"), {"delimiter": "."}),
-    (_s("a-b--c-", "--", ""), {"delimiter": "-"}),
-    (_s("hello world  again", "  lead and trail  ", "one"), {}),
-    (_s("hello world  again", " a b c ", "x y"), {"delimiter": ""}),
-    (_s("1,2,3,4", "1,2", "a,b,c", "", shape=(2, 2)), {"delimiter": ",", "maxsplit": 1}),
-    (_s("a b c d", "e f", "g"), {"maxsplit": 2}),
-    (_s(), {"delimiter": "-"}),
-])
+@pytest.mark.parametrize(
+    "x,attrs",
+    [
+        (_s("abc.com", "def.net", "x"), {"delimiter": "."}),
+        (_s("a-b--c-", "--", ""), {"delimiter": "-"}),
+        (_s("hello world  again", "  lead and trail  ", "one"), {}),
+        (_s("hello world  again", " a b c ", "x y"), {"delimiter": ""}),
+        (_s("1,2,3,4", "1,2", "a,b,c", "", shape=(2, 2)), {"delimiter": ",", "maxsplit": 1}),
+        (_s("a b c d", "e f", "g"), {"maxsplit": 2}),
+        (_s(), {"delimiter": "-"}),
+    ],
+)
 def test_string_split(x, attrs):
     assert_matches_reference("StringSplit", {"x": x}, 2, opset=20, **attrs)
 
 
-@pytest.mark.parametrize("pattern,x", [
-    (r"www\.[\w.-]+\.\bcom\b", _s("www.google.com", "www.facebook.com", "www.bbc.co.uk")),
-    (r"(\W|^)[\w.\-]{0,25}@(yahoo|gmail)\.com(\W|$)", _s("account@gmail.com", "x@yahoo.com", "x@y.com",
-                                                       shape=(3, 1))),
-    ("", _s("", "a")),
-    ("[a-c]+", _s()),
-])
+@pytest.mark.parametrize(
+    "pattern,x",
+    [
+        (r"www\.[\w.-]+\.\bcom\b", _s("www.google.com", "www.facebook.com", "www.bbc.co.uk")),
+        (
+            r"(\W|^)[\w.\-]{0,25}@(yahoo|gmail)\.com(\W|$)",
+            _s("account@gmail.com", "x@yahoo.com", "x@y.com", shape=(3, 1)),
+        ),
+        ("", _s("", "a")),
+        ("[a-c]+", _s()),
+    ],
+)
 def test_regex_full_match(pattern, x):
     assert_matches_reference("RegexFullMatch", {"x": x}, opset=20, pattern=pattern)
 
@@ -115,10 +142,14 @@ def test_string_ops_callable_directly():
 
 # -- TfIdfVectorizer -------------------------------------------------------------------------
 
-INT_POOL = dict(ngram_counts=[0, 4], ngram_indexes=[0, 1, 2, 3, 4, 5, 6],
-                pool_int64s=[2, 3, 5, 4, 5, 6, 7, 8, 6, 7])  # 4 unigrams, 3 bigrams
-STR_POOL = dict(ngram_counts=[0, 4], ngram_indexes=[0, 1, 2, 3, 4, 5, 6],
-                pool_strings=["two", "three", "five", "four", "five", "six", "seven", "eight", "six", "seven"])
+INT_POOL = dict(
+    ngram_counts=[0, 4], ngram_indexes=[0, 1, 2, 3, 4, 5, 6], pool_int64s=[2, 3, 5, 4, 5, 6, 7, 8, 6, 7]
+)  # 4 unigrams, 3 bigrams
+STR_POOL = dict(
+    ngram_counts=[0, 4],
+    ngram_indexes=[0, 1, 2, 3, 4, 5, 6],
+    pool_strings=["two", "three", "five", "four", "five", "six", "seven", "eight", "six", "seven"],
+)
 TOKENS = np.array([[1, 1, 3, 3, 3, 7, 8, 6, 7, 5, 6, 8], [5, 6, 7, 8, 6, 7, 2, 3, 4, 5, 6, 7]], np.int32)
 WORDS = np.array(["one", "two", "three", "four", "five", "six", "seven", "eight"], object)[TOKENS - 1]
 
@@ -130,26 +161,62 @@ def test_tfidf_matches_reference(mode, strings, grams, skip):
     x = WORDS if strings else TOKENS
     pool = STR_POOL if strings else INT_POOL
     weights = [0.5, 1, 2, 3, 4, 5, 6] if mode != "TF" else None
-    assert_matches_reference("TfIdfVectorizer", {"x": x}, opset=9, mode=mode, min_gram_length=grams[0],
-                             max_gram_length=grams[1], max_skip_count=skip, weights=weights, **pool)
+    assert_matches_reference(
+        "TfIdfVectorizer",
+        {"x": x},
+        opset=9,
+        mode=mode,
+        min_gram_length=grams[0],
+        max_gram_length=grams[1],
+        max_skip_count=skip,
+        weights=weights,
+        **pool,
+    )
 
 
 @pytest.mark.parametrize("x", [TOKENS[0], TOKENS.astype(np.int64), TOKENS[:1, :3]])
 def test_tfidf_int_shapes_and_dtypes(x):
     # The int tokens are traced under jit (assert_matches_reference runs jit and eager).
-    assert_matches_reference("TfIdfVectorizer", {"x": x}, opset=9, mode="TF", min_gram_length=1,
-                             max_gram_length=2, max_skip_count=1, **INT_POOL)
+    assert_matches_reference(
+        "TfIdfVectorizer",
+        {"x": x},
+        opset=9,
+        mode="TF",
+        min_gram_length=1,
+        max_gram_length=2,
+        max_skip_count=1,
+        **INT_POOL,
+    )
 
 
 def test_tfidf_permuted_columns_and_missing_sizes():
     # Only bigrams in the pool (ngram_counts [0, 0]), written to permuted columns.
     attrs = dict(ngram_counts=[0, 0], ngram_indexes=[2, 0, 1], pool_int64s=[5, 6, 7, 8, 6, 7])
-    assert_matches_reference("TfIdfVectorizer", {"x": TOKENS}, opset=9, mode="TF", min_gram_length=1,
-                             max_gram_length=2, max_skip_count=0, **attrs)
+    assert_matches_reference(
+        "TfIdfVectorizer",
+        {"x": TOKENS},
+        opset=9,
+        mode="TF",
+        min_gram_length=1,
+        max_gram_length=2,
+        max_skip_count=0,
+        **attrs,
+    )
 
 
 def test_tfidf_needs_one_pool():
     with pytest.raises(errors.NodeError, match="exactly one of pool_int64s and pool_strings"):
-        run_jonnx(node_model("TfIdfVectorizer", {"x": TOKENS}, opset=9, mode="TF", min_gram_length=1,
-                             max_gram_length=1, max_skip_count=0, ngram_counts=[0], ngram_indexes=[0]),
-                  {"x": TOKENS})
+        run_jonnx(
+            node_model(
+                "TfIdfVectorizer",
+                {"x": TOKENS},
+                opset=9,
+                mode="TF",
+                min_gram_length=1,
+                max_gram_length=1,
+                max_skip_count=0,
+                ngram_counts=[0],
+                ngram_indexes=[0],
+            ),
+            {"x": TOKENS},
+        )

@@ -33,30 +33,51 @@ def build(op: str, n: int, folded: bool) -> tuple[onnx.ModelProto, list[np.ndarr
     side = int(np.sqrt(n))
     F = onnx.TensorProto.FLOAT
     if op == "ConstantOfShape":
-        nodes = [const("shape", np.array([side, side], np.int64)),
-                 oh.make_node("ConstantOfShape", ["shape"], ["big"], name="giant",
-                              value=onnx.numpy_helper.from_array(np.array([1.0], np.float32)))]
+        nodes = [
+            const("shape", np.array([side, side], np.int64)),
+            oh.make_node(
+                "ConstantOfShape",
+                ["shape"],
+                ["big"],
+                name="giant",
+                value=onnx.numpy_helper.from_array(np.array([1.0], np.float32)),
+            ),
+        ]
         data_shape = [1]
     elif op == "Expand":
-        nodes = [const("shape", np.array([side, side], np.int64)), oh.make_node("Expand", ["data", "shape"], ["big"], name="giant")]
+        nodes = [
+            const("shape", np.array([side, side], np.int64)),
+            oh.make_node("Expand", ["data", "shape"], ["big"], name="giant"),
+        ]
         data_shape = [1]
     elif op == "Tile":
-        nodes = [const("reps", np.array([n // 4], np.int64)), oh.make_node("Tile", ["data", "reps"], ["big"], name="giant")]
+        nodes = [
+            const("reps", np.array([n // 4], np.int64)),
+            oh.make_node("Tile", ["data", "reps"], ["big"], name="giant"),
+        ]
         data_shape = [4]
     elif op == "Range":
-        nodes = [const("start", np.array(0, np.float32)), const("limit", np.array(n, np.float32)),
-                 const("delta", np.array(1, np.float32)),
-                 oh.make_node("Range", ["start", "limit", "delta"], ["r"], name="giant"),
-                 oh.make_node("ReduceMax", ["r"], ["m"], keepdims=1),
-                 oh.make_node("Mul", ["m", "data"], ["big"])]
+        nodes = [
+            const("start", np.array(0, np.float32)),
+            const("limit", np.array(n, np.float32)),
+            const("delta", np.array(1, np.float32)),
+            oh.make_node("Range", ["start", "limit", "delta"], ["r"], name="giant"),
+            oh.make_node("ReduceMax", ["r"], ["m"], keepdims=1),
+            oh.make_node("Mul", ["m", "data"], ["big"]),
+        ]
         data_shape = [1]
     elif op == "Resize":
         scale = float(np.sqrt(n) / 2)
-        nodes = [const("scales", np.array([1, 1, scale, scale], np.float32)),
-                 oh.make_node("Resize", ["data", "", "scales"], ["big"], name="giant", mode="nearest")]
+        nodes = [
+            const("scales", np.array([1, 1, scale, scale], np.float32)),
+            oh.make_node("Resize", ["data", "", "scales"], ["big"], name="giant", mode="nearest"),
+        ]
         data_shape = [1, 1, 2, 2]
     elif op == "Pad":
-        nodes = [const("pads", np.array([0, n], np.int64)), oh.make_node("Pad", ["data", "pads"], ["big"], name="giant")]
+        nodes = [
+            const("pads", np.array([0, n], np.int64)),
+            oh.make_node("Pad", ["data", "pads"], ["big"], name="giant"),
+        ]
         data_shape = [1]
     else:
         raise ValueError(op)
@@ -99,7 +120,10 @@ def main(requested: int, small: dict[str, int]) -> None:
             except Exception as e:  # noqa: BLE001 -- reported to the test, which judges
                 outcome = (type(e).__name__, str(e))
             results[f"{op}-{'folded' if folded else 'traced'}"] = {
-                "error": outcome[0], "message": outcome[1], "rss_before": before, "rss_growth": _rss() - before,
+                "error": outcome[0],
+                "message": outcome[1],
+                "rss_before": before,
+                "rss_growth": _rss() - before,
             }
     print(json.dumps({"limit": LIMIT, "cases": results}))
 

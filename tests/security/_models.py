@@ -18,10 +18,12 @@ def vi(name: str, shape=(4,), elem: int = FLOAT) -> onnx.ValueInfoProto:
 
 def graph(nodes, *, inits=(), sparse=(), inputs=None, outputs=None, name="g") -> onnx.GraphProto:
     return oh.make_graph(
-        list(nodes), name,
+        list(nodes),
+        name,
         [vi("x")] if inputs is None else list(inputs),
         [vi("y")] if outputs is None else list(outputs),
-        initializer=list(inits), sparse_initializer=list(sparse),
+        initializer=list(inits),
+        sparse_initializer=list(sparse),
     )
 
 
@@ -39,16 +41,25 @@ def add_model(w: onnx.TensorProto | None = None) -> onnx.ModelProto:
 
 
 def const(name: str, value: np.ndarray, out: str | None = None, node: str | None = None) -> onnx.NodeProto:
-    return oh.make_node("Constant", [], [out or name], name=node or f"const_{name}",
-                        value=onh.from_array(np.asarray(value), name))
+    return oh.make_node(
+        "Constant", [], [out or name], name=node or f"const_{name}", value=onh.from_array(np.asarray(value), name)
+    )
 
 
 def const_tensor_node(tensor: onnx.TensorProto, out: str, node: str) -> onnx.NodeProto:
     return oh.make_node("Constant", [], [out], name=node, value=tensor)
 
 
-def external(name: str, location: str, *, offset: int | str | None = 0, length: int | str | None = 16,
-             dims=(4,), elem: int = FLOAT, extra=()) -> onnx.TensorProto:
+def external(
+    name: str,
+    location: str,
+    *,
+    offset: int | str | None = 0,
+    length: int | str | None = 16,
+    dims=(4,),
+    elem: int = FLOAT,
+    extra=(),
+) -> onnx.TensorProto:
     """A tensor whose data lives in ``location`` (relative to the model's folder)."""
     t = onnx.TensorProto(name=name, data_type=elem, dims=list(dims))
     t.data_location = onnx.TensorProto.EXTERNAL
@@ -66,18 +77,27 @@ def branch(nodes, out: str, name: str, inits=()) -> onnx.GraphProto:
     return oh.make_graph(list(nodes), name, [], [vi(out)], initializer=list(inits))
 
 
-def if_model(then: onnx.GraphProto, other: onnx.GraphProto | None = None, *, outputs=("y",), node="if_node",
-             functions=()) -> onnx.ModelProto:
+def if_model(
+    then: onnx.GraphProto, other: onnx.GraphProto | None = None, *, outputs=("y",), node="if_node", functions=()
+) -> onnx.ModelProto:
     """An If on a constant condition, with ``then`` and ``other`` as branches."""
     other = other if other is not None else branch([oh.make_node("Identity", ["x"], ["e"])], "e", "else")
-    nodes = [const("cond", np.array(True)),
-             oh.make_node("If", ["cond"], list(outputs), name=node, then_branch=then, else_branch=other)]
+    nodes = [
+        const("cond", np.array(True)),
+        oh.make_node("If", ["cond"], list(outputs), name=node, then_branch=then, else_branch=other),
+    ]
     return model(graph(nodes, outputs=[vi(o) for o in outputs]), functions=functions)
 
 
 def function(name: str, nodes, inputs=("a",), outputs=("b",), domain: str = FN_DOMAIN) -> onnx.FunctionProto:
-    return oh.make_function(domain, name, list(inputs), list(outputs), list(nodes),
-                            opset_imports=[oh.make_opsetid("", OPSET), oh.make_opsetid(FN_DOMAIN, 1)])
+    return oh.make_function(
+        domain,
+        name,
+        list(inputs),
+        list(outputs),
+        list(nodes),
+        opset_imports=[oh.make_opsetid("", OPSET), oh.make_opsetid(FN_DOMAIN, 1)],
+    )
 
 
 def call(name: str, inputs=("x",), outputs=("y",), node: str | None = None) -> onnx.NodeProto:

@@ -49,28 +49,56 @@ FUZZ = settings(
 
 def _seeds() -> list[bytes]:
     w = onh.from_array(np.arange(4, dtype=np.float32), "w")
-    sp = oh.make_sparse_tensor(onh.from_array(np.ones(2, np.float32), "sp"),
-                               onh.from_array(np.array([0, 3], np.int64), "sp_idx"), [4])
-    plain = model(graph([oh.make_node("Add", ["x", "w"], ["t"]), oh.make_node("Mul", ["t", "sp"], ["y"])],
-                        inits=[w], sparse=[sp]))
-    shapes = model(graph(
-        [const("shape", np.array([2, 2], np.int64)), oh.make_node("Reshape", ["x", "shape"], ["r"]),
-         oh.make_node("Transpose", ["r"], ["t"], perm=[1, 0]), const("flat", np.array([4], np.int64)),
-         oh.make_node("Reshape", ["t", "flat"], ["y"])]))
+    sp = oh.make_sparse_tensor(
+        onh.from_array(np.ones(2, np.float32), "sp"), onh.from_array(np.array([0, 3], np.int64), "sp_idx"), [4]
+    )
+    plain = model(
+        graph([oh.make_node("Add", ["x", "w"], ["t"]), oh.make_node("Mul", ["t", "sp"], ["y"])], inits=[w], sparse=[sp])
+    )
+    shapes = model(
+        graph(
+            [
+                const("shape", np.array([2, 2], np.int64)),
+                oh.make_node("Reshape", ["x", "shape"], ["r"]),
+                oh.make_node("Transpose", ["r"], ["t"], perm=[1, 0]),
+                const("flat", np.array([4], np.int64)),
+                oh.make_node("Reshape", ["t", "flat"], ["y"]),
+            ]
+        )
+    )
     branches = if_model(branch([oh.make_node("Neg", ["x"], ["t"])], "t", "then"))
     body = oh.make_graph(
-        [oh.make_node("Identity", ["c"], ["c_out"]), oh.make_node("Add", ["acc", "x"], ["acc_out"])], "body",
+        [oh.make_node("Identity", ["c"], ["c_out"]), oh.make_node("Add", ["acc", "x"], ["acc_out"])],
+        "body",
         [vi("i", [], onnx.TensorProto.INT64), vi("c", [], onnx.TensorProto.BOOL), vi("acc")],
-        [vi("c_out", [], onnx.TensorProto.BOOL), vi("acc_out")])
-    loop = model(graph([const("n", np.array(3, np.int64)), const("go", np.array(True)),
-                        oh.make_node("Loop", ["n", "go", "x"], ["y"], body=body)]))
+        [vi("c_out", [], onnx.TensorProto.BOOL), vi("acc_out")],
+    )
+    loop = model(
+        graph(
+            [
+                const("n", np.array(3, np.int64)),
+                const("go", np.array(True)),
+                oh.make_node("Loop", ["n", "go", "x"], ["y"], body=body),
+            ]
+        )
+    )
     leaky = oh.make_node("LeakyRelu", ["a"], ["b"])
     leaky.attribute.append(oh.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT))
-    functions = model(graph([call("Outer")]), functions=[
-        function("Outer", [call("Inner", ["a"], ["t"]), oh.make_node("Abs", ["t"], ["b"])]),
-        oh.make_function("test.security", "Inner", ["a"], ["b"], [leaky], opset_imports=[oh.make_opsetid("", 18)],
-                         attributes=["alpha"]),
-    ])
+    functions = model(
+        graph([call("Outer")]),
+        functions=[
+            function("Outer", [call("Inner", ["a"], ["t"]), oh.make_node("Abs", ["t"], ["b"])]),
+            oh.make_function(
+                "test.security",
+                "Inner",
+                ["a"],
+                ["b"],
+                [leaky],
+                opset_imports=[oh.make_opsetid("", 18)],
+                attributes=["alpha"],
+            ),
+        ],
+    )
     built = [m.SerializeToString() for m in (plain, shapes, branches, loop, functions)]
     return built + [p.read_bytes() for p in sorted(EXAMPLES.glob("*.onnx"))]
 
@@ -137,8 +165,10 @@ def test_truncated_models(seed, fraction):
 
 
 @FUZZ
-@given(seed=st.sampled_from(SEEDS), flips=st.lists(st.tuples(st.floats(0.0, 1.0, exclude_max=True), st.integers(0, 7)),
-                                                    min_size=1, max_size=4))
+@given(
+    seed=st.sampled_from(SEEDS),
+    flips=st.lists(st.tuples(st.floats(0.0, 1.0, exclude_max=True), st.integers(0, 7)), min_size=1, max_size=4),
+)
 def test_bit_flipped_models(seed, flips):
     data = bytearray(seed)
     for where, bit in flips:
@@ -147,8 +177,26 @@ def test_bit_flipped_models(seed, flips):
 
 
 _INTS = [0, 1, -1, 2, 7, 255, 2**31 - 1, -(2**31), 2**62, 2**63 - 1, -(2**63)]
-_TEXT = ["", "x", "y", "w", "sp", "..", "../secret.bin", "/etc/passwd", "ai.onnx", "If", "Loop", "Constant",
-         "test.security", "location", "offset", "length", "then_branch", "body"]
+_TEXT = [
+    "",
+    "x",
+    "y",
+    "w",
+    "sp",
+    "..",
+    "../secret.bin",
+    "/etc/passwd",
+    "ai.onnx",
+    "If",
+    "Loop",
+    "Constant",
+    "test.security",
+    "location",
+    "offset",
+    "length",
+    "then_branch",
+    "body",
+]
 
 
 def _messages(message, out):
@@ -156,7 +204,7 @@ def _messages(message, out):
     out.append(message)
     for field, value in message.ListFields():
         if field.type == field.TYPE_MESSAGE:
-            for m in (value if _repeated(field) else (value,)):
+            for m in value if _repeated(field) else (value,):
                 _messages(m, out)
     return out
 

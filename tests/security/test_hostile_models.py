@@ -116,19 +116,28 @@ def ext_if_branch_initializer_climbs(d):
 def ext_loop_body_constant_symlink(d):
     os.symlink(d.parent / "secret.bin", d / "link.bin")
     body = oh.make_graph(
-        [const_tensor_node(external("body_w", "link.bin"), "bw", "body_const"),
-         oh.make_node("Identity", ["cond_in"], ["cond_out"]),
-         oh.make_node("Add", ["acc", "bw"], ["acc_out"])],
-        "body", [vi("i", [], onnx.TensorProto.INT64), vi("cond_in", [], onnx.TensorProto.BOOL), vi("acc")],
+        [
+            const_tensor_node(external("body_w", "link.bin"), "bw", "body_const"),
+            oh.make_node("Identity", ["cond_in"], ["cond_out"]),
+            oh.make_node("Add", ["acc", "bw"], ["acc_out"]),
+        ],
+        "body",
+        [vi("i", [], onnx.TensorProto.INT64), vi("cond_in", [], onnx.TensorProto.BOOL), vi("acc")],
         [vi("cond_out", [], onnx.TensorProto.BOOL), vi("acc_out")],
     )
-    nodes = [const("n", np.array(2, np.int64)), const("c", np.array(True)),
-             oh.make_node("Loop", ["n", "c", "x"], ["y"], name="loop", body=body)]
+    nodes = [
+        const("n", np.array(2, np.int64)),
+        const("c", np.array(True)),
+        oh.make_node("Loop", ["n", "c", "x"], ["y"], name="loop", body=body),
+    ]
     return save(d, model(graph(nodes)))
 
 
 def ext_function_body_constant_climbs(d):
-    body = [const_tensor_node(external("fn_w", "../secret.bin"), "k", "fn_const"), oh.make_node("Add", ["a", "k"], ["b"])]
+    body = [
+        const_tensor_node(external("fn_w", "../secret.bin"), "k", "fn_const"),
+        oh.make_node("Add", ["a", "k"], ["b"]),
+    ]
     return save(d, model(graph([call("WithWeights")]), functions=[function("WithWeights", body)]))
 
 
@@ -201,8 +210,12 @@ def ext_location_names_no_file(d):
 def ext_string_tensor(d):
     weights(d)
     t = external("w", "w.bin", elem=onnx.TensorProto.STRING, length=None)
-    return save(d, model(graph([oh.make_node("Identity", ["w"], ["y"])], inits=[t],
-                               outputs=[vi("y", elem=onnx.TensorProto.STRING)])))
+    return save(
+        d,
+        model(
+            graph([oh.make_node("Identity", ["w"], ["y"])], inits=[t], outputs=[vi("y", elem=onnx.TensorProto.STRING)])
+        ),
+    )
 
 
 def ext_entries_without_external_location(d):
@@ -282,7 +295,9 @@ def int64_data_too_long(d):
 
 def string_data_mismatch(d):
     t = tensor(dims=[3], data_type=onnx.TensorProto.STRING, string_data=[b"a"])
-    return model(graph([oh.make_node("Identity", ["w"], ["y"])], inits=[t], outputs=[vi("y", elem=onnx.TensorProto.STRING)]))
+    return model(
+        graph([oh.make_node("Identity", ["w"], ["y"])], inits=[t], outputs=[vi("y", elem=onnx.TensorProto.STRING)])
+    )
 
 
 def negative_dims(d):
@@ -345,16 +360,26 @@ def self_loop(d):
 def cycle_through_subgraph(d):
     # The If's branch reads "z", which is computed from the If's own output.
     then = branch([oh.make_node("Identity", ["z"], ["t"])], "t", "then")
-    nodes = [const("cond", np.array(True)),
-             oh.make_node("If", ["cond"], ["y"], name="if_node", then_branch=then,
-                          else_branch=branch([oh.make_node("Identity", ["x"], ["e"])], "e", "else")),
-             oh.make_node("Neg", ["y"], ["z"], name="downstream")]
+    nodes = [
+        const("cond", np.array(True)),
+        oh.make_node(
+            "If",
+            ["cond"],
+            ["y"],
+            name="if_node",
+            then_branch=then,
+            else_branch=branch([oh.make_node("Identity", ["x"], ["e"])], "e", "else"),
+        ),
+        oh.make_node("Neg", ["y"], ["z"], name="downstream"),
+    ]
     return model(graph(nodes))
 
 
 def node_overwrites_initializer(d):
     w = onh.from_array(np.zeros(4, np.float32), "w")
-    return model(graph([oh.make_node("Neg", ["x"], ["w"], name="clobber"), oh.make_node("Add", ["x", "w"], ["y"])], inits=[w]))
+    return model(
+        graph([oh.make_node("Neg", ["x"], ["w"], name="clobber"), oh.make_node("Add", ["x", "w"], ["y"])], inits=[w])
+    )
 
 
 def duplicate_initializer(d):
@@ -395,8 +420,14 @@ def attribute_without_type(d):
 
 
 def attribute_of_wrong_type(d):
-    node = oh.make_node("If", ["c"], ["y"], name="if_node", then_branch=3,
-                        else_branch=branch([oh.make_node("Identity", ["x"], ["e"])], "e", "else"))
+    node = oh.make_node(
+        "If",
+        ["c"],
+        ["y"],
+        name="if_node",
+        then_branch=3,
+        else_branch=branch([oh.make_node("Identity", ["x"], ["e"])], "e", "else"),
+    )
     return model(graph([const("c", np.array(True)), node]))
 
 
@@ -415,14 +446,16 @@ def attribute_reference_outside_function(d):
 
 
 def if_without_else(d):
-    node = oh.make_node("If", ["c"], ["y"], name="half_if",
-                        then_branch=branch([oh.make_node("Identity", ["x"], ["t"])], "t", "then"))
+    node = oh.make_node(
+        "If", ["c"], ["y"], name="half_if", then_branch=branch([oh.make_node("Identity", ["x"], ["t"])], "t", "then")
+    )
     return model(graph([const("c", np.array(True)), node]))
 
 
 def if_branches_disagree(d):
-    then = oh.make_graph([oh.make_node("Identity", ["x"], ["t"]), oh.make_node("Neg", ["x"], ["u"])], "then", [],
-                         [vi("t"), vi("u")])
+    then = oh.make_graph(
+        [oh.make_node("Identity", ["x"], ["t"]), oh.make_node("Neg", ["x"], ["u"])], "then", [], [vi("t"), vi("u")]
+    )
     return if_model(then)
 
 
@@ -446,8 +479,11 @@ def function_recursion_through_if(d):
 
 
 def function_three_cycle(d):
-    fs = [function("A", [call("B", ["a"], ["b"])]), function("B", [call("C", ["a"], ["b"])]),
-          function("C", [call("A", ["a"], ["b"])])]
+    fs = [
+        function("A", [call("B", ["a"], ["b"])]),
+        function("B", [call("C", ["a"], ["b"])]),
+        function("C", [call("A", ["a"], ["b"])]),
+    ]
     return model(graph([call("A")]), functions=fs)
 
 
@@ -465,8 +501,10 @@ def function_defined_twice(d):
 
 
 def function_call_asks_too_many_outputs(d):
-    return model(graph([call("One", outputs=["y", "extra"], node="greedy")], outputs=[vi("y"), vi("extra")]),
-                 functions=[function("One", [oh.make_node("Neg", ["a"], ["b"])])])
+    return model(
+        graph([call("One", outputs=["y", "extra"], node="greedy")], outputs=[vi("y"), vi("extra")]),
+        functions=[function("One", [oh.make_node("Neg", ["a"], ["b"])])],
+    )
 
 
 def unknown_op_in_branch(d):
@@ -508,8 +546,13 @@ def input_wrong_dim(d):
 
 
 def input_symbolic_dims_disagree(d):
-    m = model(graph([oh.make_node("Add", ["x", "x2"], ["y"])], inputs=[vi("x", ["N"]), vi("x2", ["N"])],
-                    outputs=[vi("y", ["N"])]))
+    m = model(
+        graph(
+            [oh.make_node("Add", ["x", "x2"], ["y"])],
+            inputs=[vi("x", ["N"]), vi("x2", ["N"])],
+            outputs=[vi("y", ["N"])],
+        )
+    )
     return Call(m, (np.zeros(3, np.float32), np.zeros(4, np.float32)))
 
 
@@ -521,8 +564,14 @@ def input_missing(d):
     return Call(_neg())
 
 
-E, L, S, U, I, M = (errors.ExternalDataError, errors.LoadError, errors.ModelStructureError,
-                    errors.UnsupportedOpError, errors.InputError, errors.MemoryLimitError)
+E, L, S, U, I, M = (
+    errors.ExternalDataError,
+    errors.LoadError,
+    errors.ModelStructureError,
+    errors.UnsupportedOpError,
+    errors.InputError,
+    errors.MemoryLimitError,
+)
 
 CASES: list[tuple[Callable[[pathlib.Path], Any], type[errors.JonnxError], str]] = [
     # external data, every place a tensor can live
@@ -560,7 +609,11 @@ CASES: list[tuple[Callable[[pathlib.Path], Any], type[errors.JonnxError], str]] 
     (int64_data_too_long, L, r"tensor 'w' cannot be decoded \(dims \[4\]\)"),
     (string_data_mismatch, L, r"tensor 'w' cannot be decoded \(dims \[3\]\)"),
     (negative_dims, L, r"tensor 'w' has negative dims \[-4\]"),
-    (overflowing_dims_without_data, L, r"tensor 'w' has dims \[4611686018427387904, 4611686018427387904\].*but no data"),
+    (
+        overflowing_dims_without_data,
+        L,
+        r"tensor 'w' has dims \[4611686018427387904, 4611686018427387904\].*but no data",
+    ),
     (unknown_element_type, L, r"tensor 'w' has unknown element type 999"),
     (raw_and_typed_data, L, r"tensor 'w' has both raw_data and float_data"),
     (two_typed_fields, L, r"tensor 'w' has data in both float_data and int32_data"),
@@ -569,7 +622,11 @@ CASES: list[tuple[Callable[[pathlib.Path], Any], type[errors.JonnxError], str]] 
     (sparse_negative_dims, L, r"sparse tensor 'sp' has negative dims \[-4\]"),
     (sparse_index_out_of_range, L, r"sparse tensor 'sp' has out-of-range indices"),
     (sparse_counts_disagree, L, r"sparse tensor 'sp': indices of shape \(2,\) do not fit 1 values"),
-    (sparse_densifies_over_memory_limit, M, r"sparse tensor 'sp' with dims \[1099511627776\] would take 4,398,046,511,104 bytes"),
+    (
+        sparse_densifies_over_memory_limit,
+        M,
+        r"sparse tensor 'sp' with dims \[1099511627776\] would take 4,398,046,511,104 bytes",
+    ),
     (input_unknown_element_type, S, r"value 'x' is declared with unknown element type 77"),
     # graph structure
     (self_loop, S, r"cycle through node\(s\) \['selfish'\]"),
@@ -581,19 +638,35 @@ CASES: list[tuple[Callable[[pathlib.Path], Any], type[errors.JonnxError], str]] 
     (branch_reads_missing_edge, S, r"graph 'then': node 'reader' \(Identity\) reads 'phantom'"),
     (domain_not_imported, S, r"node 'stray' \(Neg\) uses domain 'not.imported'"),
     (opset_version_zero, S, r"the model imports domain 'ai.onnx' at version 0"),
-    (function_opset_version_overflows, S, rf"function {FN_DOMAIN}:Huge imports domain 'ai.onnx' at version 4611686018427387904"),
+    (
+        function_opset_version_overflows,
+        S,
+        rf"function {FN_DOMAIN}:Huge imports domain 'ai.onnx' at version 4611686018427387904",
+    ),
     (attribute_without_type, S, r"node 'untyped': attribute 'alpha' has no valid type"),
-    (attribute_of_wrong_type, S, r"node 'if_node' \(If, opset \d+\): attribute 'then_branch' is INT but the op takes GRAPH"),
+    (
+        attribute_of_wrong_type,
+        S,
+        r"node 'if_node' \(If, opset \d+\): attribute 'then_branch' is INT but the op takes GRAPH",
+    ),
     (attribute_twice, S, r"node 'twice' \(LeakyRelu\) sets attribute 'alpha' twice"),
     (attribute_reference_outside_function, S, r"node 'referrer' \(LeakyRelu\): attribute 'alpha' refers to 'beta'"),
     (if_without_else, S, r"node 'half_if' \(If, opset \d+\) is missing its required attribute 'else_branch'"),
     (if_branches_disagree, S, r"node 'if_node' \(If, opset \d+\): then_branch gives 2 outputs but else_branch gives 1"),
     (if_lists_too_many_outputs, S, r"node 'if_node' \(If, opset \d+\): the node lists 3 outputs"),
-    (nesting_past_limit, S, rf"graph 'then_{MAX_GRAPH_DEPTH - 1}' is nested more than {MAX_GRAPH_DEPTH} subgraphs deep"),
+    (
+        nesting_past_limit,
+        S,
+        rf"graph 'then_{MAX_GRAPH_DEPTH - 1}' is nested more than {MAX_GRAPH_DEPTH} subgraphs deep",
+    ),
     (function_calls_itself, S, rf"call themselves: {FN_DOMAIN}:Self -> {FN_DOMAIN}:Self"),
     (function_recursion_through_if, S, rf"call themselves: {FN_DOMAIN}:Rec -> {FN_DOMAIN}:Rec"),
     (function_three_cycle, S, rf"call themselves: {FN_DOMAIN}:A -> {FN_DOMAIN}:B -> {FN_DOMAIN}:C -> {FN_DOMAIN}:A"),
-    (function_chain_too_deep, S, rf"node 'call_F0': model-local function calls are nested more than {MAX_FUNCTION_DEPTH} deep"),
+    (
+        function_chain_too_deep,
+        S,
+        rf"node 'call_F0': model-local function calls are nested more than {MAX_FUNCTION_DEPTH} deep",
+    ),
     (function_exponential_inlining, S, r"at node 'bomb'\) makes more than 1000000 nodes"),
     (function_defined_twice, S, rf"function {FN_DOMAIN}:Twin is defined twice"),
     (function_call_asks_too_many_outputs, S, r"node 'greedy' calls function .*:One for 2 outputs, but it gives 1"),

@@ -35,7 +35,10 @@ def probe() -> dict:
     args = [str(REQUESTED)]
     done = subprocess.run(
         [sys.executable, "-m", "tests.security._memory_probe", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -46,8 +49,9 @@ def test_giant_node_raises_memory_limit_error(probe, case):
     result = probe["cases"][case]
     op = case.split("-")[0]
     assert result["error"] == "MemoryLimitError", result
-    match = re.search(rf"node 'giant' \({op}\) would create a tensor of shape \(.*\) \(float32, ([\d,]+) bytes\)",
-                      result["message"])
+    match = re.search(
+        rf"node 'giant' \({op}\) would create a tensor of shape \(.*\) \(float32, ([\d,]+) bytes\)", result["message"]
+    )
     assert match, result["message"]
     assert int(match.group(1).replace(",", "")) >= 0.99 * REQUESTED
     assert f"memory limit of {probe['limit']:,} bytes" in result["message"]
@@ -57,8 +61,7 @@ def test_giant_node_raises_memory_limit_error(probe, case):
 def test_peak_memory_stays_far_below_the_request(probe, case):
     result = probe["cases"][case]
     assert result["rss_growth"] <= PEAK_BOUND, (
-        f"{case}: peak RSS grew by {result['rss_growth'] >> 20} MiB for a refused "
-        f"{REQUESTED >> 20} MiB tensor"
+        f"{case}: peak RSS grew by {result['rss_growth'] >> 20} MiB for a refused {REQUESTED >> 20} MiB tensor"
     )
 
 

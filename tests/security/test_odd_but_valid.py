@@ -63,11 +63,17 @@ def test_external_data_at_offsets_in_a_shared_file(tmp_path):
     (tmp_path / "weights" / "all.bin").write_bytes(blob)
     w = external("w", "weights/all.bin", offset=4, length=16)
     cv = external("cval", "./weights/all.bin", offset=24, length=None)
-    sparse = oh.make_sparse_tensor(external("sp", "weights/all.bin", offset=40, length=8, dims=(2,)),
-                                   external("sp_idx", "weights/all.bin", offset=48, length=16, dims=(2,),
-                                            elem=onnx.TensorProto.INT64), [4])
-    nodes = [const_tensor_node(cv, "c", "const_node"), oh.make_node("Add", ["x", "w"], ["t"]),
-             oh.make_node("Add", ["t", "c"], ["u"]), oh.make_node("Add", ["u", "sp"], ["y"])]
+    sparse = oh.make_sparse_tensor(
+        external("sp", "weights/all.bin", offset=40, length=8, dims=(2,)),
+        external("sp_idx", "weights/all.bin", offset=48, length=16, dims=(2,), elem=onnx.TensorProto.INT64),
+        [4],
+    )
+    nodes = [
+        const_tensor_node(cv, "c", "const_node"),
+        oh.make_node("Add", ["x", "w"], ["t"]),
+        oh.make_node("Add", ["t", "c"], ["u"]),
+        oh.make_node("Add", ["u", "sp"], ["y"]),
+    ]
     path = tmp_path / "model.onnx"
     path.write_bytes(model(graph(nodes, inits=[w], sparse=[sparse])).SerializeToString())
     np.testing.assert_array_equal(_run(str(path), X)[0], X + a + c + np.array([0, 5, 0, 7], np.float32))
@@ -132,17 +138,27 @@ def test_gather_with_negative_indices():
 def test_gather_with_negative_runtime_indices_matches_onnxruntime():
     data = np.arange(12, dtype=np.float32).reshape(4, 3)
     idx = np.array([-1, -2, 3], np.int64)
-    m = model(graph([oh.make_node("Gather", ["x", "i"], ["y"], axis=0)],
-                    inputs=[vi("x", [4, 3]), vi("i", [3], onnx.TensorProto.INT64)], outputs=[vi("y", [3, 3])]),
-              opsets=[oh.make_opsetid("", 18)])
-    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": data, "i": idx})[0]
+    m = model(
+        graph(
+            [oh.make_node("Gather", ["x", "i"], ["y"], axis=0)],
+            inputs=[vi("x", [4, 3]), vi("i", [3], onnx.TensorProto.INT64)],
+            outputs=[vi("y", [3, 3])],
+        ),
+        opsets=[oh.make_opsetid("", 18)],
+    )
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": data, "i": idx}
+    )[0]
     np.testing.assert_array_equal(_run(m, data, idx)[0], want)
 
 
 def test_unnamed_and_duplicate_node_names():
     # Node names are optional and need not be unique.
-    nodes = [oh.make_node("Neg", ["x"], ["a"], name="same"), oh.make_node("Abs", ["a"], ["b"], name="same"),
-             oh.make_node("Neg", ["b"], ["y"])]
+    nodes = [
+        oh.make_node("Neg", ["x"], ["a"], name="same"),
+        oh.make_node("Abs", ["a"], ["b"], name="same"),
+        oh.make_node("Neg", ["b"], ["y"]),
+    ]
     np.testing.assert_array_equal(_run(model(graph(nodes)), X)[0], -np.abs(X))
 
 
@@ -159,7 +175,9 @@ def test_sparse_initializer_with_coordinate_indices():
     values = onh.from_array(np.array([1.0, 2.0], np.float32), "sp")
     indices = onh.from_array(np.array([[0, 1], [1, 0]], np.int64), "sp_idx")
     sp = oh.make_sparse_tensor(values, indices, [2, 2])
-    g = graph([oh.make_node("Add", ["x", "sp"], ["y"])], sparse=[sp], inputs=[vi("x", [2, 2])], outputs=[vi("y", [2, 2])])
+    g = graph(
+        [oh.make_node("Add", ["x", "sp"], ["y"])], sparse=[sp], inputs=[vi("x", [2, 2])], outputs=[vi("y", [2, 2])]
+    )
     np.testing.assert_array_equal(_run(model(g), np.zeros((2, 2), np.float32))[0], [[0, 1], [2, 0]])
 
 
@@ -175,9 +193,29 @@ def test_unused_odd_initializers_and_empty_tensors():
 def test_subgraph_reads_outer_values_at_several_levels():
     # Branches read names from two scopes up, and shadowing-free reuse of names across branches.
     inner = branch([oh.make_node("Add", ["x", "w"], ["t2"])], "t2", "inner")
-    then = branch([const("c2", np.array(True), node="c2_node"),
-                   oh.make_node("If", ["c2"], ["t"], then_branch=inner, else_branch=branch([oh.make_node("Identity", ["x"], ["z"])], "z", "z"))],
-                  "t", "then")
-    nodes = [const("w", np.full(4, 2, np.float32)), const("c", np.array(True)),
-             oh.make_node("If", ["c"], ["y"], then_branch=then, else_branch=branch([oh.make_node("Identity", ["x"], ["e"])], "e", "else"))]
+    then = branch(
+        [
+            const("c2", np.array(True), node="c2_node"),
+            oh.make_node(
+                "If",
+                ["c2"],
+                ["t"],
+                then_branch=inner,
+                else_branch=branch([oh.make_node("Identity", ["x"], ["z"])], "z", "z"),
+            ),
+        ],
+        "t",
+        "then",
+    )
+    nodes = [
+        const("w", np.full(4, 2, np.float32)),
+        const("c", np.array(True)),
+        oh.make_node(
+            "If",
+            ["c"],
+            ["y"],
+            then_branch=then,
+            else_branch=branch([oh.make_node("Identity", ["x"], ["e"])], "e", "else"),
+        ),
+    ]
     np.testing.assert_array_equal(_run(model(graph(nodes)), X)[0], X + 2)

@@ -27,7 +27,7 @@ def _transformer_input(i: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(i)
     length = 4 + i % 2
     mask = np.ones((2, length), np.int64)
-    mask[1, length - 1 - i % 3:] = 0
+    mask[1, length - 1 - i % 3 :] = 0
     return {"input_ids": rng.integers(0, 50, (2, length)), "attention_mask": mask}
 
 
@@ -83,13 +83,17 @@ def test_concurrent_static_inputs_and_control_flow():
     # threads asking for different ones at once must each get their own.
     then = branch([oh.make_node("Neg", ["x"], ["t"])], "t", "then")
     other = branch([oh.make_node("Abs", ["x"], ["e"])], "e", "else")
-    nodes = [oh.make_node("If", ["flag"], ["f"], then_branch=then, else_branch=other),
-             oh.make_node("Reshape", ["f", "shape"], ["y"])]
+    nodes = [
+        oh.make_node("If", ["flag"], ["f"], then_branch=then, else_branch=other),
+        oh.make_node("Reshape", ["f", "shape"], ["y"]),
+    ]
     g = graph(nodes, inputs=[vi("x", [4]), vi("flag", [], 9), vi("shape", [2], 7)], outputs=[vi("y", None)])
     m = jonnx.load(model(g))
     assert set(m.static_input_names) == {"flag", "shape"}
-    cases = [(np.arange(4, dtype=np.float32) - i, np.array(i % 2 == 0), np.array([[2, 2], [4, 1], [1, 4]][i % 3]))
-             for i in range(30)]
+    cases = [
+        (np.arange(4, dtype=np.float32) - i, np.array(i % 2 == 0), np.array([[2, 2], [4, 1], [1, 4]][i % 3]))
+        for i in range(30)
+    ]
     got = _concurrently(lambda c: m(*c)[0], cases)
     for (x, flag, shape), y in zip(cases, got):
         np.testing.assert_array_equal(np.asarray(y), (-x if flag else np.abs(x)).reshape(shape))
@@ -129,8 +133,12 @@ def test_errors_in_one_thread_do_not_disturb_others():
 
 def test_constant_folded_model_in_threads():
     # Nodes folded at trace time (numpy) run in each tracing thread: no shared scratch state.
-    nodes = [const("shape", np.array([2, 2], np.int64)), oh.make_node("Shape", ["x"], ["s"]),
-             oh.make_node("Reshape", ["x", "shape"], ["r"]), oh.make_node("ReduceSum", ["r"], ["y"], keepdims=0)]
+    nodes = [
+        const("shape", np.array([2, 2], np.int64)),
+        oh.make_node("Shape", ["x"], ["s"]),
+        oh.make_node("Reshape", ["x", "shape"], ["r"]),
+        oh.make_node("ReduceSum", ["r"], ["y"], keepdims=0),
+    ]
     m = jonnx.load(model(graph(nodes, outputs=[vi("y", [])])))
     xs = [np.full(4, i, np.float32) for i in range(32)]
     for x, y in zip(xs, _concurrently(lambda x: m(x)[0], xs)):

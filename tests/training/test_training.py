@@ -50,10 +50,15 @@ def bn_model():
         "mean": np.array([0.5, -1.0, 0.0], np.float32),
         "var": np.array([1.0, 2.0, 0.5], np.float32),
     }
-    node = oh.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"],
-                        epsilon=EPS, momentum=MOMENTUM)
-    return make_model([node], [oh.make_tensor_value_info("x", F, ["N", 3, 4, 4])],
-                      [oh.make_tensor_value_info("y", F, ["N", 3, 4, 4])], inits), inits
+    node = oh.make_node(
+        "BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"], epsilon=EPS, momentum=MOMENTUM
+    )
+    return make_model(
+        [node],
+        [oh.make_tensor_value_info("x", F, ["N", 3, 4, 4])],
+        [oh.make_tensor_value_info("y", F, ["N", 3, 4, 4])],
+        inits,
+    ), inits
 
 
 def mlp_model(d_in=4, hidden=8, classes=3, seed=0, loss_node=False, dropout=False):
@@ -110,12 +115,18 @@ def test_step_updates_params_and_running_stats_by_the_onnx_momentum_rule():
     # Running statistics: ONNX's rule with the batch mean and population variance (numpy).
     xd = x.astype(np.float64)
     batch_mean, batch_var = xd.mean(axis=(0, 2, 3)), xd.var(axis=(0, 2, 3))
-    np.testing.assert_allclose(new.state["mean"], inits["mean"] * MOMENTUM + batch_mean * (1 - MOMENTUM), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(new.state["var"], inits["var"] * MOMENTUM + batch_var * (1 - MOMENTUM), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        new.state["mean"], inits["mean"] * MOMENTUM + batch_mean * (1 - MOMENTUM), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        new.state["var"], inits["var"] * MOMENTUM + batch_var * (1 - MOMENTUM), rtol=1e-5, atol=1e-6
+    )
 
     # Parameters: one SGD step on a hand-written training-mode BatchNormalization.
     def reference_loss(p):
-        y = (x - batch_mean.reshape(1, 3, 1, 1).astype(np.float32)) / np.sqrt(batch_var + EPS).reshape(1, 3, 1, 1).astype(np.float32)
+        y = (x - batch_mean.reshape(1, 3, 1, 1).astype(np.float32)) / np.sqrt(batch_var + EPS).reshape(
+            1, 3, 1, 1
+        ).astype(np.float32)
         y = y * p["scale"].reshape(1, 3, 1, 1) + p["bias"].reshape(1, 3, 1, 1)
         return jnp.mean(optax.l2_loss(y, target))
 
@@ -137,7 +148,8 @@ def test_step_reports_aux_metrics_and_grad_norm():
     logits = mlp_reference({k: jnp.asarray(v) for k, v in inits.items()}, x)
     np.testing.assert_allclose(metrics["accuracy"], np.mean(np.argmax(logits, -1) == y), rtol=1e-6)
     grads = jax.jit(jax.grad(lambda p: optax.softmax_cross_entropy_with_integer_labels(mlp_reference(p, x), y).mean()))(
-        {k: jnp.asarray(v) for k, v in inits.items()})
+        {k: jnp.asarray(v) for k, v in inits.items()}
+    )
     expected_norm = np.sqrt(sum(float(jnp.sum(g * g)) for g in grads.values()))
     np.testing.assert_allclose(metrics["grad_norm"], expected_norm, rtol=1e-4)
 
@@ -248,8 +260,9 @@ def test_mixed_precision_runs_and_stays_close_to_float32():
 
 def test_mixed_precision_keeps_running_stats_float32():
     model, _ = bn_model()
-    step = training.make_train_step(model, training.supervised_loss(model, optax.l2_loss, target="t"),
-                                    optax.sgd(0.1), mixed_precision=True)
+    step = training.make_train_step(
+        model, training.supervised_loss(model, optax.l2_loss, target="t"), optax.sgd(0.1), mixed_precision=True
+    )
     x = f32(4, 3, 4, 4)
     ts, _ = step(step.init(), {"x": x, "t": x}, None)
     assert all(v.dtype == jnp.float32 for v in ts.state.values())
@@ -263,7 +276,7 @@ def test_mixed_precision_keeps_running_stats_float32():
 def test_fit_reduces_the_loss_and_records_history(capsys):
     model, _ = mlp_model(hidden=16)
     x, y = blobs(128)
-    batches = [{"x": x[i:i + 32], "label": y[i:i + 32]} for i in range(0, 128, 32)]
+    batches = [{"x": x[i : i + 32], "label": y[i : i + 32]} for i in range(0, 128, 32)]
     loss_fn = training.classification_loss(model)
     step = training.make_train_step(model, loss_fn, optax.adam(0.03))
     seen = []
@@ -345,7 +358,9 @@ def test_predict_runs_in_inference_mode_and_batches():
     dropout, _ = mlp_model(dropout=True)
     xs, _ = blobs(5)
     (a,) = training.predict(dropout, None, xs)  # Dropout is the identity: no key needed
-    np.testing.assert_allclose(a, mlp_reference({k: jnp.asarray(v) for k, v in dropout.params.items()}, xs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        a, mlp_reference({k: jnp.asarray(v) for k, v in dropout.params.items()}, xs), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_evaluate_weights_batches_by_size():
@@ -355,7 +370,9 @@ def test_evaluate_weights_batches_by_size():
     metrics = training.evaluate(model, None, batches, training.classification_loss(model))
     logits = mlp_reference({k: jnp.asarray(v) for k, v in inits.items()}, x)
     np.testing.assert_allclose(metrics["accuracy"], np.mean(np.argmax(logits, -1) == y), rtol=1e-6)
-    np.testing.assert_allclose(metrics["loss"], optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), rtol=1e-5)
+    np.testing.assert_allclose(
+        metrics["loss"], optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), rtol=1e-5
+    )
 
 
 # -- JAX transformations of Model.apply -----------------------------------------------------------
@@ -377,7 +394,7 @@ def test_per_example_gradients_match_a_loop():
     grads = jax.jit(per_example)(model.params, x, y)
     single_grad = jax.jit(jax.grad(loss))
     for i in range(len(x)):
-        single = single_grad(model.params, x[i:i + 1], y[i:i + 1])
+        single = single_grad(model.params, x[i : i + 1], y[i : i + 1])
         for k in single:
             np.testing.assert_allclose(grads[k][i], single[k], rtol=1e-5, atol=1e-6)
 
@@ -418,8 +435,17 @@ def test_checkpointed_apply_gives_the_same_gradients():
 # -- docstring examples ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["jonnx.training", "jonnx.training._params", "jonnx.training._losses",
-                                  "jonnx.training._step", "jonnx.training._loop", "jonnx.training._inference"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "jonnx.training",
+        "jonnx.training._params",
+        "jonnx.training._losses",
+        "jonnx.training._step",
+        "jonnx.training._loop",
+        "jonnx.training._inference",
+    ],
+)
 def test_doctests(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

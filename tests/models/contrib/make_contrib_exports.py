@@ -113,9 +113,7 @@ def _models():
     batch_seq = {0: "batch", 1: "sequence"}
 
     torch.manual_seed(0)
-    bert = tf.BertModel(
-        tf.BertConfig(vocab_size=VOCAB, max_position_embeddings=16, **common)
-    )
+    bert = tf.BertModel(tf.BertConfig(vocab_size=VOCAB, max_position_embeddings=16, **common))
     yield (
         "bert",
         bert,
@@ -186,9 +184,7 @@ def _tokenizer():
     vocab = {f"t{i}": i for i in range(VOCAB)}
     inner = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0"))
     inner.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=inner, unk_token="t0", bos_token="t1", eos_token="t2"
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="t0", bos_token="t1", eos_token="t2")
 
 
 def _genai(tmp, seed, tag, ep="cpu", tied=False, extra=()):
@@ -199,9 +195,7 @@ def _genai(tmp, seed, tag, ep="cpu", tied=False, extra=()):
     src, out = tmp / f"genai_src_{tag}", tmp / f"genai_out_{tag}"
     model = _llama()
     model.config.use_cache = True
-    model.config.tie_word_embeddings = (
-        tied  # tied: the embedding reads the int4 lm_head
-    )
+    model.config.tie_word_embeddings = tied  # tied: the embedding reads the int4 lm_head
     model.save_pretrained(src)
     _tokenizer().save_pretrained(src)  # the builder also writes the tokenizer's files
     cmd = [
@@ -275,9 +269,7 @@ def main():
             written[dst.name] = onnx.load(dst)
         for bits, block in ((4, 32), (8, 16)):
             quantizer = MatMulNBitsQuantizer(
-                onnx.load_from_string(
-                    written["hf_llama_opt1.onnx"].SerializeToString()
-                ),
+                onnx.load_from_string(written["hf_llama_opt1.onnx"].SerializeToString()),
                 bits=bits,
                 block_size=block,
                 is_symmetric=False,
@@ -294,17 +286,10 @@ def main():
         )
         # For DirectML the builder writes float16, a separate RotaryEmbedding and position_ids
         # (the graph is EP-neutral: onnxruntime's CPU provider runs it).
-        written["genai_llama_dml_int4.onnx"] = _genai(
-            tmp, 5, "dml", ep="dml", tied=True
-        )
+        written["genai_llama_dml_int4.onnx"] = _genai(tmp, 5, "dml", ep="dml", tied=True)
     for name, model in written.items():
         onnx.save(model, OUT / name)
-        ops = sorted(
-            {
-                f"{n.domain + ':' if n.domain else ''}{n.op_type}"
-                for n in model.graph.node
-            }
-        )
+        ops = sorted({f"{n.domain + ':' if n.domain else ''}{n.op_type}" for n in model.graph.node})
         print(f"{name}: {(OUT / name).stat().st_size} bytes, ops {ops}")
 
 

@@ -52,9 +52,7 @@ class _Builder:
 
     def weight(self, *shape, scale=None):
         scale = scale if scale is not None else 1 / np.sqrt(shape[0])
-        return self.const(
-            (self.rng.standard_normal(shape) * scale).astype(np.float32), "w"
-        )
+        return self.const((self.rng.standard_normal(shape) * scale).astype(np.float32), "w")
 
     def op(self, op_type, inputs, **attrs):
         out = self.name(op_type.lower())
@@ -77,12 +75,8 @@ class _Builder:
         )
         std = self.op("Sqrt", [self.op("Add", [var, self.const(np.float32(1e-5))])])
         normed = self.op("Div", [centered, std])
-        gamma = self.const(
-            (1 + 0.1 * self.rng.standard_normal(HIDDEN)).astype(np.float32), "gamma"
-        )
-        return self.op(
-            "Add", [self.op("Mul", [normed, gamma]), self.weight(HIDDEN, scale=0.1)]
-        )
+        gamma = self.const((1 + 0.1 * self.rng.standard_normal(HIDDEN)).astype(np.float32), "gamma")
+        return self.op("Add", [self.op("Mul", [normed, gamma]), self.weight(HIDDEN, scale=0.1)])
 
     def gelu_erf(self, x):
         erf = self.op("Erf", [self.op("Div", [x, self.const(np.float32(1.4142135))])])
@@ -96,12 +90,8 @@ class _Builder:
 
     def gelu_tanh(self, x):
         cube = self.op("Pow", [x, self.const(np.float32(3.0))])
-        inner = self.op(
-            "Add", [x, self.op("Mul", [cube, self.const(np.float32(0.044715))])]
-        )
-        t = self.op(
-            "Tanh", [self.op("Mul", [inner, self.const(np.float32(0.7978845608))])]
-        )
+        inner = self.op("Add", [x, self.op("Mul", [cube, self.const(np.float32(0.044715))])])
+        t = self.op("Tanh", [self.op("Mul", [inner, self.const(np.float32(0.7978845608))])])
         return self.op(
             "Mul",
             [
@@ -120,9 +110,7 @@ class _Builder:
         q = heads(self.linear(x, HIDDEN, HIDDEN), [0, 2, 1, 3])
         k = heads(self.linear(x, HIDDEN, HIDDEN), [0, 2, 3, 1])
         v = heads(self.linear(x, HIDDEN, HIDDEN), [0, 2, 1, 3])
-        scores = self.op(
-            "Div", [self.op("MatMul", [q, k]), self.const(np.float32(np.sqrt(head)))]
-        )
+        scores = self.op("Div", [self.op("MatMul", [q, k]), self.const(np.float32(np.sqrt(head)))])
         if causal:
             tri = np.triu(np.full((SEQ, SEQ), -10000.0, np.float32), 1)
             scores = self.op("Add", [scores, self.const(tri)])
@@ -159,9 +147,7 @@ def bert(seed=0):
     emb = b.op("Add", [emb, b.op("Gather", [b.weight(2, HIDDEN, scale=0.5), segs])])
     x = b.layer_norm(emb)
     # The mask path BERT exports have (two Unsqueezes), which the attention fusion matches.
-    mask = b.op(
-        "Unsqueeze", ["attention_mask", b.const(np.array([1], np.int64), "axes")]
-    )
+    mask = b.op("Unsqueeze", ["attention_mask", b.const(np.array([1], np.int64), "axes")])
     mask = b.op("Unsqueeze", [mask, b.const(np.array([2], np.int64), "axes")])
     mask = b.op("Cast", [mask], to=TensorProto.FLOAT)
     mask_bias = b.op(
@@ -173,10 +159,7 @@ def bert(seed=0):
         ffn = b.linear(b.gelu_erf(b.linear(x, HIDDEN, FFN)), FFN, HIDDEN)
         x = b.layer_norm(b.op("Add", [ffn, x]))
     info = oh.make_tensor_value_info
-    inputs = [
-        info(n, TensorProto.INT64, ["batch", SEQ])
-        for n in (ids, "attention_mask", segs)
-    ]
+    inputs = [info(n, TensorProto.INT64, ["batch", SEQ]) for n in (ids, "attention_mask", segs)]
     graph_out = b.op("Identity", [x])
     return b.model(inputs, [info(graph_out, TensorProto.FLOAT, ["batch", SEQ, HIDDEN])])
 
@@ -190,9 +173,7 @@ def gpt2(seed=1):
             "Add",
             [
                 x,
-                b.linear(
-                    b.gelu_tanh(b.linear(b.layer_norm(x), HIDDEN, FFN)), FFN, HIDDEN
-                ),
+                b.linear(b.gelu_tanh(b.linear(b.layer_norm(x), HIDDEN, FFN)), FFN, HIDDEN),
             ],
         )
     out = b.op("MatMul", [b.layer_norm(x), b.weight(HIDDEN, VOCAB)])
@@ -216,9 +197,7 @@ def llama(seed=4):
                 b.op("Sqrt", [b.op("Add", [var, b.const(np.float32(1e-6))])]),
             ],
         )
-        gamma = b.const(
-            (1 + 0.1 * b.rng.standard_normal(HIDDEN)).astype(np.float32), "gamma"
-        )
+        gamma = b.const((1 + 0.1 * b.rng.standard_normal(HIDDEN)).astype(np.float32), "gamma")
         return b.op("Mul", [gamma, b.op("Mul", [x, inv])])
 
     x = b.op("Gather", [b.weight(VOCAB, HIDDEN, scale=0.5), "input_ids"])
@@ -270,18 +249,14 @@ def vit(seed=5):
         ],
         perm=[0, 2, 1],
     )
-    x = b.op(
-        "Add", [tokens, b.weight(1, SEQ, HIDDEN, scale=0.1)]
-    )  # 8x16 pixels in 4x4 patches: 8 tokens
+    x = b.op("Add", [tokens, b.weight(1, SEQ, HIDDEN, scale=0.1)])  # 8x16 pixels in 4x4 patches: 8 tokens
     for _ in range(2):
         x = b.op("Add", [x, b.attention(b.layer_norm(x), None)])
         x = b.op(
             "Add",
             [
                 x,
-                b.linear(
-                    b.gelu_erf(b.linear(b.layer_norm(x), HIDDEN, FFN)), FFN, HIDDEN
-                ),
+                b.linear(b.gelu_erf(b.linear(b.layer_norm(x), HIDDEN, FFN)), FFN, HIDDEN),
             ],
         )
     out = b.op("Identity", [b.layer_norm(x)])
@@ -404,30 +379,19 @@ def main():
             ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         )
         onnx.save(mlp(), tmp / "mlp.onnx")
-        quantize_dynamic(
-            tmp / "mlp.onnx", tmp / "mlp_q.onnx", weight_type=QuantType.QInt8
-        )
+        quantize_dynamic(tmp / "mlp.onnx", tmp / "mlp_q.onnx", weight_type=QuantType.QInt8)
         written["mlp_dynamic_int8.onnx"] = _session_saved(
             onnx.load(tmp / "mlp_q.onnx"),
             ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         )
-        written["cnn_extended.onnx"] = _session_saved(
-            cnn(), ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        )
+        written["cnn_extended.onnx"] = _session_saved(cnn(), ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
         for bits, block in ((4, 32), (8, 16)):
-            quantizer = MatMulNBitsQuantizer(
-                mlp(), bits=bits, block_size=block, is_symmetric=False
-            )
+            quantizer = MatMulNBitsQuantizer(mlp(), bits=bits, block_size=block, is_symmetric=False)
             quantizer.process()
             written[f"mlp_nbits{bits}.onnx"] = quantizer.model.model
     for name, model in written.items():
         onnx.save(model, HERE / name)
-        ops = sorted(
-            {
-                f"{n.domain + ':' if n.domain else ''}{n.op_type}"
-                for n in model.graph.node
-            }
-        )
+        ops = sorted({f"{n.domain + ':' if n.domain else ''}{n.op_type}" for n in model.graph.node})
         print(f"{name}: {(HERE / name).stat().st_size} bytes, ops {ops}")
 
 
