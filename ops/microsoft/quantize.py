@@ -480,7 +480,7 @@ def reduce_sum_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     attributes={"epsilon": 1e-12},
     n_inputs=18,
 )
-def qembed_layer_normalization(inputs, attrs, ctx):
+def qembed_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QEmbedLayerNormalization`` (quantize_dynamic on an optimized BERT):
     EmbedLayerNormalization whose embedding tables, gamma and beta are 8-bit with per-tensor
     scales and zero points; onnxruntime dequantizes each value and computes in float."""
