@@ -140,6 +140,21 @@ _ATTENTION_ATTRS = {
 }
 
 
+def _masked_attention(q, k, v, mask, attention_bias, attrs, ctx):
+    """Attention and MultiHeadAttention after the heads are split (B, N, S, H): the key mask
+    (``mask_index``/``key_padding_mask``), ``unidirectional`` and ``attention_bias`` as one
+    additive bias, then softmax attention, computed at least in float32."""
+    batch, _, q_len, head = jnp.shape(q)
+    kv_len = jnp.shape(k)[2]
+    wide = _wide(dtype_of(q))
+    filter_value = attrs["mask_filter_value"]
+    bias = _key_mask_bias(mask, batch=batch, q_len=q_len, kv_len=kv_len, filter_value=filter_value, dtype=wide, ctx=ctx)
+    if attrs["unidirectional"]:
+        bias = _add(bias, _causal_bias(q_len, kv_len, filter_value, wide))
+    bias = _add(bias, attention_bias)
+    return _grouped_attention(q, k, v, bias, _scale(attrs, head), ctx)
+
+
 def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
     """Attention and QAttention after the input projection ``proj`` (B, S, D + D + Dv)."""
     heads = attrs["num_heads"]
@@ -152,23 +167,7 @@ def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
     if past is not None:
         k = jnp.concatenate([past[0].astype(dtype_of(k)), k], axis=2)
         v = jnp.concatenate([past[1].astype(dtype_of(v)), v], axis=2)
-    batch, _, q_len, head = jnp.shape(q)
-    kv_len = jnp.shape(k)[2]
-    wide = _wide(dtype_of(proj))
-    filter_value = attrs["mask_filter_value"]
-    bias_total = _key_mask_bias(
-        mask,
-        batch=batch,
-        q_len=q_len,
-        kv_len=kv_len,
-        filter_value=filter_value,
-        dtype=wide,
-        ctx=ctx,
-    )
-    if attrs["unidirectional"]:
-        bias_total = _add(bias_total, _causal_bias(q_len, kv_len, filter_value, wide))
-    bias_total = _add(bias_total, attention_bias)
-    y = _grouped_attention(q, k, v, bias_total, _scale(attrs, head), ctx)
+    y = _masked_attention(q, k, v, mask, attention_bias, attrs, ctx)
     present = jnp.stack([k, v]) if past is not None or (ctx.n_outputs or 1) > 1 else None
     return _merge_heads(y), present
 
@@ -286,23 +285,7 @@ def multi_head_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Output
     if past_key is not None:
         k = jnp.concatenate([past_key.astype(dtype_of(k)), k], axis=2)
         v = jnp.concatenate([past_value.astype(dtype_of(v)), v], axis=2)
-    batch, _, q_len, head = jnp.shape(q)
-    kv_len = jnp.shape(k)[2]
-    wide = _wide(dtype_of(q))
-    filter_value = attrs["mask_filter_value"]
-    bias_total = _key_mask_bias(
-        key_mask,
-        batch=batch,
-        q_len=q_len,
-        kv_len=kv_len,
-        filter_value=filter_value,
-        dtype=wide,
-        ctx=ctx,
-    )
-    if attrs["unidirectional"]:
-        bias_total = _add(bias_total, _causal_bias(q_len, kv_len, filter_value, wide))
-    bias_total = _add(bias_total, attention_bias)
-    y = _grouped_attention(q, k, v, bias_total, _scale(attrs, head), ctx)
+    y = _masked_attention(q, k, v, key_mask, attention_bias, attrs, ctx)
     return _merge_heads(y), k, v
 
 
