@@ -192,7 +192,9 @@ def conv_lowering(x_shape, w_shape, strides, group: int, dtype) -> str:
     # with XLA's stem, 2.2x with im2col), but not for the wide k x k convolutions at batch 1:
     # ResNet-50 ran equally fast either way and im2col doubled its first-call compile time
     # (5.5 s against 2.6 s): docs/performance.md.
-    if group == 1 and taps <= 49 and c_in * taps <= 8192 and (x_shape[0] > 1 or c_in * taps <= 256):
+    # A symbolic batch (jax.export) counts as a batch: it is exported for every size.
+    batched = not isinstance(x_shape[0], (int, np.integer)) or x_shape[0] > 1
+    if group == 1 and taps <= 49 and c_in * taps <= 8192 and (batched or c_in * taps <= 256):
         return "im2col"
     return "xla"
 
