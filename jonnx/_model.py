@@ -16,8 +16,12 @@ import onnx
 import onnx.defs
 from google.protobuf.message import DecodeError
 from jax.experimental import checkify
-from jax.extend.core import concrete_or_error
 from jax.sharding import Mesh, NamedSharding
+
+try:  # newer jax re-exports it in jax.extend.core; jax 0.8 (the declared minimum) in jax.core
+    from jax.extend.core import concrete_or_error
+except ImportError:
+    from jax.core import concrete_or_error
 
 from jonnx import errors, optimize as optimization
 from jonnx._bounded import bound_sizes
