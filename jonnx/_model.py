@@ -32,7 +32,7 @@ from jonnx._ir import Graph, ValueInfo
 from jonnx._jit import jit
 from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
-from jonnx._segments import SegmentPlan, plan_segments
+from jonnx._segments import SegmentPlan, plan_segments, weight_only_nodes
 from jonnx._state import StatePlan, plan_state
 from jonnx._static import preferred_static_inputs, static_values
 from jonnx._wire import InlineData, WireError, read_model
@@ -368,9 +368,25 @@ class Model:
         self._constants.update(
             (n, v) for n, v in self._call_graph.initializers.items() if n not in self.graph.initializers
         )
+        # Nodes that only transform the weights (BatchNorm folded into a Conv, fused Q/K/V,
+        # relayouts) give the same values on every call with the model's own weights: they run
+        # once, before the segments, which take their results as weights. Not with the weights
+        # as constants (they fold while tracing anyway), sharded weights (a prepared copy could
+        # be gathered whole) or checked mode (its checks cover every node).
+        weights = set(self._params) | set(self._state)
+        prepare = not (self.optimize["constant_weights"] or mesh is not None or checked)
+        self._prepared_nodes = weight_only_nodes(self._call_graph, weights, self._constants) if prepare else ()
+        prepared_names = {o for p in self._prepared_nodes for o in self._call_graph.nodes[p].outputs if o}
         self.segment_plan: SegmentPlan = plan_segments(
-            self._call_graph, self._constants, set(self._params) | set(self._state), shape_like
+            self._call_graph, self._constants, weights | prepared_names, shape_like, self._prepared_nodes
         )
+        # What the segments and the graph outputs read of them.
+        read_later = set(self.output_names) | {
+            r for p, n in enumerate(self._call_graph.nodes) if p not in set(self._prepared_nodes) for r in n.reads
+        }
+        self._prepared_exports = tuple(sorted(prepared_names & read_later))
+        self._prepared: dict[str, jax.Array] | None = None  # computed at the first call
+        self._prepare = jit(self._prepare_impl)
         # What apply needs concrete: every static chain's graph inputs, host ops' included.
         traced_apply = static_values(self.graph) | preferred_static_inputs(self.graph)
         static_inputs = {v.name for v in self.graph.inputs if v.dtype == np.dtype(object)}
@@ -650,9 +666,11 @@ class Model:
                 raise errors.InputError(f"{sorted(unknown)[:10]} are not trainable initializers of the model")
             params = {**self._params, **params}
         self._refuse_traced({**values, **params})
+        prepared = self._prepared_weights(params)
+        params = {**params, **prepared}
         # Inputs go to the compiled segments as given: jit takes numpy arrays without the
         # per-shape compilation jnp.asarray costs.
-        env: dict[str, Any] = dict(values)
+        env: dict[str, Any] = {**values, **prepared}
         options = RunOptions(
             key=key, state=frozenset(self._state), memory_limit=self.memory_limit, checked=self.checked
         )
@@ -733,6 +751,29 @@ class Model:
                     local[n] = value if traced else _host_copy(value)
             run_nodes(self._call_graph, local, options, (position,))
             env.update({o: local[o] for o in node.outputs if o})
+
+    def _prepared_weights(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The outputs of the weight-only nodes for these params (see ``_prepared_nodes``).
+
+        With the model's own weights they are computed once and kept; other params (a
+        ``params=`` call, tracers under ``jax.grad``) get them computed for this call, compiled
+        when concrete and op by op when traced, so gradients flow through them.
+        """
+        if not self._prepared_exports:
+            return {}
+        if params is self._params:
+            if self._prepared is None:
+                self._prepared = self._prepare(self._params)
+            return self._prepared
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(params)):
+            return self._prepare_impl(params)
+        return self._prepare(params)
+
+    def _prepare_impl(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        env: dict[str, Any] = {**self._constants, **self._state, **params}
+        options = RunOptions(key=None, state=frozenset(self._state), memory_limit=self.memory_limit)
+        run_main_nodes(self._call_graph, env, options, self._prepared_nodes, self._prepared_exports)
+        return {n: env[n] for n in self._prepared_exports}
 
     def _lookup(self, name: str, params: Mapping[str, Any]) -> Any:
         for table in (self._constants, params, self._state):

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from jonnx._ir import Graph, Node
 from jonnx._static import static_values
 
-__all__ = ["SegmentPlan", "Stage", "plan_segments"]
+__all__ = ["SegmentPlan", "Stage", "plan_segments", "weight_only_nodes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +86,39 @@ def _static_reads(node: Node, graph_inputs: set[str]) -> set[str]:
     return names
 
 
+def weight_only_nodes(graph: Graph, weights: Iterable[str], constants: Iterable[str]) -> tuple[int, ...]:
+    """Positions of the nodes that compute only from weights: the "prepared weights".
+
+    A node qualifies when every input it reads is a weight (a param or a running statistic),
+    a constant or another such node's output, and at least one is not a constant (nodes over
+    constants alone already fold while tracing). Transposed or BatchNorm-folded weights, fused
+    Q/K/V weights: with the model's own weights these are the same on every call, so
+    ``Model.__call__`` computes them once and hands the results to its segments as weights.
+    Random, host, shape-only and subgraph-holding nodes never qualify.
+    """
+    weights, constants = set(weights), set(constants)
+    derived: set[str] = set()
+    positions = []
+    for position, node in enumerate(graph.nodes):
+        op = node.op
+        if op.random or op.reads_graph or op.shape_only or node.subgraphs or op.runs_on_host(node.attrs):
+            continue
+        reads = [i for i in node.inputs if i]
+        if not reads or not all(r in weights or r in derived or r in constants for r in reads):
+            continue
+        if all(r in constants for r in reads):
+            continue
+        positions.append(position)
+        derived.update(o for o in node.outputs if o)
+    return tuple(positions)
+
+
 def plan_segments(
     graph: Graph,
     constants: Iterable[str],
     traced: Iterable[str],
     static_inputs: Iterable[str] = (),
+    prepared: Iterable[int] = (),
 ) -> SegmentPlan:
     """Split ``graph`` into stages (see the module docstring).
 
@@ -101,7 +129,10 @@ def plan_segments(
         static_inputs: graph inputs passed to every segment that reads them as static
             arguments (shape-like inputs: sizes, axes, flags), so that what is computed
             from them stays concrete while tracing (an If's condition, a Reshape target).
+        prepared: positions of nodes computed before any stage (:func:`weight_only_nodes`):
+            no stage runs them, and their outputs reach every segment like ``traced`` values.
     """
+    prepared = set(prepared)
     graph_inputs = set(graph.input_names)
     # Per value: its level, whether it is concrete while its segment traces, and the first
     # level whose host step (or static arguments) can have it as numpy.
@@ -117,7 +148,13 @@ def plan_segments(
     node_level: list[int] = []
     node_on_host: list[bool] = []
     static_at: dict[int, set[str]] = {}
-    for node in graph.nodes:
+    for name in (o for p in prepared for o in graph.nodes[p].outputs if o):
+        level[name], concrete[name], on_host_at[name] = 0, False, 0
+    for position, node in enumerate(graph.nodes):
+        if position in prepared:
+            node_level.append(-1)  # in no stage
+            node_on_host.append(False)
+            continue
         reads = _reads(node, level)
         host = node.op.runs_on_host(node.attrs) and not all(concrete[r] for r in reads)
         if host:
@@ -149,7 +186,7 @@ def plan_segments(
                 on_host_at[out] = at if host else at + 1
                 producer_level[out] = at
 
-    n_levels = max(node_level, default=0) + 1
+    n_levels = max(0, *node_level) + 1  # one stage even when every node is prepared
     output_names = set(graph.output_names)
     stages = []
     for at in range(n_levels):

@@ -308,3 +308,41 @@ def test_training_gradients_equal_the_plain_graph(monkeypatch):
             atol=1e-5 * scale,
             err_msg=f"gradient of {name}",
         )
+
+
+def test_weight_only_nodes_run_once_in_the_default_call():
+    # Folded BatchNorm weights depend on the weights alone: Model(*inputs) computes them once
+    # and its compiled call takes them as weights, instead of refolding on every call.
+    proto, feeds = conv_bn()
+    model = jonnx.load(proto, optimize={"fold_batchnorm": True})
+    folded = [model._call_graph.nodes[p].op_type for p in model._prepared_nodes]
+    assert folded and "Conv" not in folded and "BatchNormalization" not in folded
+    calls = []
+    prepare = model._prepare
+    model._prepare = lambda params: calls.append(1) or prepare(params)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, feeds)
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(model(**feeds)[0]), want, rtol=1e-4, atol=1e-4)
+    assert len(calls) == 1
+    # Other params are prepared for their own call, not taken from the cache.
+    params = {"w": model.params["w"] * 2}
+    plain = jonnx.load(proto, optimize=False)
+    np.testing.assert_allclose(
+        np.asarray(model(**feeds, params=params)[0]), np.asarray(plain(**feeds, params=params)[0]), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_gradients_flow_through_weight_only_nodes():
+    proto, feeds = conv_bn()
+    model = jonnx.load(proto, optimize={"fold_batchnorm": True})
+    plain = jonnx.load(proto, optimize=False)
+    assert model._prepared_nodes and not plain._prepared_nodes
+
+    def loss(m):
+        return lambda p: jnp.sum(m(**feeds, params=p)[0] ** 2)
+
+    got, want = jax.grad(loss(model))(model.params), jax.grad(loss(plain))(plain.params)
+    assert set(got) == set(want) == set(model.params)
+    for name in want:
+        np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-4, atol=1e-4, err_msg=name)
