@@ -308,6 +308,20 @@ class GraphBuilder:
         self._sizes[key] = total
         return total
 
+    def bind(self, proto: onnx.NodeProto) -> Node:
+        """``proto`` bound to its implementation at this builder's opsets, attribute defaults
+        included, exactly as loading binds a node: for graph passes that make new nodes.
+
+        Raises:
+            jonnx.errors.ModelStructureError: no implementation for the op at that opset.
+        """
+        node = self._node(proto, proto.name, frozenset(), self.opsets)
+        if node is None:
+            raise errors.ModelStructureError(
+                f"node {proto.name!r}: no implementation of {proto.op_type} at opsets {self.opsets}"
+            )
+        return node
+
     def _node(
         self, proto: onnx.NodeProto, name: str, visible: frozenset[str], opsets: Mapping[str, int]
     ) -> Node | None:

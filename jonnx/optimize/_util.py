@@ -7,6 +7,7 @@ from collections import Counter
 import numpy as np
 import onnx.helper as oh
 
+from jonnx._build import GraphBuilder
 from jonnx._ir import Graph, Node
 
 __all__ = ["new_node", "readers", "unique_name"]
@@ -37,20 +38,8 @@ def unique_name(stem: str, taken: set[str]) -> str:
 
 def new_node(op_type: str, inputs: list[str], outputs: list[str], name: str, opset: int, **attrs) -> Node:
     """An ai.onnx node bound to its implementation at ``opset``, as the loader would build it."""
-    from jonnx._build import (
-        GraphBuilder,  # the loader's own node binding, defaults included
-    )
-
     builder = GraphBuilder({"": opset}, None)
-    node = builder._node(
-        oh.make_node(op_type, inputs, outputs, name=name, **attrs),
-        name,
-        frozenset(),
-        {"": opset},
-    )
-    if node is None:
-        raise AssertionError(f"jonnx.optimize made an unsupported {op_type} node at opset {opset}")
-    return node
+    return builder.bind(oh.make_node(op_type, inputs, outputs, name=name, **attrs))
 
 
 def int64(values) -> np.ndarray:
