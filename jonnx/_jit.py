@@ -15,6 +15,9 @@ keeps mapped; the first run then maps its temporaries on top. :func:`jit` theref
 freed memory to the system (``malloc_trim``) right after each backend compile of half a second
 or more (a few milliseconds, against seconds of compiling): ResNet-50's first call peaked at 3.3x
 its weights' bytes without it and 2.6x with it (benchmarks/bench_memory.py).
+JAX's compile events have no owner, so the listener is process-wide: once jonnx has compiled
+anything, a user's own long compiles are trimmed after too (a few milliseconds each; glibc
+only, a no-op elsewhere).
 
 Every function jonnx compiles itself goes through :func:`jit`; a user's own ``jax.jit`` over
 ``Model.apply`` can use :func:`jonnx.jit` (or ``compiler_options=jonnx.compiler_options()``).
