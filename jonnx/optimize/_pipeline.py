@@ -22,10 +22,16 @@ PASSES: Mapping[str, Callable[[Graph, bool | None], Graph]] = {
 # Switches of the same option that act on how ``Model(*inputs)`` compiles, not on the graph;
 # off unless named. ``constant_weights``: the model's own weights enter the compiled function
 # as constants (folded at trace time, and XLA specializes on them) instead of as arguments.
-# Off by default: it makes compiling slower and the first call hold several copies of the
-# weights (docs/performance.md), while the weight-only nodes passes add (folded BatchNorm,
-# fused Q/K/V) are computed once per model anyway (``Model._prepared_weights``).
+# Off by default: on the shared 2-core machine it measured within noise of weights as
+# arguments, while it doubled compile time and made ResNet-50's first call hold several
+# copies of the weights (docs/performance.md).
 CALL_OPTIONS = ("constant_weights",)
+
+# Passes that pay only when the weights are constants: folding BatchNormalization into the
+# weights before it, with the weights as arguments, recomputes the folded weights on every
+# call (ResNet-50 batch 1: 368 ms with it, 233 ms without, docs/performance.md). Unless named,
+# they are on exactly when ``constant_weights`` is.
+CONSTANT_ONLY = ("fold_batchnorm",)
 
 
 def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
@@ -46,7 +52,10 @@ def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
     for name, on in option.items():
         if not isinstance(on, bool):
             raise TypeError(f"optimize[{name!r}] must be a bool, not {on!r}")
-    return {name: bool(option.get(name, name not in CALL_OPTIONS)) for name in names}
+    switches = {name: bool(option.get(name, name not in CALL_OPTIONS)) for name in names}
+    for name in CONSTANT_ONLY:
+        switches[name] = bool(option.get(name, switches["constant_weights"]))
+    return switches
 
 
 def optimize(graph: Graph, switches: Mapping[str, bool], train: bool | None) -> Graph:
