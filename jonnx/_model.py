@@ -101,9 +101,10 @@ def load(
             and ``constant_weights`` (``Model(*inputs)`` compiles the model's own weights in
             as constants; ``apply`` always takes them as arguments). Passes left out are on,
             except ``constant_weights`` (on only when named) and ``fold_batchnorm`` (on when
-            ``constant_weights`` is, unless named: with weights as arguments it would refold
-            them every call). Results are the same either way, up
-            to float rounding. See docs/performance.md.
+            ``constant_weights`` is, unless named: with weights as arguments the folded
+            weights would be a second copy of the Conv weights). Nodes that only transform
+            weights (folded BatchNorm, fused Q/K/V) run once per model in ``Model(*inputs)``.
+            Results are the same either way, up to float rounding. See docs/performance.md.
 
     Returns:
         The loaded model, with every node bound to its implementation.

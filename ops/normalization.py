@@ -72,7 +72,11 @@ def _bn_axes(x, spatial: bool) -> tuple[int, ...]:
 def _bn_inference(x, scale, bias, mean, var, eps, spatial=True):
     dtype = dtype_of(x)
     s, b, m, v = (_bn_param(p, x, spatial) for p in (scale, bias, mean, var))
-    y = (x - m) * rsqrt_eps(v, eps) * s + b
+    # One scale and one shift per channel, then one multiply-add per element: written as
+    # (x - m) * rsqrt(v + eps) * s + b, XLA's fused loop redid the per-channel work for every
+    # element (ResNet-50 batch 1: 277 against 228 ms, MobileNetV2 38 against 25 ms).
+    a = rsqrt_eps(v, eps) * s
+    y = x * a + (b - m * a)
     return y.astype(dtype)
 
 
