@@ -1,0 +1,136 @@
+"""Held-out models: the committed real exports, jonnx's default call against the graph as written.
+
+The speed work (graph passes, Conv lowerings, layouts) was tuned on benchmarks/nets.py; this
+checks that no other model got slower or less accurate. For every ``.onnx`` file under
+tests/models and examples/models (PyTorch, Keras, scikit-learn, transformers exports and
+onnxruntime-optimized or quantized files), with inputs drawn from the declared types and
+shapes (symbolic dimensions 2, integer inputs small non-negative values), it times, alternating,
+medians:
+
+- ``default``: ``jonnx.load(path)`` then ``model(*inputs)``, what users get;
+- ``as written``: ``optimize=False`` with XLA's own convolution (``CONV_LOWERING = "xla"``),
+  the graph without any of the speed work that can be switched off;
+- onnxruntime (CPU provider), the reference for both values and time.
+
+Files onnxruntime cannot run on such inputs (a decoder wanting a past of a given length) are
+listed as skipped with the reason. Usage: ``python benchmarks/bench_heldout.py [--repeats 20]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import time
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+import jonnx
+from jonnx.ops import nn
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FOLDERS = (ROOT / "tests" / "models", ROOT / "examples" / "models")
+
+
+def _inputs(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    feeds = {}
+    for arg in session.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 2 for d in arg.shape]
+        kind = arg.type[len("tensor(") : -1]
+        if kind in ("float", "double", "float16"):
+            dtype = {"float": np.float32, "double": np.float64, "float16": np.float16}[kind]
+            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
+        elif kind == "bool":
+            feeds[arg.name] = np.ones(shape, bool)
+        elif kind.startswith(("int", "uint")):
+            feeds[arg.name] = rng.integers(0, 4, shape).astype(np.dtype(kind))
+        else:
+            raise ValueError(f"input {arg.name!r} of type {arg.type}")
+    return feeds
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _block(outputs):
+    for out in outputs:
+        if hasattr(out, "block_until_ready"):
+            out.block_until_ready()
+
+
+def _rel_error(got, want) -> float:
+    worst = 0.0
+    for g, w in zip(got, want):
+        w = np.asarray(w)
+        if w.dtype.kind not in "fc":
+            continue
+        g = np.asarray(g, np.float64)
+        worst = max(worst, float(np.max(np.abs(g - w), initial=0.0) / (np.max(np.abs(w), initial=0.0) + 1e-12)))
+    return worst
+
+
+def bench(path: pathlib.Path, repeats: int) -> str:
+    name = str(path.relative_to(ROOT))
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feeds = _inputs(session, np.random.default_rng(0))
+        want = session.run(None, feeds)
+    except Exception as e:  # noqa: BLE001 - any refusal means "not runnable on drawn inputs"
+        return f"{name:<62} skipped: onnxruntime: {str(e).splitlines()[0][:70]}"
+    try:
+        default = jonnx.load(path)
+        got = default(**feeds)
+        _block(got)
+        nn.CONV_LOWERING = "xla"
+        try:
+            written = jonnx.load(path, optimize=False)
+            _block(written(**feeds))  # compiled with XLA's convolution while it is forced
+        finally:
+            nn.CONV_LOWERING = "auto"
+    except jonnx.errors.JonnxError as e:  # a training-mode export's Dropout wants a key
+        return f"{name:<62} skipped: jonnx: {str(e).splitlines()[0][:70]}"
+    err = _rel_error(got, want)
+    calls = {
+        "default": lambda: _block(default(**feeds)),
+        "written": lambda: _block(written(**feeds)),
+        "ort": lambda: session.run(None, feeds),
+    }
+    times = {k: [] for k in calls}
+    for _ in range(3):  # rounds of medians, interleaved
+        for k, fn in calls.items():
+            times[k].append(_median_ms(fn, max(1, repeats // 3)))
+    ms = {k: statistics.median(v) for k, v in times.items()}
+    return (
+        f"{name:<62}{ms['default']:>9.2f}{ms['written']:>9.2f}{ms['ort']:>8.2f}"
+        f"{ms['default'] / ms['written']:>8.2f}{ms['default'] / ms['ort']:>8.2f}{err:>10.1e}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    ort.set_default_logger_severity(3)  # a refused feed is reported on its row, not logged
+    paths = sorted(p for folder in FOLDERS for p in folder.rglob("*.onnx"))
+    print(f"{'model':<62}{'dflt ms':>9}{'as wrtn':>9}{'ort ms':>8}{'d/wrtn':>8}{'d/ort':>8}{'rel err':>10}")
+    for path in paths:
+        try:
+            onnx.load(str(path), load_external_data=False)
+        except Exception:  # noqa: BLE001 - not a model file (a fixture of the security tests)
+            continue
+        print(bench(path, args.repeats), flush=True)
+    print("dflt = jonnx default call; as wrtn = optimize=False with XLA's convolution; rel err of dflt vs onnxruntime")
+
+
+if __name__ == "__main__":
+    main()
