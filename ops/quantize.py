@@ -207,13 +207,78 @@ def _zero_offset(offset: int, zero_point, per_row: bool) -> jax.Array:
     return centered
 
 
+# How the 8-bit products run (``"auto"``, or one of ``"int8"``, ``"bfloat16"``, ``"float32"``
+# forced, for measurement and tests): every choice is exact (int32 results equal to the
+# integer product's).
+INTEGER_MATMUL = "auto"
+
+# Float dots of 8-bit values are exact while every partial sum is an integer that float32
+# holds: |a8 * b8| <= 128 * 128 = 2**14, so sums of up to 2**10 terms stay within 2**24
+# whatever the summation order. Longer contractions run in chunks of this many, summed in int32.
+_EXACT_CHUNK = 1024
+
+
+def integer_matmul_mode() -> str:
+    """The product ``integer_matmul`` runs: ``"int8"`` (int8 x int8 into int32),
+    ``"bfloat16"`` or ``"float32"`` (the 8-bit values as floats, float32 sums, exact)."""
+    if INTEGER_MATMUL != "auto":
+        return INTEGER_MATMUL
+    if jax.default_backend() == "cpu" and _has_bf16_dot():
+        return "bfloat16"
+    return "int8"
+
+
+def _has_bf16_dot() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
+    global _BF16_DOT
+    if _BF16_DOT is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+        except OSError:
+            flags = ""
+        _BF16_DOT = "avx512_bf16" in flags or "amx_bf16" in flags
+    return _BF16_DOT
+
+
+_BF16_DOT = None
+
+
+def _exact_product(a8, b8, mode: str) -> jax.Array:
+    """``a8 @ b8`` in int32 for int8 operands, by ``mode`` (see :func:`integer_matmul_mode`)."""
+    if mode == "int8":
+        return jnp.matmul(a8, b8, preferred_element_type=jnp.int32)
+    ftype = jnp.bfloat16 if mode == "bfloat16" else jnp.float32
+    k = jnp.shape(a8)[-1]
+    total = None
+    for start in range(0, k, _EXACT_CHUNK):
+        rows = slice(start, min(k, start + _EXACT_CHUNK))
+        part = jnp.matmul(
+            _as_float(a8[..., rows], ftype),
+            _as_float(b8[rows] if jnp.ndim(b8) == 1 else b8[..., rows, :], ftype),
+            preferred_element_type=jnp.float32,
+            precision=lax.Precision.HIGHEST,  # no TF32 on accelerators
+        ).astype(jnp.int32)
+        total = part if total is None else total + part
+    return total
+
+
+def _as_float(x, ftype):
+    """8-bit integers as ``ftype`` (exact: bfloat16 holds every integer up to 256); numpy
+    weights stay numpy, converted once at trace time."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.dtype(ftype))
+    return x.astype(ftype)
+
+
 def integer_matmul(a, b, a_zero, b_zero) -> jax.Array:
     """``(a - a_zero) @ (b - b_zero)`` for 8-bit ``a`` and ``b``, exactly, in int32.
 
-    XLA on CPU multiplies int8 by int8 into int32 about six times faster than int32 by
-    int32 (a BERT-base projection: 1.8 ms against 11 ms), so the product runs on int8
-    values: with ``A = a8 + ca`` (``ca = offset - a_zero``, per row or scalar) and
-    ``B = b8 + cb`` (per column or scalar),
+    The product runs on int8 values (XLA on CPU multiplies int8 by int8 into int32 about six
+    times faster than int32 by int32: a BERT-base projection 1.8 ms against 11 ms; where the
+    CPU has bfloat16 dot instructions, the int8 values as bfloat16 with float32 sums are
+    faster still, docs/performance.md): with ``A = a8 + ca`` (``ca = offset - a_zero``, per
+    row or scalar) and ``B = b8 + cb`` (per column or scalar),
     ``A @ B = a8 @ b8 + ca * colsum(b8) + cb * rowsum(a8) + K * ca * cb``, every term exact.
     """
     if not all(dtype_of(x) in (np.int8, np.uint8) for x in (a, b)):  # float8 (opset 21)
@@ -222,7 +287,7 @@ def integer_matmul(a, b, a_zero, b_zero) -> jax.Array:
     b8, b_offset = _as_int8(b)
     ca = _zero_offset(a_offset, a_zero, per_row=True)
     cb = _zero_offset(b_offset, b_zero, per_row=False)
-    product = jnp.matmul(a8, b8, preferred_element_type=jnp.int32)
+    product = _exact_product(a8, b8, integer_matmul_mode())
     row_sums = _int32_sum(a8, axis=-1)
     col_sums = _int32_sum(b8, axis=-2)
     k = jnp.int32(jnp.shape(a8)[-1])

@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto as TP
 
 from jonnx import errors
+from jonnx.ops import quantize
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
 
 RNG = np.random.default_rng(0)
@@ -209,6 +210,27 @@ def test_matmul_integer_is_exact_over_full_ranges(a_dtype, b_dtype):
     za = np.array([info_a.min, info_a.max, 0, 1, 3, 7], a_dtype)
     zb = np.array([info_b.max, info_b.min, 0, 5, 2, 1, 9], b_dtype)
     want = (a.astype(np.int64) - za[:, None].astype(np.int64)) @ (b.astype(np.int64) - zb.astype(np.int64))
+    assert_matches_reference(
+        "MatMulInteger", {"a": a, "b": b, "za": za, "zb": zb}, opset=10, expected=[want.astype(np.int32)]
+    )
+
+
+@pytest.mark.parametrize("mode", ["int8", "bfloat16", "float32"])
+@pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
+def test_integer_products_are_exact_in_every_mode(mode, a_dtype, monkeypatch):
+    # The float modes sum 8-bit products in float32, exact only below 2**24: a contraction of
+    # 2100 products of -127 * 127 (odd, so no power-of-two luck) reaches 3.4e7, which an
+    # unchunked float32 sum rounds. Chunks of 1024 summed in int32 keep it exact.
+    monkeypatch.setattr(quantize, "INTEGER_MATMUL", mode)
+    k = 2100
+    a = RNG.integers(np.iinfo(a_dtype).min, np.iinfo(a_dtype).max + 1, (2, 3, k)).astype(a_dtype)
+    a[:, 0] = 1 if a_dtype == np.uint8 else -127  # minus the uint8 offset of 128: -127
+    b = RNG.integers(-128, 128, (k, 5)).astype(np.int8)
+    b[:, 0] = 127
+    za = np.array(0, a_dtype)
+    zb = np.array(0, np.int8)
+    want = (a.astype(np.int64) - 0) @ b.astype(np.int64)
+    assert abs(want).max() > 2**24
     assert_matches_reference(
         "MatMulInteger", {"a": a, "b": b, "za": za, "zb": zb}, opset=10, expected=[want.astype(np.int32)]
     )
