@@ -217,22 +217,26 @@ def test_matmul_integer_is_exact_over_full_ranges(a_dtype, b_dtype):
 
 @pytest.mark.parametrize("mode", ["int8", "bfloat16", "float32"])
 @pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
-def test_integer_products_are_exact_in_every_mode(mode, a_dtype, monkeypatch):
+@pytest.mark.parametrize("b_kind", ["input", "weight"])
+def test_integer_products_are_exact_in_every_mode(mode, a_dtype, b_kind, monkeypatch):
     # The float modes sum 8-bit products in float32, exact only below 2**24: a contraction of
     # 2100 products of -127 * 127 (odd, so no power-of-two luck) reaches 3.4e7, which an
-    # unchunked float32 sum rounds. Chunks of 1024 summed in int32 keep it exact.
+    # unchunked float32 sum rounds. Chunks of 1024 summed in int32 keep it exact. B as a graph
+    # input (traced) and as a weight (numpy, converted at trace time).
     monkeypatch.setattr(quantize, "INTEGER_MATMUL", mode)
     k = 2100
     a = RNG.integers(np.iinfo(a_dtype).min, np.iinfo(a_dtype).max + 1, (2, 3, k)).astype(a_dtype)
     a[:, 0] = 1 if a_dtype == np.uint8 else -127  # minus the uint8 offset of 128: -127
     b = RNG.integers(-128, 128, (k, 5)).astype(np.int8)
     b[:, 0] = 127
-    za = np.array(0, a_dtype)
-    zb = np.array(0, np.int8)
-    want = (a.astype(np.int64) - 0) @ b.astype(np.int64)
+    want = a.astype(np.int64) @ b.astype(np.int64)
     assert abs(want).max() > 2**24
     assert_matches_reference(
-        "MatMulInteger", {"a": a, "b": b, "za": za, "zb": zb}, opset=10, expected=[want.astype(np.int32)]
+        "MatMulInteger",
+        {"a": a, "b": b, "za": np.array(0, a_dtype), "zb": np.array(0, np.int8)},
+        opset=10,
+        expected=[want.astype(np.int32)],
+        initializers=() if b_kind == "input" else ("b",),
     )
 
 
