@@ -17,6 +17,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jonnx
+from jonnx.ops import quantize
 from tests.ops._harness import node_model, run_jonnx
 
 ort = pytest.importorskip("onnxruntime")
@@ -680,12 +681,19 @@ def test_gather_block_quantized(kind, zp, dtype):
     )
 
 
+# Both integer-product lowerings (ops/quantize.py INTEGER_MATMUL: int8 dots, and the exact
+# bfloat16 dots CPUs with bfloat16 instructions get by default) against onnxruntime.
+INTEGER_MODES = pytest.mark.parametrize("mode", ["int8", "bfloat16"])
+
+
+@INTEGER_MODES
 @pytest.mark.parametrize("b_type", [np.int8, np.uint8])
 @pytest.mark.parametrize(
     "per_column,zp,bias",
     [(False, False, False), (True, True, True), (False, True, False)],
 )
-def test_dynamic_quantize_matmul(b_type, per_column, zp, bias):
+def test_dynamic_quantize_matmul(b_type, per_column, zp, bias, mode, monkeypatch):
+    monkeypatch.setattr(quantize, "INTEGER_MATMUL", mode)
     n = 5
     lo, hi = (-128, 128) if b_type == np.int8 else (0, 256)
     inputs = {
@@ -704,9 +712,11 @@ def test_dynamic_quantize_matmul(b_type, per_column, zp, bias):
     )
 
 
+@INTEGER_MODES
 @pytest.mark.parametrize("a_type,b_type", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)])
 @pytest.mark.parametrize("per_column,bias", [(False, False), (True, True)])
-def test_matmul_integer_to_float(a_type, b_type, per_column, bias):
+def test_matmul_integer_to_float(a_type, b_type, per_column, bias, mode, monkeypatch):
+    monkeypatch.setattr(quantize, "INTEGER_MATMUL", mode)
     n = 4
 
     def ints(t, shape):
