@@ -85,10 +85,14 @@ def _bench_batch(proto, session, x, repeats: int) -> tuple[float, dict[str, floa
         "plain": lambda: plain(x)[0].block_until_ready(),
         "ort": lambda: session.run(None, {input_name: x}),
     }
+    # The order rotates every round: a call right after onnxruntime's runs while its worker
+    # threads still spin (two identical jonnx models measured 254 against 180 ms at batch 1,
+    # the one following onnxruntime slower), so a fixed order would bias one column.
     times = {k: [] for k in calls}
-    for _ in range(repeats):
-        for k, fn in calls.items():
-            times[k].append(_timed(fn))
+    names = list(calls)
+    for r in range(repeats):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            times[k].append(_timed(calls[k]))
     return load_s, {k: statistics.median(v) for k, v in times.items()}, err
 
 
