@@ -278,7 +278,10 @@ class Model:
         size_bounds: Mapping[str, int | None] | None = None,
         optimize: bool | Mapping[str, bool] = True,
     ):
+        # The switches of Model(*inputs) with the model's own weights; apply's leave the passes
+        # that pay only there off unless named (jonnx.optimize.CALL_ONLY).
         self.optimize = optimization.resolve(optimize)
+        self._apply_optimize = optimization.resolve(optimize, call=False)
         self.checked = checked
         self.base_dir = base_dir
         self.memory_limit = memory_limit
@@ -290,7 +293,7 @@ class Model:
             allow_newer_opset=allow_newer_opset,
             allow_unknown_attributes=allow_unknown_attributes,
             size_bounds=None if size_bounds is None else dict(size_bounds),
-            optimize=dict(self.optimize),
+            optimize=optimize if isinstance(optimize, bool) else dict(optimize),
         )
         self.opsets = _opsets(proto, allow_newer_opset)
         progress = Progress("loading model")
@@ -363,9 +366,12 @@ class Model:
             )
         }
         # __call__ runs the graph through the passes (jonnx.optimize), in the graph's own mode;
-        # the values passes add (epsilons, shapes, split sizes) are constants.
+        # the values passes add (epsilons, shapes, split sizes) are constants. Its weight-only
+        # nodes run once (below), except with sharded weights or in checked mode, where it
+        # takes apply's passes.
         self._run_graphs: dict[bool | None, Graph] = {}
-        self._call_graph = self._graph_for(None)
+        once = mesh is None and not checked
+        self._call_graph = optimization.optimize(self.graph, self.optimize if once else self._apply_optimize, None)
         self._constants.update(
             (n, v) for n, v in self._call_graph.initializers.items() if n not in self.graph.initializers
         )
@@ -375,7 +381,7 @@ class Model:
         # as constants (they fold while tracing anyway), sharded weights (a prepared copy could
         # be gathered whole) or checked mode (its checks cover every node).
         weights = set(self._params) | set(self._state)
-        prepare = not (self.optimize["constant_weights"] or mesh is not None or checked)
+        prepare = once and not self.optimize["constant_weights"]
         self._prepared_nodes = weight_only_nodes(self._call_graph, weights, self._constants) if prepare else ()
         prepared_names = {o for p in self._prepared_nodes for o in self._call_graph.nodes[p].outputs if o}
         self.segment_plan: SegmentPlan = plan_segments(
@@ -608,10 +614,10 @@ class Model:
             )
 
     def _graph_for(self, train: bool | None) -> Graph:
-        """The graph runs with this ``train`` flag walk: :attr:`graph` through the passes."""
+        """The graph ``apply`` runs with this ``train`` flag: :attr:`graph` through its passes."""
         graph = self._run_graphs.get(train)
         if graph is None:
-            graph = self._run_graphs[train] = optimization.optimize(self.graph, self.optimize, train)
+            graph = self._run_graphs[train] = optimization.optimize(self.graph, self._apply_optimize, train)
         return graph
 
     def _refuse_untracked(self) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from jonnx._ir import Graph
 from jonnx.optimize import dead_nodes, fold_batchnorm, fuse_matmuls
 
-__all__ = ["CALL_OPTIONS", "PASSES", "optimize", "resolve"]
+__all__ = ["CALL_ONLY", "CALL_OPTIONS", "PASSES", "optimize", "resolve"]
 
 # In the order they run. Each takes the graph and the run's train flag (True, False or None:
 # a pass that depends on the mode, like BatchNorm folding, only rewrites nodes whose mode that
@@ -35,9 +35,16 @@ CALL_OPTIONS = ("constant_weights",)
 # ``constant_weights`` is.
 CONSTANT_ONLY = ("fold_batchnorm",)
 
+# Passes that pay only where the weight-only nodes they add run once: ``Model(*inputs)`` with
+# the model's own weights (computed once and kept, or compiled in as constants). In
+# ``Model.apply`` the weights are arguments of the user's function (a training step, jax.grad),
+# so those nodes would run on every call: there these passes are off unless named.
+CALL_ONLY: tuple[str, ...] = ()
 
-def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
-    """The ``optimize=`` option of :func:`jonnx.load` as ``{name: on}`` for every switch.
+
+def resolve(option: bool | Mapping[str, bool], *, call: bool = True) -> dict[str, bool]:
+    """The ``optimize=`` option of :func:`jonnx.load` as ``{name: on}`` for every switch:
+    for ``Model(*inputs)`` with its own weights (``call``), or else for ``Model.apply``.
 
     Raises:
         ValueError: an unknown pass name.
@@ -57,6 +64,9 @@ def resolve(option: bool | Mapping[str, bool]) -> dict[str, bool]:
     switches = {name: bool(option.get(name, name not in CALL_OPTIONS)) for name in names}
     for name in CONSTANT_ONLY:
         switches[name] = bool(option.get(name, switches["constant_weights"]))
+    if not call:
+        for name in CALL_ONLY:
+            switches[name] = bool(option.get(name, False))
     return switches
 
 
