@@ -1,17 +1,26 @@
-"""The speed acceptance benchmarks: jonnx's default call against onnxruntime, in one process.
+"""The speed acceptance benchmarks: jonnx's default call against onnxruntime and hand-written JAX.
 
 Models (benchmarks/nets.py, seeded weights, NCHW as exporters write): ResNet-50, MobileNetV2,
 a BERT-base-width 4-layer encoder, and that encoder through onnxruntime's quantize_dynamic.
-For each model and batch: load + first call time of ``jonnx.load(proto)`` then ``model(x)``
-(the default call, all optimizations on), then jonnx, jonnx without optimizations
-(``optimize=False``) and onnxruntime called in turn, ``--repeats`` rounds, medians. Ratios are
-jonnx / onnxruntime (below 1: jonnx is faster). The peak RSS of the process is printed at the end.
+For each model and batch: ``jonnx.load(proto)`` time and the first call's (trace + compile),
+then jonnx's default call (all optimizations on), jonnx with ``optimize=False``, the same
+network written by hand in JAX (benchmarks/hand_jax.py: NHWC, ``lax.conv_general_dilated``,
+weights as compile-time constants; none for int8) and onnxruntime, called in turn in one
+process, ``--repeats`` rounds, medians. Ratios are jonnx / onnxruntime and jonnx / hand (below 1:
+jonnx is faster); relative errors are against onnxruntime. Peak RSS: the process's high-water
+mark after each model, or each model's own with ``--isolate`` (a fresh subprocess per model).
 
-``--train`` adds a ResNet-18 training step (batch 32, 64x64, 10 classes, SGD with momentum,
-``train=True``): jonnx's step jitted, against PyTorch eager CPU (benchmarks/torch_resnet18_step.py,
-run by ``--torch-python``'s interpreter in its own process).
+``--train [resnet18] [bert]`` adds training steps, each jitted, jonnx against the hand-written
+JAX step, alternating, and against PyTorch eager CPU when ``--torch-python`` names a Python
+with torch (benchmarks/torch_resnet18_step.py, torch_bert_step.py, run in their own process
+from the same weights and batch: the first-step losses printed must agree):
+- ResNet-18 (batch 32, 64x64, 10 classes, BatchNormalization in training mode, SGD momentum
+  0.9, lr 0.01, cross-entropy); the hand-written step uses ``lax.conv_general_dilated`` NHWC.
+- BERT fine-tuning: the encoder above plus a linear head on the first token (2 classes),
+  batch 8, seq 128, AdamW (lr 1e-4, weight decay 0.01), every linear and LayerNorm trained.
 
-Usage: ``python benchmarks/bench_acceptance.py [--models resnet50 bert] [--batches 1 32] [--repeats 10] [--train]``
+Usage: ``python benchmarks/bench_acceptance.py [--models resnet50 bert] [--batches 1 32] [--repeats 10]
+[--train [resnet18 bert]] [--torch-python PY] [--isolate]``
 The machine this runs on may be shared: ratios taken in one process, alternating, are what
 to compare, not absolute times.
 """
@@ -25,6 +34,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -32,6 +42,7 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+import hand_jax
 import nets
 
 import jonnx
@@ -54,49 +65,106 @@ def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
     build, shape = MODELS[name]
     proto = build()
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    # The hand-written network is float: there is none for the int8 model.
+    hand = None if name.endswith("_int8") else hand_jax.inference(proto)
     rows = []
     for batch in batches:
         x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
-        load_s, med, err = _bench_batch(proto, session, x, repeats)
-        rows.append((name, batch, load_s, med["jonnx"], med["plain"], med["ort"], err))
+        r = _bench_batch(proto, session, hand, x, repeats)
+        rows.append((name, batch, r))
+        med = r["median"]
+        hand_ms = f"{med['hand'] * 1e3:>9.1f}" if hand else f"{'-':>9}"
+        vs_hand = f"{med['jonnx'] / med['hand']:>8.2f}" if hand else f"{'-':>8}"
+        hand_err = f"{r['hand_err']:>9.1e}" if hand else f"{'-':>9}"
+        hand_1st = f"{r['hand_first_s']:>8.2f}" if hand else f"{'-':>8}"
         print(
-            f"{name:<13}{batch:>4}{load_s:>9.2f}{med['jonnx'] * 1e3:>10.1f}{med['plain'] * 1e3:>10.1f}"
-            f"{med['ort'] * 1e3:>10.1f}{med['jonnx'] / med['ort']:>8.2f}{med['plain'] / med['ort']:>8.2f}"
-            f"{err:>9.1e}",
+            f"{name:<13}{batch:>4}{r['load_s']:>6.2f}{r['first_s']:>7.2f}{hand_1st}"
+            f"{med['jonnx'] * 1e3:>9.1f}{med['plain'] * 1e3:>9.1f}{hand_ms}{med['ort'] * 1e3:>9.1f}"
+            f"{med['jonnx'] / med['ort']:>8.2f}{med['plain'] / med['ort']:>8.2f}{vs_hand}"
+            f"{r['err']:>9.1e}{hand_err}",
             flush=True,
         )
     return rows
 
 
-def _bench_batch(proto, session, x, repeats: int) -> tuple[float, dict[str, float], float]:
-    """Load + first call time, median call times by runtime, and jonnx's relative error."""
+def _rel_err(got, want) -> float:
+    return float(np.max(np.abs(np.asarray(got) - want)) / (np.max(np.abs(want)) + 1e-12))
+
+
+def _bench_batch(proto, session, hand, x, repeats: int) -> dict:
+    """Load and first-call times, median call times by runtime, relative errors against onnxruntime."""
     input_name = session.get_inputs()[0].name
     start = time.perf_counter()
     model = jonnx.load(proto)
-    model(x)[0].block_until_ready()
     load_s = time.perf_counter() - start
-    plain = jonnx.load(proto, optimize=False)
+    model(x)[0].block_until_ready()
+    first_s = time.perf_counter() - start - load_s
     want = session.run(None, {input_name: x})[0]
-    got = np.asarray(model(x)[0])
-    err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-12))
+    out = {"load_s": load_s, "first_s": first_s, "err": _rel_err(model(x)[0], want)}
+    plain = jonnx.load(proto, optimize=False)
     plain(x)[0].block_until_ready()
     calls = {
         "jonnx": lambda: model(x)[0].block_until_ready(),
         "plain": lambda: plain(x)[0].block_until_ready(),
         "ort": lambda: session.run(None, {input_name: x}),
     }
-    # The order rotates every round: a call right after onnxruntime's runs while its worker
-    # threads still spin (two identical jonnx models measured 254 against 180 ms at batch 1,
-    # the one following onnxruntime slower), so a fixed order would bias one column.
-    times = {k: [] for k in calls}
-    names = list(calls)
+    if hand is not None:
+        out["hand_first_s"] = _timed(lambda: hand(x).block_until_ready())
+        out["hand_err"] = _rel_err(hand(x), want)
+        calls["hand"] = lambda: hand(x).block_until_ready()
+    out["median"] = _alternate(calls, repeats)
+    return out
+
+
+def _alternate(fns: dict, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each function, called in turn ``repeats`` rounds.
+
+    The order rotates every round: a call right after onnxruntime's runs while its worker
+    threads still spin (two identical jonnx models measured 254 against 180 ms at batch 1,
+    the one following onnxruntime slower), so a fixed order would bias one column.
+    """
+    times = {k: [] for k in fns}
+    names = list(fns)
     for r in range(repeats):
         for k in names[r % len(names) :] + names[: r % len(names)]:
-            times[k].append(_timed(calls[k]))
-    return load_s, {k: statistics.median(v) for k, v in times.items()}, err
+            times[k].append(_timed(fns[k]))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
-def bench_train(repeats: int, torch_python: str | None = None) -> None:
+def _torch_runs(script: str, torch_python: str, args: list[str]) -> list[tuple[str, float, float]]:
+    """Run a torch baseline script with its default threads and with one: (label, loss, ms) each.
+
+    torch runs in its own process (it is never imported next to jonnx), once with its default
+    threads and once with one (on a shared machine its thread pool suffers).
+    """
+    path = pathlib.Path(__file__).resolve().parent / script
+    runs = []
+    for threads in (None, "1"):
+        env = dict(os.environ, **({"OMP_NUM_THREADS": threads} if threads else {}))
+        out = subprocess.run([torch_python, str(path), *args], capture_output=True, text=True, check=True, env=env).stdout
+        fields = dict(line.split() for line in out.splitlines() if line.strip())
+        runs.append(("torch eager" + (" 1 thread" if threads else ""), float(fields["torch_loss"]), float(fields["torch_step_ms"])))
+    return runs
+
+
+def _sgd_momentum(params, velocity, grads, lr=0.01, momentum=0.9):
+    """SGD with momentum as torch.optim.SGD does it (no dampening, no weight decay)."""
+    import jax
+
+    velocity = jax.tree_util.tree_map(lambda v, g: momentum * v + g, velocity, grads)
+    return jax.tree_util.tree_map(lambda p, v: p - lr * v, params, velocity), velocity
+
+
+def _cross_entropy(logits, labels):
+    import jax
+    import jax.numpy as jnp
+
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+
+def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
+    """ResNet-18 SGD-momentum step (batch 32, 64x64, BN in training mode): jonnx, hand-written lax.conv, torch."""
     import jax
     import jax.numpy as jnp
 
@@ -106,48 +174,146 @@ def bench_train(repeats: int, torch_python: str | None = None) -> None:
     x = rng.standard_normal((32, 3, 64, 64)).astype(np.float32)
     labels = rng.integers(0, 10, 32)
 
-    def loss(params, state, x, labels):
+    def jonnx_loss(params, state, x, labels):
         (logits,), new_state = model.apply(params, x, state=state, train=True)
-        logp = jax.nn.log_softmax(logits)
-        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1)), new_state
+        return _cross_entropy(logits, labels), new_state
 
-    @jonnx.jit
-    def step(params, velocity, state, x, labels):
-        (value, new_state), grads = jax.value_and_grad(loss, has_aux=True)(params, state, x, labels)
-        velocity = jax.tree_util.tree_map(lambda v, g: 0.9 * v + g, velocity, grads)
-        params = jax.tree_util.tree_map(lambda p, v: p - 0.01 * v, params, velocity)
-        return params, velocity, new_state, value
+    hand_params, hand_state, hand_forward = hand_jax.resnet_train_fns(proto)
 
-    carry = [
-        model.params,
-        jax.tree_util.tree_map(jnp.zeros_like, model.params),
-        model.state,
-    ]
-    compile_s = _timed(lambda: jax.block_until_ready(step(*carry, x, labels)))
+    def hand_loss(params, state, x, labels):
+        logits, new_state = hand_forward(params, state, x)
+        return _cross_entropy(logits, labels), new_state
 
-    def run_jonnx():
-        carry[:] = step(*carry, x, labels)[:3]
-        jax.block_until_ready(carry)
+    def make_step(loss, jit):
+        @jit
+        def step(params, velocity, state, x, labels):
+            (value, new_state), grads = jax.value_and_grad(loss, has_aux=True)(params, state, x, labels)
+            params, velocity = _sgd_momentum(params, velocity, grads)
+            return params, velocity, new_state, value
 
-    times = [_timed(run_jonnx) for _ in range(repeats)]
-    line = f"resnet18 train step b32 64x64: compile {compile_s:.1f} s, jonnx {statistics.median(times) * 1e3:.0f} ms"
+        return step
+
+    runs = {}
+    for name, loss, params, state, jit in [
+        ("jonnx", jonnx_loss, model.params, model.state, jonnx.jit),
+        ("hand", hand_loss, hand_params, hand_state, jax.jit),
+    ]:
+        step = make_step(loss, jit)
+        carry = [params, jax.tree_util.tree_map(jnp.zeros_like, params), state]
+        start = time.perf_counter()
+        first = step(*carry, x, labels)
+        jax.block_until_ready(first)
+        compile_s = time.perf_counter() - start
+
+        def run(step=step, carry=carry):
+            carry[:] = step(*carry, x, labels)[:3]
+            jax.block_until_ready(carry)
+
+        runs[name] = (run, compile_s, float(first[3]))
+    med = _alternate({k: v[0] for k, v in runs.items()}, repeats)
+    j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
+    print(
+        f"resnet18 train step b32 64x64 SGD momentum: jonnx {j:.0f} ms (compile {runs['jonnx'][1]:.1f} s, "
+        f"1st loss {runs['jonnx'][2]:.6f}), hand lax.conv NHWC {h:.0f} ms (compile {runs['hand'][1]:.1f} s, "
+        f"1st loss {runs['hand'][2]:.6f}): jonnx/hand {j / h:.2f}",
+        flush=True,
+    )
     if torch_python:
-        # torch runs in its own process (it is never imported next to jonnx), once with its
-        # default threads and once with one (on a shared machine its thread pool suffers).
-        script = pathlib.Path(__file__).resolve().parent / "torch_resnet18_step.py"
-        for threads in (None, "1"):
-            env = dict(os.environ, **({"OMP_NUM_THREADS": threads} if threads else {}))
-            out = subprocess.run(
-                [torch_python, str(script), "--repeats", str(repeats)],
-                capture_output=True,
-                text=True,
-                check=True,
-                env=env,
-            ).stdout
-            ms = float(out.split()[-1])
-            label = "torch eager" + (" 1 thread" if threads else "")
-            line += f", {label} {ms:.0f} ms (jonnx/torch {statistics.median(times) * 1e3 / ms:.2f})"
-    print(line)
+        with tempfile.TemporaryDirectory() as tmp:
+            weights = os.path.join(tmp, "resnet18.npz")
+            np.savez(weights, x=x, labels=labels, **hand_jax.torch_resnet_weights(proto))
+            for label, value, ms in _torch_runs("torch_resnet18_step.py", torch_python, ["--repeats", str(repeats), "--weights", weights]):
+                print(f"  {label} {ms:.0f} ms, 1st loss {value:.6f}: jonnx/torch {j / ms:.2f}, hand/torch {h / ms:.2f}", flush=True)
+
+
+# The BERT fine-tuning step: the nets.py encoder (4 layers, hidden 768, seq 128) plus a
+# classification head on the first token, batch 8, 2 classes, AdamW (lr 1e-4, weight decay
+# 0.01, torch's and optax's other defaults agree), every encoder weight trained.
+BERT_BATCH, BERT_CLASSES = 8, 2
+
+
+def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
+    import jax
+    import optax
+
+    proto = nets.bert_encoder()
+    model = jonnx.load(proto)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BERT_BATCH, 128, 768)).astype(np.float32)
+    labels = rng.integers(0, BERT_CLASSES, BERT_BATCH)
+    head = {
+        "head.weight": (rng.standard_normal((768, BERT_CLASSES)) / np.sqrt(768)).astype(np.float32),
+        "head.bias": np.zeros(BERT_CLASSES, np.float32),
+    }
+    # The trained encoder weights: the linears and LayerNorms (the graph's scalar constants,
+    # e.g. the attention scale, stay constants, as they are buffers in torch).
+    hand_params, hand_forward = hand_jax.bert_train_fns(proto)
+    trained = {**hand_params, **head}
+
+    def classify(hidden, params):
+        return hidden[:, 0] @ params["head.weight"] + params["head.bias"]
+
+    def jonnx_loss(params, x, labels):
+        (hidden,) = model.apply({k: v for k, v in params.items() if not k.startswith("head.")}, x)
+        return _cross_entropy(classify(hidden, params), labels)
+
+    def hand_loss(params, x, labels):
+        return _cross_entropy(classify(hand_forward(params, x), params), labels)
+
+    optimizer = optax.adamw(1e-4, weight_decay=0.01)
+    runs = {}
+    for name, loss, jit in [("jonnx", jonnx_loss, jonnx.jit), ("hand", hand_loss, jax.jit)]:
+
+        @jit
+        def step(params, opt_state, x, labels, loss=loss):
+            value, grads = jax.value_and_grad(loss)(params, x, labels)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, value
+
+        carry = [jax.tree_util.tree_map(jax.numpy.asarray, trained), optimizer.init(trained)]
+        start = time.perf_counter()
+        first = step(*carry, x, labels)
+        jax.block_until_ready(first)
+        compile_s = time.perf_counter() - start
+
+        def run(step=step, carry=carry):
+            carry[:] = step(*carry, x, labels)[:2]
+            jax.block_until_ready(carry)
+
+        runs[name] = (run, compile_s, float(first[2]))
+    med = _alternate({k: v[0] for k, v in runs.items()}, repeats)
+    j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
+    print(
+        f"bert fine-tune step b{BERT_BATCH} seq128 AdamW: jonnx {j:.0f} ms (compile {runs['jonnx'][1]:.1f} s, "
+        f"1st loss {runs['jonnx'][2]:.6f}), hand JAX {h:.0f} ms (compile {runs['hand'][1]:.1f} s, "
+        f"1st loss {runs['hand'][2]:.6f}): jonnx/hand {j / h:.2f}",
+        flush=True,
+    )
+    if torch_python:
+        with tempfile.TemporaryDirectory() as tmp:
+            weights = os.path.join(tmp, "bert.npz")
+            np.savez(weights, x=x, labels=labels, **hand_jax.torch_bert_weights(proto), **head)
+            for label, value, ms in _torch_runs("torch_bert_step.py", torch_python, ["--repeats", str(repeats), "--weights", weights]):
+                print(f"  {label} {ms:.0f} ms, 1st loss {value:.6f}: jonnx/torch {j / ms:.2f}, hand/torch {h / ms:.2f}", flush=True)
+
+
+TRAIN = {"resnet18": bench_train_resnet18, "bert": bench_train_bert}
+
+
+HEADER = (
+    f"{'model':<13}{'b':>4}{'load':>6}{'1st':>7}{'hand1st':>8}{'jonnx ms':>9}{'plain ms':>9}{'hand ms':>9}"
+    f"{'ort ms':>9}{'vs ort':>8}{'plain':>8}{'vs hand':>8}{'rel err':>9}{'hand err':>9}"
+)
+LEGEND = (
+    "load = jonnx.load(proto) s, 1st = jonnx's first call (trace + compile) s, hand1st = the hand-written "
+    "network's first call s; jonnx = default call (all optimizations), plain = optimize=False, hand = "
+    "hand-written NHWC JAX with constant weights (benchmarks/hand_jax.py); vs ort = jonnx / onnxruntime, "
+    "plain = plain / onnxruntime, vs hand = jonnx / hand; rel err = max |y - ort| / max |ort|"
+)
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def main() -> None:
@@ -155,24 +321,43 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--train", action="store_true")
+    parser.add_argument(
+        "--train",
+        nargs="*",
+        choices=list(TRAIN),
+        help="training steps to time (all when named alone): ResNet-18 and the BERT fine-tuning step",
+    )
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run each model (and the training steps) in a fresh subprocess, so each peak RSS is that model's own",
+    )
+    parser.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--torch-python",
-        help="a Python with torch, to time the same step in PyTorch eager (separate process)",
+        help="a Python with torch, to time the same steps in PyTorch eager (separate process)",
     )
     args = parser.parse_args()
-    print(
-        f"{'model':<13}{'b':>4}{'load+1st':>9}{'jonnx ms':>10}{'plain ms':>10}{'ort ms':>10}"
-        f"{'vs ort':>8}{'plain':>8}{'rel err':>9}"
-    )
+    if not args.no_header:
+        print(HEADER, flush=True)
+    if args.isolate:
+        common = [sys.executable, __file__, "--no-header", "--batches", *map(str, args.batches), "--repeats", str(args.repeats)]
+        for name in args.models:
+            subprocess.run([*common, "--models", name], check=False)
+        torch = ["--torch-python", args.torch_python] if args.torch_python else []
+        for name in [] if args.train is None else args.train or list(TRAIN):
+            subprocess.run([*common, "--models", "--train", name, *torch], check=False)
+        print(LEGEND)
+        return
     for name in args.models:
         bench_inference(name, args.batches, args.repeats)
-    if args.train:
-        bench_train(args.repeats, args.torch_python)
-    print(
-        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB; "
-        "jonnx = default call (all optimizations), plain = optimize=False; vs ort = jonnx / onnxruntime"
-    )
+        # ru_maxrss is the process's high-water mark: per model only with --isolate.
+        print(f"  peak RSS after {name}: {_peak_rss_gib():.2f} GiB (process high-water mark)", flush=True)
+    for name in [] if args.train is None else args.train or list(TRAIN):
+        TRAIN[name](args.repeats, args.torch_python)
+        print(f"  peak RSS after the {name} step: {_peak_rss_gib():.2f} GiB (process high-water mark)", flush=True)
+    if not args.no_header:
+        print(LEGEND)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """PyTorch eager baseline for bench_acceptance.py --train: a ResNet-18 SGD-momentum step.
 
 Run by a Python that has torch (never a jonnx dependency), in its own process:
-``/path/to/torch-venv/bin/python benchmarks/torch_resnet18_step.py [--repeats 10]``.
-Same network as nets.resnet18 (64x64 inputs, 10 classes, batch 32, train mode); prints one
-line ``torch_step_ms <median>``.
+``/path/to/torch-venv/bin/python benchmarks/torch_resnet18_step.py [--repeats 10] [--weights W.npz]``.
+Same network as nets.resnet18 (64x64 inputs, 10 classes, batch 32, train mode). With
+``--weights`` (written by bench_acceptance.py: hand_jax.torch_resnet_weights, the batch ``x`` and
+``labels``) it starts from nets.resnet18's weights on the same batch, so its first loss equals
+jonnx's; without, torch's own initialization on a seeded batch. Prints ``torch_loss <loss of
+the first step>`` and ``torch_step_ms <median>``.
 """
 
 from __future__ import annotations
@@ -54,22 +57,44 @@ def resnet18() -> torch.nn.Module:
     return nn.Sequential(*layers).train()
 
 
+def load_weights(net: torch.nn.Module, data: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy ``conv{i}``/``bn{i}``/``fc`` arrays into the net (its modules in definition order
+    are the ONNX graph's nodes in order) and return the batch."""
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    norms = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    (fc,) = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for i, (conv, bn) in enumerate(zip(convs, norms, strict=True)):
+            conv.weight.copy_(torch.from_numpy(data[f"conv{i}.weight"]))
+            for field in ("weight", "bias", "running_mean", "running_var"):
+                getattr(bn, field).copy_(torch.from_numpy(data[f"bn{i}.{field}"]))
+            bn.momentum = 0.1  # ONNX's momentum 0.9 is torch's 0.1
+        fc.weight.copy_(torch.from_numpy(data["fc.weight"]))
+        fc.bias.copy_(torch.from_numpy(data["fc.bias"]))
+    return torch.from_numpy(data["x"]), torch.from_numpy(data["labels"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--weights", help="an .npz of nets.resnet18's weights and the batch")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.standard_normal((32, 3, 64, 64)).astype(np.float32))
     labels = torch.from_numpy(rng.integers(0, 10, 32))
     net = resnet18()
+    if args.weights:
+        x, labels = load_weights(net, dict(np.load(args.weights)))
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
     def step():
         optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), labels).backward()
+        loss = torch.nn.functional.cross_entropy(net(x), labels)
+        loss.backward()
         optimizer.step()
+        return float(loss)
 
-    step()  # warm-up: allocator and oneDNN primitive caches
+    print(f"torch_loss {step():.6f}")  # also the warm-up: allocator and oneDNN primitive caches
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
