@@ -1,0 +1,46 @@
+"""The hand-written JAX baselines of benchmarks/hand_jax.py compute the nets.py networks.
+
+bench_acceptance.py reports jonnx against these; if one drifted from its ONNX network the
+ratio would compare different functions. Small instances only (seconds): a ResNet-18 at 32x32
+and a 2-layer narrow encoder, checked against onnxruntime.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+ort = pytest.importorskip("onnxruntime")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import hand_jax  # noqa: E402
+import nets  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("build", "shape"),
+    [
+        (lambda: nets.resnet18(size=32), (3, 32, 32)),
+        (lambda: nets.bert_encoder(layers=2, hidden=64, heads=4, seq=8), (8, 64)),
+    ],
+    ids=["resnet18", "bert"],
+)
+def test_hand_written_network_matches_onnxruntime(build, shape):
+    proto = build()
+    x = np.random.default_rng(0).standard_normal((2, *shape)).astype(np.float32)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {session.get_inputs()[0].name: x})[0]
+    got = np.asarray(hand_jax.inference(proto)(x))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_hand_written_network_rejects_a_net_it_does_not_follow():
+    proto = nets.resnet18(size=32)
+    conv = [n for n in proto.graph.node if n.op_type == "Conv"][1]  # the first block's 3x3
+    (strides,) = [a for a in conv.attribute if a.name == "strides"]
+    strides.ints[:] = [2, 2]
+    with pytest.raises(ValueError, match="expects"):
+        hand_jax.inference(proto)(np.zeros((1, 3, 32, 32), np.float32))
