@@ -38,7 +38,6 @@ import tempfile
 import time
 
 import numpy as np
-import onnxruntime as ort
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -62,6 +61,8 @@ def _timed(fn) -> float:
 
 
 def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
+    import onnxruntime as ort  # here, so that the training steps run without it (gpu_check.py)
+
     build, shape = MODELS[name]
     proto = build()
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
