@@ -339,7 +339,7 @@ def main() -> None:
         help="a Python with torch, to time the same steps in PyTorch eager (separate process)",
     )
     args = parser.parse_args()
-    if not args.no_header:
+    if args.models and not args.no_header:
         print(HEADER, flush=True)
     if args.isolate:
         common = [sys.executable, __file__, "--no-header", "--batches", *map(str, args.batches), "--repeats", str(args.repeats)]
@@ -348,7 +348,8 @@ def main() -> None:
         torch = ["--torch-python", args.torch_python] if args.torch_python else []
         for name in [] if args.train is None else args.train or list(TRAIN):
             subprocess.run([*common, "--models", "--train", name, *torch], check=False)
-        print(LEGEND)
+        if args.models:
+            print(LEGEND)
         return
     for name in args.models:
         bench_inference(name, args.batches, args.repeats)
@@ -357,7 +358,7 @@ def main() -> None:
     for name in [] if args.train is None else args.train or list(TRAIN):
         TRAIN[name](args.repeats, args.torch_python)
         print(f"  peak RSS after the {name} step: {_peak_rss_gib():.2f} GiB (process high-water mark)", flush=True)
-    if not args.no_header:
+    if args.models and not args.no_header:
         print(LEGEND)
 
 
