@@ -11,9 +11,10 @@ jonnx is faster); relative errors are against onnxruntime. Peak RSS: the process
 mark after each model, or each model's own with ``--isolate`` (a fresh subprocess per model).
 
 ``--train [resnet18] [bert]`` adds training steps, each jitted, jonnx against the hand-written
-JAX step, alternating, and against PyTorch eager CPU when ``--torch-python`` names a Python
-with torch (benchmarks/torch_resnet18_step.py, torch_bert_step.py, run in their own process
-from the same weights and batch: the first-step losses printed must agree):
+JAX step and against PyTorch eager CPU when ``--torch-python`` names a Python with torch
+(benchmarks/torch_resnet18_step.py, torch_bert_step.py, in their own processes, one with
+torch's default threads and one with a single thread, from the same weights and batch: the
+first-step losses printed must agree), all called in turn, one step each per round:
 - ResNet-18 (batch 32, 64x64, 10 classes, BatchNormalization in training mode, SGD momentum
   0.9, lr 0.01, cross-entropy); the hand-written step uses ``lax.conv_general_dilated`` NHWC.
 - BERT fine-tuning: the encoder above plus a linear head on the first token (2 classes),
@@ -132,20 +133,51 @@ def _alternate(fns: dict, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _torch_runs(script: str, torch_python: str, args: list[str]) -> list[tuple[str, float, float]]:
-    """Run a torch baseline script with its default threads and with one: (label, loss, ms) each.
+class _TorchSteps:
+    """A torch baseline script in ``--serve`` mode: one process per thread setting, each timing
+    one step per call, so torch's steps alternate with jonnx's under the same machine load.
 
-    torch runs in its own process (it is never imported next to jonnx), once with its default
+    torch runs in its own processes (it is never imported next to jonnx), once with its default
     threads and once with one (on a shared machine its thread pool suffers).
     """
-    path = pathlib.Path(__file__).resolve().parent / script
-    runs = []
-    for threads in (None, "1"):
-        env = dict(os.environ, **({"OMP_NUM_THREADS": threads} if threads else {}))
-        out = subprocess.run([torch_python, str(path), *args], capture_output=True, text=True, check=True, env=env).stdout
-        fields = dict(line.split() for line in out.splitlines() if line.strip())
-        runs.append(("torch eager" + (" 1 thread" if threads else ""), float(fields["torch_loss"]), float(fields["torch_step_ms"])))
-    return runs
+
+    def __init__(self, script: str, torch_python: str, weights: str):
+        path = pathlib.Path(__file__).resolve().parent / script
+        self.procs, self.losses = {}, {}
+        for threads in (None, "1"):
+            label = "torch eager" + (" 1 thread" if threads else "")
+            env = dict(os.environ, **({"OMP_NUM_THREADS": threads} if threads else {}))
+            proc = subprocess.Popen(
+                [torch_python, str(path), "--weights", weights, "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            first = proc.stdout.readline().split()
+            if len(first) != 2 or first[0] != "torch_loss":
+                proc.kill()
+                raise RuntimeError(f"{script} ({label}) did not start: it printed {first}")
+            self.procs[label], self.losses[label] = proc, float(first[1])
+
+    def step_fns(self) -> dict:
+        def step(proc):
+            proc.stdin.write("step\n")
+            proc.stdin.flush()
+            float(proc.stdout.readline())
+
+        return {label: (lambda proc=proc: step(proc)) for label, proc in self.procs.items()}
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.stdin.close()
+            proc.wait()
+
+
+def _report_torch(torch: _TorchSteps, med: dict[str, float], j: float, h: float) -> None:
+    for label, value in torch.losses.items():
+        ms = med[label] * 1e3
+        print(f"  {label} {ms:.0f} ms, 1st loss {value:.6f}: jonnx/torch {j / ms:.2f}, hand/torch {h / ms:.2f}", flush=True)
 
 
 def _sgd_momentum(params, velocity, grads, lr=0.01, momentum=0.9):
@@ -211,7 +243,18 @@ def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
             jax.block_until_ready(carry)
 
         runs[name] = (run, compile_s, float(first[3]))
-    med = _alternate({k: v[0] for k, v in runs.items()}, repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        torch = None
+        if torch_python:
+            weights = os.path.join(tmp, "resnet18.npz")
+            np.savez(weights, x=x, labels=labels, **hand_jax.torch_resnet_weights(proto))
+            torch = _TorchSteps("torch_resnet18_step.py", torch_python, weights)
+        try:
+            fns = {k: v[0] for k, v in runs.items()} | (torch.step_fns() if torch else {})
+            med = _alternate(fns, repeats)
+        finally:
+            if torch:
+                torch.close()
     j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
     print(
         f"resnet18 train step b32 64x64 SGD momentum: jonnx {j:.0f} ms (compile {runs['jonnx'][1]:.1f} s, "
@@ -219,12 +262,8 @@ def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
         f"1st loss {runs['hand'][2]:.6f}): jonnx/hand {j / h:.2f}",
         flush=True,
     )
-    if torch_python:
-        with tempfile.TemporaryDirectory() as tmp:
-            weights = os.path.join(tmp, "resnet18.npz")
-            np.savez(weights, x=x, labels=labels, **hand_jax.torch_resnet_weights(proto))
-            for label, value, ms in _torch_runs("torch_resnet18_step.py", torch_python, ["--repeats", str(repeats), "--weights", weights]):
-                print(f"  {label} {ms:.0f} ms, 1st loss {value:.6f}: jonnx/torch {j / ms:.2f}, hand/torch {h / ms:.2f}", flush=True)
+    if torch:
+        _report_torch(torch, med, j, h)
 
 
 # The BERT fine-tuning step: the nets.py encoder (4 layers, hidden 768, seq 128) plus a
@@ -282,7 +321,18 @@ def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
             jax.block_until_ready(carry)
 
         runs[name] = (run, compile_s, float(first[2]))
-    med = _alternate({k: v[0] for k, v in runs.items()}, repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        torch = None
+        if torch_python:
+            weights = os.path.join(tmp, "bert.npz")
+            np.savez(weights, x=x, labels=labels, **hand_jax.torch_bert_weights(proto), **head)
+            torch = _TorchSteps("torch_bert_step.py", torch_python, weights)
+        try:
+            fns = {k: v[0] for k, v in runs.items()} | (torch.step_fns() if torch else {})
+            med = _alternate(fns, repeats)
+        finally:
+            if torch:
+                torch.close()
     j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
     print(
         f"bert fine-tune step b{BERT_BATCH} seq128 AdamW: jonnx {j:.0f} ms (compile {runs['jonnx'][1]:.1f} s, "
@@ -290,12 +340,8 @@ def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
         f"1st loss {runs['hand'][2]:.6f}): jonnx/hand {j / h:.2f}",
         flush=True,
     )
-    if torch_python:
-        with tempfile.TemporaryDirectory() as tmp:
-            weights = os.path.join(tmp, "bert.npz")
-            np.savez(weights, x=x, labels=labels, **hand_jax.torch_bert_weights(proto), **head)
-            for label, value, ms in _torch_runs("torch_bert_step.py", torch_python, ["--repeats", str(repeats), "--weights", weights]):
-                print(f"  {label} {ms:.0f} ms, 1st loss {value:.6f}: jonnx/torch {j / ms:.2f}, hand/torch {h / ms:.2f}", flush=True)
+    if torch:
+        _report_torch(torch, med, j, h)
 
 
 TRAIN = {"resnet18": bench_train_resnet18, "bert": bench_train_bert}

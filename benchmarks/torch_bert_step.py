@@ -7,15 +7,15 @@ Run by a Python that has torch (never a jonnx dependency), in its own process:
 ``head.bias``), the batch ``x`` (N, seq, 768) and ``labels``. The step is the one
 bench_acceptance.py times in jonnx: the post-LN encoder (separate Q/K/V, softmax attention, erf
 GELU), logits from the first token, cross-entropy, AdamW (lr 1e-4, weight decay 0.01). Prints
-``torch_loss <loss of the first step>`` and ``torch_step_ms <median>``.
+``torch_loss <loss of the first step>`` and ``torch_step_ms <median>`` (or, with ``--serve``,
+one step per stdin line: benchmarks/_torch_loop.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
+import _torch_loop
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", required=True)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--serve", action="store_true", help="time one step per 'step' line on stdin")
     args = parser.parse_args()
     data = dict(np.load(args.weights))
     heads, eps = int(data.pop("heads")), float(data.pop("eps"))
@@ -57,15 +58,9 @@ def main() -> None:
         loss = F.cross_entropy(forward(x), labels)
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return loss.item()
 
-    print(f"torch_loss {step():.6f}")  # also the warm-up: allocator and oneDNN primitive caches
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    print(f"torch_step_ms {statistics.median(times) * 1e3:.1f}")
+    _torch_loop.run(step, args.repeats, args.serve)
 
 
 if __name__ == "__main__":

@@ -6,15 +6,15 @@ Same network as nets.resnet18 (64x64 inputs, 10 classes, batch 32, train mode). 
 ``--weights`` (written by bench_acceptance.py: hand_jax.torch_resnet_weights, the batch ``x`` and
 ``labels``) it starts from nets.resnet18's weights on the same batch, so its first loss equals
 jonnx's; without, torch's own initialization on a seeded batch. Prints ``torch_loss <loss of
-the first step>`` and ``torch_step_ms <median>``.
+the first step>`` and ``torch_step_ms <median>`` (or, with ``--serve``, one step per
+stdin line: benchmarks/_torch_loop.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
+import _torch_loop
 import numpy as np
 import torch
 
@@ -78,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--weights", help="an .npz of nets.resnet18's weights and the batch")
+    parser.add_argument("--serve", action="store_true", help="time one step per 'step' line on stdin")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.standard_normal((32, 3, 64, 64)).astype(np.float32))
@@ -92,16 +93,9 @@ def main() -> None:
         loss = torch.nn.functional.cross_entropy(net(x), labels)
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return loss.item()
 
-    print(f"torch_loss {step():.6f}")  # also the warm-up: allocator and oneDNN primitive caches
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    print(f"torch_step_ms {statistics.median(times) * 1e3:.1f}")
-
+    _torch_loop.run(step, args.repeats, args.serve)
 
 if __name__ == "__main__":
     main()
