@@ -177,7 +177,10 @@ class _TorchSteps:
 def _report_torch(torch: _TorchSteps, med: dict[str, float], j: float, h: float) -> None:
     for label, value in torch.losses.items():
         ms = med[label] * 1e3
-        print(f"  {label} {ms:.0f} ms, 1st loss {value:.6f}: jonnx/torch {j / ms:.2f}, hand/torch {h / ms:.2f}", flush=True)
+        print(
+            f"  {label} {ms:.0f} ms, 1st loss {value:.6f}: jonnx/torch {j / ms:.2f}, hand/torch {h / ms:.2f}",
+            flush=True,
+        )
 
 
 def _sgd_momentum(params, velocity, grads, lr=0.01, momentum=0.9):
@@ -388,7 +391,15 @@ def main() -> None:
     if args.models and not args.no_header:
         print(HEADER, flush=True)
     if args.isolate:
-        common = [sys.executable, __file__, "--no-header", "--batches", *map(str, args.batches), "--repeats", str(args.repeats)]
+        common = [
+            sys.executable,
+            __file__,
+            "--no-header",
+            "--batches",
+            *map(str, args.batches),
+            "--repeats",
+            str(args.repeats),
+        ]
         for name in args.models:
             subprocess.run([*common, "--models", name], check=False)
         torch = ["--torch-python", args.torch_python] if args.torch_python else []

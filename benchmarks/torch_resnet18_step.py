@@ -97,5 +97,6 @@ def main() -> None:
 
     _torch_loop.run(step, args.repeats, args.serve)
 
+
 if __name__ == "__main__":
     main()
