@@ -37,6 +37,7 @@ from jonnx._registry import (
 from jonnx.ops import (  # noqa: F401
     activation,
     attention,
+    channels_last,
     cast,
     control,
     detection,

@@ -1,10 +1,12 @@
 """Neural-network core ops: convolutions (Conv, ConvTranspose, DeformConv, Col2Im), pooling
 (Average/Max/Lp, their Global forms, MaxUnpool) and products (Gemm, MatMul, Einsum).
 
-Each Conv is one ``lax.conv_general_dilated`` and each pool one ``lax.reduce_window``, so XLA
-sees whole convolutions and windows, never per-position Python. The tensor layout handed to
-XLA is chosen in one place (:func:`_dimension_numbers`, NCHW today) so a graph-level layout
-pass can switch it without touching the op bodies.
+Each Conv is one ``lax.conv_general_dilated`` (or a lowering of it to dots on CPU) and each
+pool one ``lax.reduce_window``, so XLA sees whole convolutions and windows, never
+per-position Python. The convolution and pooling helpers take ``channels_last``: False for
+ONNX's own NC(D)HW with OI(D)HW weights, True for N(D)HWC activations with (D)HWIO weights,
+the layout the ``channels_last`` graph pass (jonnx/optimize/layout.py) runs CNN chains in
+through the internal ops of ops/channels_last.py. One implementation serves both.
 
 Geometry follows the ONNX spec: explicit ``pads`` are ``[x1_begin, x2_begin, ..., x1_end,
 ...]``; ``SAME_*`` pads to ``ceil(in / stride)`` outputs with the odd cell at the end
@@ -30,11 +32,24 @@ from jonnx.ops._util import index_dtype, static_ints
 # --------------------------------------------------------------------------- layout
 
 
-def _dimension_numbers(nd: int) -> lax.ConvDimensionNumbers:
-    """The layout XLA sees for an ``nd``-spatial convolution: ONNX's own NC(D)HW / OI(D)HW."""
+def _dimension_numbers(nd: int, channels_last: bool = False) -> lax.ConvDimensionNumbers:
+    """The layout XLA sees for an ``nd``-spatial convolution: ONNX's own NC(D)HW / OI(D)HW, or
+    N(D)HWC / (D)HWIO with ``channels_last``."""
     spatial = "DHW"[-nd:] if nd <= 3 else "".join(chr(ord("a") + i) for i in range(nd))
-    lhs = "NC" + spatial
-    return lax.conv_dimension_numbers((1,) * (nd + 2), (1,) * (nd + 2), (lhs, "OI" + spatial, lhs))
+    lhs, rhs = ("N" + spatial + "C", spatial + "IO") if channels_last else ("NC" + spatial, "OI" + spatial)
+    return lax.conv_dimension_numbers((1,) * (nd + 2), (1,) * (nd + 2), (lhs, rhs, lhs))
+
+
+def _spatial(shape, channels_last: bool) -> tuple:
+    """The spatial dims of an activation's (or, for weights, the kernel's) ``shape``."""
+    return tuple(shape[1:-1]) if channels_last else tuple(shape[2:])
+
+
+def _full(spatial, fill, channels_last: bool) -> tuple:
+    """A per-axis tuple for a whole activation: ``spatial`` on the spatial axes, ``fill`` on
+    the batch and channel axes."""
+    spatial = tuple(spatial)
+    return (fill,) + spatial + (fill,) if channels_last else (fill, fill) + spatial
 
 
 # --------------------------------------------------------------------------- geometry
@@ -120,34 +135,43 @@ def _kernel_attr(attrs, w_shape, ctx) -> None:
         raise ctx.error(f"kernel_shape {tuple(kernel)} does not match the weights' spatial shape {tuple(w_shape)}")
 
 
-def _add_bias(y, b, ctx):
+def _add_bias(y, b, ctx, channels_last: bool = False):
     if b is None:
         return y
-    if jnp.ndim(b) != 1 or jnp.shape(b)[0] != jnp.shape(y)[1]:
-        raise ctx.error(f"bias of shape {jnp.shape(b)} does not match {jnp.shape(y)[1]} output channels")
-    return y + jnp.reshape(b, (1, -1) + (1,) * (jnp.ndim(y) - 2))
+    channels = jnp.shape(y)[-1 if channels_last else 1]
+    if jnp.ndim(b) != 1 or jnp.shape(b)[0] != channels:
+        raise ctx.error(f"bias of shape {jnp.shape(b)} does not match {channels} output channels")
+    return y + (b if channels_last else jnp.reshape(b, (1, -1) + (1,) * (jnp.ndim(y) - 2)))
 
 
 # --------------------------------------------------------------------------- Conv
 
 
-def convolve(x, w, b, attrs, ctx):
+def convolve(x, w, b, attrs, ctx, channels_last: bool = False):
     """A Conv node's computation (shared with ConvInteger and QLinearConv): one XLA convolution
-    with the node's strides, dilations, groups and pads or auto_pad, plus the bias."""
+    with the node's strides, dilations, groups and pads or auto_pad, plus the bias.
+
+    With ``channels_last``, ``x`` is N(D)HWC, ``w`` is (D)HWIO and the result is N(D)HWC.
+    """
     if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x):
         raise ctx.error(f"X of shape {jnp.shape(x)} and W of shape {jnp.shape(w)} need the same rank, at least 3")
     n = jnp.ndim(x) - 2
     group = int(attrs["group"])
-    c_in, m = jnp.shape(x)[1], jnp.shape(w)[0]
-    if group < 1 or c_in != jnp.shape(w)[1] * group or m % group:
+    if channels_last:
+        c_in, m, w_in, kernel = jnp.shape(x)[-1], jnp.shape(w)[-1], jnp.shape(w)[-2], jnp.shape(w)[:-2]
+    else:
+        c_in, m, w_in, kernel = jnp.shape(x)[1], jnp.shape(w)[0], jnp.shape(w)[1], jnp.shape(w)[2:]
+    if group < 1 or c_in != w_in * group or m % group:
         raise ctx.error(
             f"X has {c_in} channels and W has shape {jnp.shape(w)}: with group={group}, W must be "
             f"(M, C/group, ...) with M divisible by group"
         )
-    _kernel_attr(attrs, jnp.shape(w)[2:], ctx)
+    _kernel_attr(attrs, kernel, ctx)
     strides, dilations = _strides_dilations(attrs, n, ctx)
-    lo, hi, _ = _window_pads(jnp.shape(x)[2:], jnp.shape(w)[2:], strides, dilations, attrs, ctx)
-    lowering = conv_lowering(jnp.shape(x), jnp.shape(w), strides, group, jnp.result_type(x, w))
+    lo, hi, _ = _window_pads(_spatial(jnp.shape(x), channels_last), kernel, strides, dilations, attrs, ctx)
+    lowering = conv_lowering(
+        jnp.shape(x), jnp.shape(w), strides, group, jnp.result_type(x, w), channels_last=channels_last
+    )
     if lowering == "xla":
         y = lax.conv_general_dilated(
             x,
@@ -155,13 +179,13 @@ def convolve(x, w, b, attrs, ctx):
             window_strides=strides,
             padding=tuple(zip(lo, hi)),
             rhs_dilation=dilations,
-            dimension_numbers=_dimension_numbers(n),
+            dimension_numbers=_dimension_numbers(n, channels_last),
             feature_group_count=group,
             precision=ctx.precision,
         )
     else:
-        y = _LOWERINGS[lowering](x, w, strides, dilations, lo, hi, ctx.precision)
-    return _add_bias(y, b, ctx)
+        y = _LOWERINGS[lowering](x, w, strides, dilations, lo, hi, ctx.precision, channels_last)
+    return _add_bias(y, b, ctx, channels_last)
 
 
 # Conv lowerings. XLA's CPU convolution is slow next to its dot (by 2-30x on ResNet/MobileNet
@@ -173,19 +197,24 @@ def convolve(x, w, b, attrs, ctx):
 CONV_LOWERING = "auto"
 
 
-def conv_lowering(x_shape, w_shape, strides, group: int, dtype) -> str:
+def conv_lowering(x_shape, w_shape, strides, group: int, dtype, *, channels_last: bool = False) -> str:
     """How a Conv with these static shapes runs: ``"xla"``, ``"matmul"`` (1x1 kernels),
-    ``"depthwise"`` (shifted multiply-adds) or ``"im2col"`` (one dot over stacked shifted slices)."""
+    ``"depthwise"`` (shifted multiply-adds) or ``"im2col"`` (one dot over stacked shifted slices).
+
+    Shapes are NC(D)HW / OI(D)HW, or N(D)HWC / (D)HWIO with ``channels_last``."""
     if CONV_LOWERING != "auto" or jax.default_backend() != "cpu":
         return "xla"
     # Half precision stays with XLA, which accumulates its convolutions in float32.
     if dtype not in (jnp.float32, jnp.float64) or len(x_shape) < 3:
         return "xla"
-    c_in, m, kernel = x_shape[1], w_shape[0], tuple(w_shape[2:])
+    if channels_last:
+        c_in, m, w_in, kernel = x_shape[-1], w_shape[-1], w_shape[-2], tuple(w_shape[:-2])
+    else:
+        c_in, m, w_in, kernel = x_shape[1], w_shape[0], w_shape[1], tuple(w_shape[2:])
     taps = math.prod(kernel)
     if group == 1 and taps == 1:
         return "matmul"
-    if group == c_in and group > 1 and w_shape[1] == 1 and m == c_in:
+    if group == c_in and group > 1 and w_in == 1 and m == c_in:
         return "depthwise"
     # im2col pays for batches (a ResNet-18 training step at batch 32: 1.15 s against 6.4 s with
     # XLA's k x k convolutions) and for few-channel stems (MobileNetV2 batch 1: 3.4x onnxruntime
@@ -199,56 +228,72 @@ def conv_lowering(x_shape, w_shape, strides, group: int, dtype) -> str:
     return "xla"
 
 
-def _pad_spatial(x, lo, hi):
+def _pad_spatial(x, lo, hi, channels_last: bool = False):
     if not any(lo) and not any(hi):
         return x
-    return jnp.pad(x, ((0, 0), (0, 0)) + tuple(zip(lo, hi)))
+    return jnp.pad(x, _full(zip(lo, hi), (0, 0), channels_last))
 
 
-def _taps(xp, kernel, strides, dilations, out):
+def _taps(xp, kernel, strides, dilations, out, channels_last: bool = False):
     """For each kernel position (row-major), the strided window of ``xp`` it multiplies."""
+    shape = jnp.shape(xp)
     for offsets in itertools.product(*(range(k) for k in kernel)):
-        start = (0, 0) + tuple(o * d for o, d in zip(offsets, dilations))
-        limit = jnp.shape(xp)[:2] + tuple(st + (n - 1) * s + 1 for st, n, s in zip(start[2:], out, strides))
-        yield lax.slice(xp, start, limit, (1, 1) + tuple(strides))
+        first = tuple(o * d for o, d in zip(offsets, dilations))
+        start = _full(first, 0, channels_last)
+        ends = _full((f + (n - 1) * s + 1 for f, n, s in zip(first, out, strides)), None, channels_last)
+        limit = tuple(size if e is None else e for size, e in zip(shape, ends))
+        yield lax.slice(xp, start, limit, _full(strides, 1, channels_last))
 
 
-def _out_spatial(xp, kernel, strides, dilations):
+def _out_spatial(xp, kernel, strides, dilations, channels_last: bool = False):
     return tuple(
-        (size - (k - 1) * d - 1) // s + 1 for size, k, s, d in zip(jnp.shape(xp)[2:], kernel, strides, dilations)
+        (size - (k - 1) * d - 1) // s + 1
+        for size, k, s, d in zip(_spatial(jnp.shape(xp), channels_last), kernel, strides, dilations)
     )
 
 
-def _conv_matmul(x, w, strides, dilations, lo, hi, precision):
+def _kernel(w, channels_last: bool) -> tuple:
+    return tuple(jnp.shape(w)[:-2] if channels_last else jnp.shape(w)[2:])
+
+
+def _conv_matmul(x, w, strides, dilations, lo, hi, precision, channels_last=False):
     """A 1x1 convolution: a product over channels of the (padded, strided) input."""
-    xp = _pad_spatial(x, lo, hi)
-    (xs,) = _taps(
-        xp, (1,) * (jnp.ndim(x) - 2), strides, dilations, _out_spatial(xp, (1,) * (jnp.ndim(x) - 2), strides, dilations)
-    )
-    w2 = jnp.reshape(w, jnp.shape(w)[:2])
-    return jnp.einsum("nc...,mc->nm...", xs, w2, precision=precision)
+    ones = (1,) * (jnp.ndim(x) - 2)
+    xp = _pad_spatial(x, lo, hi, channels_last)
+    (xs,) = _taps(xp, ones, strides, dilations, _out_spatial(xp, ones, strides, dilations, channels_last), channels_last)
+    if channels_last:
+        return jnp.einsum("n...c,cm->n...m", xs, jnp.reshape(w, jnp.shape(w)[-2:]), precision=precision)
+    return jnp.einsum("nc...,mc->nm...", xs, jnp.reshape(w, jnp.shape(w)[:2]), precision=precision)
 
 
-def _conv_depthwise(x, w, strides, dilations, lo, hi, precision):
+def _conv_depthwise(x, w, strides, dilations, lo, hi, precision, channels_last=False):
     """A depthwise convolution: per-channel shifted multiply-adds, which XLA fuses into one loop."""
-    kernel = jnp.shape(w)[2:]
-    xp = _pad_spatial(x, lo, hi)
-    out = _out_spatial(xp, kernel, strides, dilations)
-    taps = jnp.reshape(w, (jnp.shape(w)[0], -1))
-    bcast = (1, -1) + (1,) * len(kernel)
+    kernel = _kernel(w, channels_last)
+    xp = _pad_spatial(x, lo, hi, channels_last)
+    out = _out_spatial(xp, kernel, strides, dilations, channels_last)
+    if channels_last:
+        taps = jnp.reshape(w, (-1, jnp.shape(w)[-1]))  # (K, C): a tap's weights broadcast on C
+    else:
+        taps = jnp.transpose(jnp.reshape(w, (jnp.shape(w)[0], -1)))
+        taps = jnp.reshape(taps, (len(taps), 1, -1) + (1,) * len(kernel))
     y = None
-    for i, window in enumerate(_taps(xp, kernel, strides, dilations, out)):
-        term = window * jnp.reshape(taps[:, i], bcast)
+    for i, window in enumerate(_taps(xp, kernel, strides, dilations, out, channels_last)):
+        term = window * taps[i]
         y = term if y is None else y + term
     return y
 
 
-def _conv_im2col(x, w, strides, dilations, lo, hi, precision):
+def _conv_im2col(x, w, strides, dilations, lo, hi, precision, channels_last=False):
     """A k x k convolution: one product of the weights with the stacked shifted windows."""
-    kernel = jnp.shape(w)[2:]
-    xp = _pad_spatial(x, lo, hi)
-    out = _out_spatial(xp, kernel, strides, dilations)
-    cols = jnp.stack(list(_taps(xp, kernel, strides, dilations, out)), axis=2)  # (N, C, K, *out)
+    kernel = _kernel(w, channels_last)
+    xp = _pad_spatial(x, lo, hi, channels_last)
+    out = _out_spatial(xp, kernel, strides, dilations, channels_last)
+    windows = list(_taps(xp, kernel, strides, dilations, out, channels_last))
+    if channels_last:
+        cols = jnp.stack(windows, axis=-2)  # (N, *out, K, C)
+        w3 = jnp.reshape(w, (-1,) + jnp.shape(w)[-2:])  # (K, C, M)
+        return jnp.einsum("n...kc,kcm->n...m", cols, w3, precision=precision)
+    cols = jnp.stack(windows, axis=2)  # (N, C, K, *out)
     w3 = jnp.reshape(w, jnp.shape(w)[:2] + (-1,))  # (M, C, K)
     return jnp.einsum("nck...,mck->nm...", cols, w3, precision=precision)
 
@@ -346,7 +391,7 @@ def conv_transpose(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 # --------------------------------------------------------------------------- pooling
 
 
-def _pool_setup(x, attrs, ctx):
+def _pool_setup(x, attrs, ctx, channels_last: bool = False):
     """Kernel, strides, dilations and per-axis pads for a pooling node."""
     if jnp.ndim(x) < 3:
         raise ctx.error(f"input of shape {jnp.shape(x)} needs a batch, a channel and spatial axes")
@@ -359,22 +404,28 @@ def _pool_setup(x, attrs, ctx):
     if any(v < 1 for v in kernel + strides + dilations):
         raise ctx.error(f"kernel_shape {kernel}, strides {strides} and dilations {dilations} must be positive")
     lo, hi, extra = _window_pads(
-        jnp.shape(x)[2:], kernel, strides, dilations, attrs, ctx, ceil_mode=bool(attrs.get("ceil_mode"))
+        _spatial(jnp.shape(x), channels_last),
+        kernel,
+        strides,
+        dilations,
+        attrs,
+        ctx,
+        ceil_mode=bool(attrs.get("ceil_mode")),
     )
     return kernel, strides, dilations, lo, hi, extra
 
 
-def _reduce_window(x, init, op, kernel, strides, dilations, lo, hi, extra):
+def _reduce_window(x, init, op, kernel, strides, dilations, lo, hi, extra, channels_last: bool = False):
     # A numpy init value stays concrete under jit, so JAX picks its max/sum window primitives
     # (with their efficient gradients) instead of a generic reduction.
     return lax.reduce_window(
         x,
         np.asarray(init, np.dtype(jnp.result_type(x))),
         op,
-        window_dimensions=(1, 1) + kernel,
-        window_strides=(1, 1) + strides,
-        padding=((0, 0), (0, 0)) + tuple((a, b + e) for a, b, e in zip(lo, hi, extra)),
-        window_dilation=(1, 1) + dilations,
+        window_dimensions=_full(kernel, 1, channels_last),
+        window_strides=_full(strides, 1, channels_last),
+        padding=_full(((a, b + e) for a, b, e in zip(lo, hi, extra)), (0, 0), channels_last),
+        window_dilation=_full(dilations, 1, channels_last),
     )
 
 
@@ -383,7 +434,7 @@ def _lowest(dtype):
     return -np.inf if jnp.issubdtype(dtype, jnp.floating) else np.iinfo(dtype).min
 
 
-def _argmax_window(x, kernel, strides, dilations, lo, hi, extra):
+def _argmax_window(x, kernel, strides, dilations, lo, hi, extra, channels_last: bool = False):
     """Row-major flat index (over the whole tensor) of each window's maximum."""
     shape = jnp.shape(x)
     dtype, idx_dtype = jnp.result_type(x), index_dtype()
@@ -400,10 +451,10 @@ def _argmax_window(x, kernel, strides, dilations, lo, hi, extra):
         (lax.stop_gradient(x), flat),
         (jnp.asarray(_lowest(dtype), dtype), jnp.asarray(np.iinfo(idx_dtype).max, idx_dtype)),
         pick,
-        window_dimensions=(1, 1) + kernel,
-        window_strides=(1, 1) + strides,
-        padding=((0, 0), (0, 0)) + tuple((a, b + e) for a, b, e in zip(lo, hi, extra)),
-        window_dilation=(1, 1) + dilations,
+        window_dimensions=_full(kernel, 1, channels_last),
+        window_strides=_full(strides, 1, channels_last),
+        padding=_full(((a, b + e) for a, b, e in zip(lo, hi, extra)), (0, 0), channels_last),
+        window_dilation=_full(dilations, 1, channels_last),
     )
     return idx
 
@@ -424,16 +475,18 @@ def _column_major(idx, shape):
     return base + col
 
 
-def _max_pool(x, attrs, ctx, with_indices: bool):
-    kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx)
+def _max_pool(x, attrs, ctx, with_indices: bool, channels_last: bool = False):
+    """MaxPool's Y (and Indices); with ``channels_last`` (N(D)HWC), Y only."""
+    kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx, channels_last)
     dilated = any(d > 1 for d in dilations)
-    idx = _argmax_window(x, kernel, strides, dilations, lo, hi, extra) if with_indices or dilated else None
+    window = (kernel, strides, dilations, lo, hi, extra)
+    idx = _argmax_window(x, *window, channels_last) if with_indices or dilated else None
     if dilated:
         # JAX cannot transpose a dilated max window (no VJP for select_and_gather), so read the
         # maxima through their indices: a gather, differentiable in both modes.
         y = jnp.take(jnp.reshape(x, (-1,)), idx, mode="clip")
     else:
-        y = _reduce_window(x, _lowest(jnp.result_type(x)), lax.max, kernel, strides, dilations, lo, hi, extra)
+        y = _reduce_window(x, _lowest(jnp.result_type(x)), lax.max, *window, channels_last)
     if not with_indices:
         return (y,)
     if attrs.get("storage_order"):
@@ -456,35 +509,38 @@ def max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return _max_pool(inputs[0], attrs, ctx, with_indices=True)
 
 
-def _window_count(spatial, kernel, strides, dilations, lo, hi, extra, include_pad: bool, dtype):
-    """How many cells each window averages: a trace-time constant of shape ``(1, 1, *out)``."""
+def _window_count(spatial, kernel, strides, dilations, lo, hi, extra, include_pad: bool, dtype, channels_last):
+    """How many cells each window averages: a trace-time constant of shape ``(1, 1, *out)``
+    (``(1, *out, 1)`` with ``channels_last``)."""
     with jax.ensure_compile_time_eval():
-        ones = np.ones((1, 1) + tuple(spatial), np.float32)
+        ones = np.ones(_full(spatial, 1, channels_last), np.float32)
         if include_pad:
-            ones = np.pad(ones, ((0, 0), (0, 0)) + tuple(zip(lo, hi)), constant_values=1.0)
+            ones = np.pad(ones, _full(zip(lo, hi), (0, 0), channels_last), constant_values=1.0)
             lo, hi = (0,) * len(lo), (0,) * len(hi)
-        count = _reduce_window(jnp.asarray(ones), 0.0, lax.add, kernel, strides, dilations, lo, hi, extra)
+        count = _reduce_window(
+            jnp.asarray(ones), 0.0, lax.add, kernel, strides, dilations, lo, hi, extra, channels_last
+        )
         return np.asarray(count).astype(dtype)
+
+
+def average_pool_core(x, attrs, ctx, channels_last: bool = False):
+    """AveragePool's Y, in NC(D)HW or (``channels_last``) N(D)HWC."""
+    window = _pool_setup(x, attrs, ctx, channels_last)
+    total = _reduce_window(x, 0, lax.add, *window, channels_last)
+    count = _window_count(
+        _spatial(jnp.shape(x), channels_last),
+        *window,
+        bool(attrs.get("count_include_pad")),
+        jnp.result_type(x),
+        channels_last,
+    )
+    return total / count
 
 
 @register("AveragePool", since=(1, 7, 10, 11, 19, 22))
 def average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``AveragePool``, all opsets (pads excluded from the divisor before opset 7)."""
-    x = inputs[0]
-    kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx)
-    total = _reduce_window(x, 0, lax.add, kernel, strides, dilations, lo, hi, extra)
-    count = _window_count(
-        jnp.shape(x)[2:],
-        kernel,
-        strides,
-        dilations,
-        lo,
-        hi,
-        extra,
-        bool(attrs.get("count_include_pad")),
-        jnp.result_type(x),
-    )
-    return (total / count,)
+    return (average_pool_core(inputs[0], attrs, ctx),)
 
 
 def _p_norm(total, p):
@@ -511,24 +567,25 @@ def lp_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return (_p_norm(total, p).astype(jnp.result_type(x)),)
 
 
-def _spatial_axes(x, ctx):
+def spatial_axes(x, ctx, channels_last: bool = False):
+    """The spatial axes of an NC(D)HW (or, ``channels_last``, N(D)HWC) activation."""
     if jnp.ndim(x) < 3:
         raise ctx.error(f"input of shape {jnp.shape(x)} needs a batch, a channel and spatial axes")
-    return tuple(range(2, jnp.ndim(x)))
+    return tuple(range(1, jnp.ndim(x) - 1)) if channels_last else tuple(range(2, jnp.ndim(x)))
 
 
 @register("GlobalAveragePool", since=(1, 22))
 def global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalAveragePool``, all opsets."""
     x = inputs[0]
-    return (jnp.mean(x, axis=_spatial_axes(x, ctx), keepdims=True),)
+    return (jnp.mean(x, axis=spatial_axes(x, ctx), keepdims=True),)
 
 
 @register("GlobalMaxPool", since=(1, 22))
 def global_max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalMaxPool``, all opsets."""
     x = inputs[0]
-    return (jnp.max(x, axis=_spatial_axes(x, ctx), keepdims=True),)
+    return (jnp.max(x, axis=spatial_axes(x, ctx), keepdims=True),)
 
 
 @register("GlobalLpPool", since=(1, 2, 22))
@@ -538,7 +595,7 @@ def global_lp_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     p = attrs["p"]
     if p <= 0:
         raise ctx.error(f"p={p} must be positive")
-    total = jnp.sum(_abs_pow(x, p), axis=_spatial_axes(x, ctx), keepdims=True)
+    total = jnp.sum(_abs_pow(x, p), axis=spatial_axes(x, ctx), keepdims=True)
     return (_p_norm(total, p).astype(jnp.result_type(x)),)
 
 

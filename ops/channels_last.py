@@ -1,0 +1,107 @@
+"""Channels-last forms of the layout-sensitive CNN ops (internal domain ``jonnx.channels_last``).
+
+The ``channels_last`` graph pass (jonnx/optimize/layout.py) rewrites Conv / pooling /
+normalization chains to run on N(D)HWC activations, which XLA's CPU convolutions and the dot
+lowerings of ops/nn.py run 1.2-2x faster than NC(D)HW. These ops are what it rewrites them
+to: each is the ONNX op of the same name with the same attributes, computing exactly what
+the ONNX op computes on NC(D)HW data, except that
+
+* activations (input X and output Y) are N(D)HWC: the channel axis is last;
+* Conv's weights are (D)HWIO: ``Transpose(W, perm=[2, 3, ..., 1, 0])`` of ONNX's OI(D)HW,
+  a separate node on the weight so that it can be computed once per parameter set;
+* MaxPool has no Indices output (the pass leaves MaxPool nodes whose Indices are read alone);
+* BatchNormalization carries, instead of its opset's mode attributes, ``training_mode``
+  (whether it trains when the run leaves the choice to the graph) and ``legacy`` (1 for the
+  five outputs of opsets 1-9).
+
+Per-channel vectors (bias, scale, running statistics) are unchanged. The bodies are the ONNX
+ops' own helpers, called with ``channels_last=True``: one implementation per op. The domain
+is private: the pass makes these nodes only in the graph a ``Model`` runs, never in
+``Model.proto``, so ``jonnx.save`` never writes them.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import onnx.defs
+
+from jonnx._attributes import schema_defaults
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx.ops import nn, normalization
+
+__all__ = ["DOMAIN", "VERSION"]
+
+DOMAIN = "jonnx.channels_last"
+VERSION = 1
+
+
+def _attributes(op_type: str) -> dict:
+    """The newest ai.onnx schema's attributes and defaults: the internal op takes the same."""
+    return schema_defaults(onnx.defs.get_schema(op_type))
+
+
+@register("Conv", since=VERSION, domain=DOMAIN, attributes=_attributes("Conv"), n_inputs=3)
+def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``Conv`` on N(D)HWC activations with (D)HWIO weights."""
+    x, w, b = inputs
+    return (nn.convolve(x, w, b, attrs, ctx, channels_last=True),)
+
+
+@register("MaxPool", since=VERSION, domain=DOMAIN, attributes=_attributes("MaxPool"), n_inputs=1)
+def max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``MaxPool`` (Y only) on N(D)HWC activations."""
+    return nn._max_pool(inputs[0], attrs, ctx, with_indices=False, channels_last=True)
+
+
+@register("AveragePool", since=VERSION, domain=DOMAIN, attributes=_attributes("AveragePool"), n_inputs=1)
+def average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``AveragePool`` on N(D)HWC activations."""
+    return (nn.average_pool_core(inputs[0], attrs, ctx, channels_last=True),)
+
+
+@register("GlobalAveragePool", since=VERSION, domain=DOMAIN, attributes={}, n_inputs=1)
+def global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``GlobalAveragePool`` on N(D)HWC activations: (N, 1, ..., 1, C)."""
+    x = inputs[0]
+    return (jnp.mean(x, axis=nn.spatial_axes(x, ctx, channels_last=True), keepdims=True),)
+
+
+@register("GlobalMaxPool", since=VERSION, domain=DOMAIN, attributes={}, n_inputs=1)
+def global_max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``GlobalMaxPool`` on N(D)HWC activations: (N, 1, ..., 1, C)."""
+    x = inputs[0]
+    return (jnp.max(x, axis=nn.spatial_axes(x, ctx, channels_last=True), keepdims=True),)
+
+
+@register(
+    "BatchNormalization",
+    since=VERSION,
+    domain=DOMAIN,
+    attributes={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0, "legacy": 0},
+    n_inputs=5,
+    state_updates={1: 3, 2: 4},
+    trains=lambda attrs: bool(attrs["training_mode"]),
+)
+def batch_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``BatchNormalization`` (per-channel statistics) on N(D)HWC activations."""
+    training = ctx.training(bool(attrs["training_mode"]))
+    if attrs["legacy"]:
+        return normalization._bn_legacy(inputs, attrs, training, True, channels_last=True)
+    x, scale, bias, mean, var = inputs
+    eps, momentum = attrs["epsilon"], attrs["momentum"]
+    if training:
+        return normalization._bn_training(x, scale, bias, mean, var, momentum, eps, channels_last=True)
+    return (normalization._bn_inference(x, scale, bias, mean, var, eps, channels_last=True), mean, var)
+
+
+@register(
+    "InstanceNormalization",
+    since=VERSION,
+    domain=DOMAIN,
+    attributes=_attributes("InstanceNormalization"),
+    n_inputs=3,
+)
+def instance_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``InstanceNormalization`` on N(D)HWC activations."""
+    x, scale, bias = inputs
+    return (normalization.instance_norm_core(x, scale, bias, attrs["epsilon"], ctx, channels_last=True),)
