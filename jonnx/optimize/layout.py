@@ -245,18 +245,23 @@ class _Rewrite:
         if len(ranks) != 1 or len(node.outputs) != 1:
             return None
         (rank,) = ranks
-        inputs = []
+        plan = []  # (how, name): decided for every input before anything is emitted
         for i, name in enumerate(node.inputs):
-            if not name or name in self.last:
-                inputs.append(self.last.get(name, name))
-            elif node.op_type == "Clip" and i > 0:
-                inputs.append(name)  # min and max are scalars
+            if not name or name in self.last or (node.op_type == "Clip" and i > 0):
+                plan.append(("as is", name))  # Clip's min and max are scalars
             elif name in self.constants and self.constants[name].ndim <= rank:
-                inputs.append(name)  # re-laid-out below, once the node is known to be rewritten
+                plan.append(("constant", name))
+            elif self._rank_of(name) == rank:
+                plan.append(("activation", name))  # an NC(D)HW value of the same rank
             else:
                 return None
         inputs = [
-            self._relayout(name, rank) if name in self.constants and name not in self.last else name for name in inputs
+            self.last.get(name, name)
+            if how == "as is"
+            else self._relayout(name, rank)
+            if how == "constant"
+            else self._last(name, rank)
+            for how, name in plan
         ]
         attrs = dict(node.attrs)
         if node.op_type == "Concat":

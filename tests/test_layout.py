@@ -1,0 +1,281 @@
+"""The channels_last pass (jonnx/optimize/layout.py): CNN chains run N(D)HWC, results unchanged.
+
+Each graph runs with only the layout pass on against ``optimize=False`` (outputs, running
+statistics and gradients, train on and off: ``test_optimize._compare``) and against
+onnxruntime, and each test checks that the pass rewrote what it should and kept the
+activation transposes to the boundaries, so none can pass vacuously.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnxruntime as ort
+import pytest
+
+import jonnx
+from jonnx.ops.channels_last import DOMAIN
+from tests.test_optimize import MODELS, _compare, _model, rand
+
+EXPORTS = pathlib.Path(__file__).resolve().parent / "models" / "exports"
+F = onnx.TensorProto.FLOAT
+ON = {"channels_last": True, "fold_batchnorm": False, "fuse_matmuls": False, "dead_nodes": False}
+
+
+def _bn(prefix, c, inits, **attrs):
+    inits.update(
+        {
+            f"{prefix}_s": rand(c),
+            f"{prefix}_b": rand(c),
+            f"{prefix}_m": rand(c),
+            f"{prefix}_v": np.abs(rand(c)) + 0.5,
+        }
+    )
+    return [f"{prefix}_{k}" for k in "sbmv"]
+
+
+def _io(x_shape, outputs=("out",)):
+    return (
+        [oh.make_tensor_value_info("x", F, ["N", *x_shape[1:]])],
+        [oh.make_tensor_value_info(o, F, None) for o in outputs],
+    )
+
+
+def resnet_block():
+    """Stem, two 3x3 convs with BatchNorm, a residual Add, per-channel Mul/Add constants, a
+    Flatten/Gemm head."""
+    inits = {"w0": rand(8, 3, 3, 3), "w1": rand(8, 8, 3, 3), "w2": rand(8, 8, 3, 3), "fc": rand(8, 5)}
+    inits |= {"gain": rand(8, 1, 1), "shift": rand(1, 8, 1, 1), "half": np.float32(0.5), "fcb": rand(5)}
+    nodes = [
+        oh.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        oh.make_node("BatchNormalization", ["c0", *_bn("bn0", 8, inits)], ["b0"]),
+        oh.make_node("Relu", ["b0"], ["a"]),
+        oh.make_node("Conv", ["a", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        oh.make_node("BatchNormalization", ["c1", *_bn("bn1", 8, inits)], ["b1"]),
+        oh.make_node("Relu", ["b1"], ["r1"]),
+        oh.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        oh.make_node("Mul", ["c2", "gain"], ["g"]),
+        oh.make_node("Add", ["g", "shift"], ["h"]),
+        oh.make_node("Add", ["h", "a"], ["sum"]),
+        oh.make_node("Mul", ["sum", "half"], ["m"]),
+        oh.make_node("Relu", ["m"], ["r"]),
+        oh.make_node("GlobalAveragePool", ["r"], ["p"]),
+        oh.make_node("Flatten", ["p"], ["f"]),
+        oh.make_node("Gemm", ["f", "fc", "fcb"], ["out"]),
+    ]
+    return _model(nodes, *_io((2, 3, 12, 12)), inits), {"x": rand(2, 3, 12, 12)}
+
+
+def mobilenet_block():
+    """1x1 expansion, depthwise 3x3 (Clip 0..6), 1x1 projection, residual Add."""
+    inits = {"we": rand(12, 4, 1, 1), "wd": rand(12, 1, 3, 3), "bd": rand(12), "wp": rand(4, 12, 1, 1)}
+    inits |= {"lo": np.float32(0.0), "hi": np.float32(6.0)}
+    nodes = [
+        oh.make_node("Conv", ["x", "we"], ["e"]),
+        oh.make_node("BatchNormalization", ["e", *_bn("bn0", 12, inits)], ["eb"]),
+        oh.make_node("Clip", ["eb", "lo", "hi"], ["ec"]),
+        oh.make_node("Conv", ["ec", "wd", "bd"], ["d"], group=12, pads=[1, 1, 1, 1]),
+        oh.make_node("Clip", ["d", "lo", "hi"], ["dc"]),
+        oh.make_node("Conv", ["dc", "wp"], ["p"]),
+        oh.make_node("BatchNormalization", ["p", *_bn("bn1", 4, inits)], ["pb"]),
+        oh.make_node("Add", ["pb", "x"], ["sum"]),
+        oh.make_node("HardSwish", ["sum"], ["out"]),
+    ]
+    return _model(nodes, *_io((2, 4, 9, 9)), inits, opset=14), {"x": rand(2, 4, 9, 9)}
+
+
+def inception_block():
+    """Branches (1x1, 3x3, max pool) concatenated on the channel axis, then an average pool and
+    a DenseNet-style Concat with the block's input."""
+    inits = {"w1": rand(3, 5, 1, 1), "w3": rand(4, 5, 3, 3), "wi": rand(5, 2, 1, 1)}
+    nodes = [
+        oh.make_node("Conv", ["x", "wi"], ["s"]),
+        oh.make_node("Conv", ["s", "w1"], ["b1"]),
+        oh.make_node("Conv", ["s", "w3"], ["b3"], pads=[1, 1, 1, 1]),
+        oh.make_node("MaxPool", ["s"], ["bp"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1]),
+        oh.make_node("Concat", ["b1", "b3", "bp"], ["cat"], axis=1),
+        oh.make_node("Concat", ["cat", "s"], ["dense"], axis=-3),
+        oh.make_node(
+            "AveragePool", ["dense"], ["out"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1], ceil_mode=1
+        ),
+    ]
+    return _model(nodes, *_io((2, 2, 8, 8)), inits, opset=19), {"x": rand(2, 2, 8, 8)}
+
+
+def pad_slice_resize():
+    """Pad, Slice and Resize with constant operands inside a chain; InstanceNorm; a graph output
+    in the middle of the chain (``mid``); a Transpose that cancels the layout; a Reshape head."""
+    inits = {
+        "w0": rand(4, 3, 3, 3),
+        "w1": rand(4, 4, 1, 1),
+        "pads": np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64),
+        "starts": np.array([1, 0], np.int64),
+        "ends": np.array([100, -1], np.int64),
+        "axes": np.array([2, -1], np.int64),
+        "scales": np.array([1, 1, 2, 1.5], np.float32),
+        "in_s": rand(4),
+        "in_b": rand(4),
+        "shape": np.array([0, -1], np.int64),
+    }
+    nodes = [
+        oh.make_node("Conv", ["x", "w0"], ["mid"]),
+        oh.make_node("Pad", ["mid", "pads"], ["padded"], mode="reflect"),
+        oh.make_node("Slice", ["padded", "starts", "ends", "axes"], ["sliced"]),
+        oh.make_node("Resize", ["sliced", "", "scales"], ["up"], mode="linear"),
+        oh.make_node("InstanceNormalization", ["up", "in_s", "in_b"], ["normed"], epsilon=1e-3),
+        oh.make_node("Conv", ["normed", "w1"], ["c1"]),
+        oh.make_node("Transpose", ["c1"], ["nhwc"], perm=[0, 2, 3, 1]),
+        oh.make_node("Reshape", ["c1", "shape"], ["out"]),
+    ]
+    return _model(nodes, *_io((2, 3, 9, 8), ("out", "mid", "nhwc")), inits, opset=18), {"x": rand(2, 3, 9, 8)}
+
+
+def bn_training(opset=15):
+    """BatchNormalization in training mode (running statistics updated), a Dropout between."""
+    inits = {"w": rand(6, 3, 3, 3), "w2": rand(6, 6, 1, 1)}
+    mode = {"training_mode": 1} if opset >= 14 else {}
+    stats = ["", "rm", "rv"] if opset >= 14 else []
+    nodes = [
+        oh.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        oh.make_node("BatchNormalization", ["c", *_bn("bn", 6, inits)], ["y", *stats[1:]], **mode),
+        oh.make_node("Relu", ["y"], ["r"]),
+        oh.make_node("Dropout", ["r"], ["dr"]),
+        oh.make_node("Conv", ["dr", "w2"], ["c2"]),
+        oh.make_node("BatchNormalization", ["c2", *_bn("bn2", 6, inits)], ["out"], **mode),
+    ]
+    return _model(nodes, *_io((4, 3, 6, 6)), inits, opset=opset), {"x": rand(4, 3, 6, 6)}
+
+
+def conv3d():
+    """A 3-D chain: NDHWC."""
+    inits = {"w": rand(4, 2, 3, 3, 3), "w2": rand(5, 4, 1, 1, 1)}
+    nodes = [
+        oh.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 6),
+        oh.make_node("BatchNormalization", ["c", *_bn("bn", 4, inits)], ["b"]),
+        oh.make_node("MaxPool", ["b"], ["p"], kernel_shape=[2, 2, 2], strides=[2, 2, 2]),
+        oh.make_node("Conv", ["p", "w2"], ["c2"]),
+        oh.make_node("GlobalMaxPool", ["c2"], ["out"]),
+    ]
+    return _model(nodes, *_io((2, 2, 4, 6, 6)), inits), {"x": rand(2, 2, 4, 6, 6)}
+
+
+BUILT = {
+    "resnet_block": resnet_block,
+    "mobilenet_block": mobilenet_block,
+    "inception_block": inception_block,
+    "pad_slice_resize": pad_slice_resize,
+    "bn_training": bn_training,
+    "bn_training_opset9": lambda: bn_training(9),
+    "conv3d": conv3d,
+}
+# (graph, how many activation transposes the rewritten graph may hold)
+TRANSPOSES = {
+    "resnet_block": 2,  # the input, and the pooled features for Flatten
+    "mobilenet_block": 2,  # the input (also the residual), the output
+    "inception_block": 2,
+    "pad_slice_resize": 3,  # the input, mid (a graph output), c1 for the Reshape
+    "bn_training": 4,  # the input, Dropout (random: left alone) in and out, the output
+    "bn_training_opset9": 4,
+    "conv3d": 2,
+}
+
+
+def _activation_transposes(graph):
+    inits = set(graph.initializers)
+    weight_only = set(inits)
+    count = 0
+    for node in graph.nodes:
+        if node.inputs and all(i in weight_only for i in node.inputs if i):
+            weight_only.update(node.outputs)
+        elif node.op_type == "Transpose":
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("name", list(BUILT))
+def test_layout_on_equals_off_and_onnxruntime(name):
+    proto, feeds = BUILT[name]()
+    on = _compare(proto, feeds, ON)
+    graph = on._graph_for(None)
+    domains = {n.op_type for n in graph.nodes if n.domain == DOMAIN}
+    assert "Conv" in domains
+    assert _activation_transposes(graph) <= TRANSPOSES[name], [n.op_type for n in graph.nodes]
+    if name.startswith("bn_training"):
+        return  # onnxruntime's training-mode BatchNormalization is not what a train=None run does
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for got, want in zip(on(**feeds), session.run(None, feeds)):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_every_op_of_the_chains_runs_channels_last():
+    rewritten = set()
+    for make in BUILT.values():
+        proto, _ = make()
+        graph = jonnx.load(proto, optimize=ON)._graph_for(None)
+        rewritten |= {n.op_type for n in graph.nodes if n.domain == DOMAIN}
+        rewritten |= {n.op_type for n in graph.nodes if n.domain == "" and n.inputs and "channels_last" in n.inputs[0]}
+    for op in (
+        "Conv",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "Pad",
+        "Slice",
+        "Resize",
+        "Concat",
+        "Clip",
+        "Add",
+        "Mul",
+        "HardSwish",
+    ):
+        assert op in rewritten, op
+
+
+def test_maxpool_indices_stay_channels_first():
+    inits = {"w": rand(3, 2, 3, 3)}
+    nodes = [
+        oh.make_node("Conv", ["x", "w"], ["c"]),
+        oh.make_node("MaxPool", ["c"], ["out", "idx"], kernel_shape=[2, 2]),
+    ]
+    proto = _model(nodes, *_io((1, 2, 6, 6), ("out", "idx")), inits)
+    feeds = {"x": rand(1, 2, 6, 6)}
+    on = _compare(proto, feeds, ON)
+    assert [n.op_type for n in on._graph_for(None).nodes if n.domain == DOMAIN] == ["Conv"]
+
+
+@pytest.mark.parametrize(
+    "path,feeds",
+    [
+        (MODELS / "small_cnn.onnx", {"image": rand(2, 3, 16, 16)}),
+        (EXPORTS / "resnet_eval.onnx", None),
+        (EXPORTS / "keras2_cnn_bn.onnx", None),
+    ],
+)
+def test_bundled_models(path, feeds):
+    proto = onnx.load(path)
+    if feeds is None:
+        model = jonnx.load(proto)
+        feeds = {}
+        for v in model.graph.inputs:
+            shape = [2 if not isinstance(d, int) else d for d in v.shape]
+            feeds[v.name] = rand(*shape)
+    on = _compare(proto, feeds, ON)
+    assert any(n.domain == DOMAIN for n in on._graph_for(None).nodes)
+
+
+def test_save_writes_the_original_graph(tmp_path):
+    proto, feeds = resnet_block()
+    model = jonnx.load(proto)
+    model(**feeds)  # the run graph is made
+    assert any(n.domain == DOMAIN for n in model._graph_for(None).nodes)
+    jonnx.save(model, tmp_path / "m.onnx")
+    saved = onnx.load(tmp_path / "m.onnx")
+    assert [n.op_type for n in saved.graph.node] == [n.op_type for n in proto.graph.node]
+    assert {o.domain for o in saved.opset_import} == {""}
+    assert all(n.domain == "" for n in saved.graph.node)
