@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pathlib
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import onnx
 import onnx.helper as oh
@@ -18,11 +20,51 @@ import pytest
 
 import jonnx
 from jonnx.ops.channels_last import DOMAIN
-from tests.test_optimize import MODELS, _compare, _model, rand
+from tests.test_optimize import MODELS, _model, rand
 
 EXPORTS = pathlib.Path(__file__).resolve().parent / "models" / "exports"
 F = onnx.TensorProto.FLOAT
 ON = {"channels_last": True, "fold_batchnorm": False, "fuse_matmuls": False, "dead_nodes": False}
+
+
+def _compare(proto, feeds, switches):
+    """Outputs, new running statistics and gradients with ``switches`` against
+    ``optimize=False``, train off and on, each run compiled (eager op-by-op runs of the conv
+    lowerings would spend the test's time compiling small pieces)."""
+    on = jonnx.load(proto, optimize=switches)
+    off = jonnx.load(proto, optimize=False)
+    key = jax.random.key(3)
+    for a, b in zip(on(**feeds, key=key), off(**feeds, key=key)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+    for train in (False, True):
+        results = []
+        for model in (on, off):
+
+            def loss(params, model=model, train=train):
+                outs, state = model.apply_with_state(params, **feeds, train=train, key=key)
+                # Linear in the outputs with a fixed, uneven cotangent: no amplified rounding.
+                value = sum(
+                    jnp.sum(o * jnp.cos(jnp.arange(o.size).reshape(o.shape)))
+                    for o in outs
+                    if jnp.issubdtype(o.dtype, jnp.floating)
+                )
+                return value, (outs, state)
+
+            results.append(jax.jit(jax.value_and_grad(loss, has_aux=True))(model.params))
+        (_, got), g_on = results[0]
+        (_, want), g_off = results[1]
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+        for name in g_off:
+            scale = float(np.max(np.abs(np.asarray(g_off[name])), initial=1.0))
+            np.testing.assert_allclose(
+                np.asarray(g_on[name]),
+                np.asarray(g_off[name]),
+                rtol=1e-5,
+                atol=1e-5 * scale,
+                err_msg=f"gradient of {name} (train={train})",
+            )
+    return on
 
 
 def _bn(prefix, c, inits, **attrs):
