@@ -12,6 +12,7 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
+import jax.test_util
 import numpy as np
 import onnx
 import onnx.helper as oh
@@ -19,7 +20,9 @@ import onnxruntime as ort
 import pytest
 
 import jonnx
+from jonnx.ops import nn
 from jonnx.ops.channels_last import DOMAIN
+from tests.ops.test_conv_lowering import CASES as CONV_CASES
 from tests.test_optimize import MODELS, _model, rand
 
 EXPORTS = pathlib.Path(__file__).resolve().parent / "models" / "exports"
@@ -321,3 +324,60 @@ def test_save_writes_the_original_graph(tmp_path):
     assert [n.op_type for n in saved.graph.node] == [n.op_type for n in proto.graph.node]
     assert {o.domain for o in saved.opset_import} == {""}
     assert all(n.domain == "" for n in saved.graph.node)
+
+
+# --------------------------------------------------------------------------- the internal ops
+
+
+def _first(y):
+    return np.moveaxis(np.asarray(y), -1, 1)
+
+
+def _reference(op, inputs, **attrs):
+    from onnx.reference import ReferenceEvaluator
+
+    node = oh.make_node(op, list(inputs), ["y"], **attrs)
+    return ReferenceEvaluator(node).run(None, inputs)[0]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[2]))}")
+def test_channels_last_conv_lowerings(case):
+    lowering, xs, ws, attrs = case
+    strides = tuple(attrs.get("strides", [1] * (len(xs) - 2)))
+    x, w, b = rand(*xs), rand(*ws), rand(ws[0])
+    x_last, w_last = np.moveaxis(x, 1, -1), np.moveaxis(w, (0, 1), (-1, -2))
+    chosen = nn.conv_lowering(
+        x_last.shape, w_last.shape, strides, attrs.get("group", 1), np.dtype(np.float32), channels_last=True
+    )
+    assert chosen == (lowering if jax.default_backend() == "cpu" else "xla")
+    got = jonnx.ops.call("Conv", x_last, w_last, b, domain=DOMAIN, **attrs)
+    want = _reference("Conv", {"x": x, "w": w, "b": b}, **attrs)
+    np.testing.assert_allclose(_first(got), want, rtol=1e-4, atol=1e-4)
+
+    def conv(x_last, w_last):
+        return jonnx.ops.call("Conv", x_last, w_last, b, domain=DOMAIN, **attrs)
+
+    jax.test_util.check_grads(conv, (x_last, w_last), order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
+
+
+POOLS = [
+    ("MaxPool", (2, 3, 7, 8), {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 1, 1], "ceil_mode": 1}),
+    ("MaxPool", (1, 2, 9, 9), {"kernel_shape": [2, 2], "dilations": [2, 2]}),
+    ("MaxPool", (1, 2, 5, 6, 4), {"kernel_shape": [2, 3, 2], "pads": [0, 1, 1, 1, 1, 0]}),
+    ("AveragePool", (2, 3, 7, 8), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
+    ("AveragePool", (1, 2, 6, 6), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ("GlobalAveragePool", (2, 3, 4, 5), {}),
+    ("GlobalMaxPool", (2, 3, 4, 5, 2), {}),
+]
+
+
+@pytest.mark.parametrize("case", POOLS, ids=lambda c: f"{c[0]}-{len(c[1])}d")
+def test_channels_last_pools(case):
+    op, xs, attrs = case
+    x = rand(*xs)
+    got = jonnx.ops.call(op, np.moveaxis(x, 1, -1), domain=DOMAIN, **attrs)
+    # onnxruntime: the ReferenceEvaluator's 3-D pooling indexes out of bounds.
+    node = oh.make_node(op, ["x"], ["y"], **attrs)
+    proto = _model([node], [oh.make_tensor_value_info("x", F, xs)], [oh.make_tensor_value_info("y", F, None)], {})
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(_first(got), session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
