@@ -349,6 +349,8 @@ def test_channels_last_conv_lowerings(case):
     chosen = nn.conv_lowering(
         x_last.shape, w_last.shape, strides, attrs.get("group", 1), np.dtype(np.float32), channels_last=True
     )
+    if lowering == "im2col" and xs[1] <= 3:
+        lowering = "xla"  # channels-last image stems stay with XLA's convolution
     assert chosen == (lowering if jax.default_backend() == "cpu" else "xla")
     got = jonnx.ops.call("Conv", x_last, w_last, b, domain=DOMAIN, **attrs)
     want = _reference("Conv", {"x": x, "w": w, "b": b}, **attrs)
