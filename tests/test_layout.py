@@ -316,7 +316,7 @@ def test_bundled_models(path, feeds):
 
 def test_save_writes_the_original_graph(tmp_path):
     proto, feeds = resnet_block()
-    model = jonnx.load(proto)
+    model = jonnx.load(proto, optimize={"channels_last": True})
     model(**feeds)  # the run graph is made
     assert any(n.domain == DOMAIN for n in model._graph_for(None).nodes)
     jonnx.save(model, tmp_path / "m.onnx")
@@ -383,3 +383,12 @@ def test_channels_last_pools(case):
     proto = _model([node], [oh.make_tensor_value_info("x", F, xs)], [oh.make_tensor_value_info("y", F, None)], {})
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(_first(got), session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_channels_last_follows_constant_weights_unless_named():
+    from jonnx import optimize
+
+    assert optimize.resolve(True)["channels_last"] is False
+    assert optimize.resolve({"constant_weights": True})["channels_last"] is True
+    assert optimize.resolve({"channels_last": True})["channels_last"] is True
+    assert optimize.resolve({"constant_weights": True, "channels_last": False})["channels_last"] is False
