@@ -37,7 +37,7 @@ def _timed(fn) -> float:
 
 
 def _load() -> str:
-    return "load %.1f %.1f %.1f" % os.getloadavg()
+    return "load {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
 
 def bench_inference(name: str, batch: int, repeats: int) -> None:

@@ -37,8 +37,8 @@ from jonnx._registry import (
 from jonnx.ops import (  # noqa: F401
     activation,
     attention,
-    channels_last,
     cast,
+    channels_last,
     control,
     detection,
     elementwise,

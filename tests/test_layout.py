@@ -39,7 +39,7 @@ def _compare(proto, feeds, switches):
     key = jax.random.key(3)
     for a, b in zip(on(**feeds, key=key), off(**feeds, key=key)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
-    for train in (False, True):
+    for train in (False, None):  # None: a graph's training-mode BatchNorm trains channels-last
         results = []
         for model in (on, off):
 
@@ -316,7 +316,7 @@ def test_bundled_models(path, feeds):
 
 def test_save_writes_the_original_graph(tmp_path):
     proto, feeds = resnet_block()
-    model = jonnx.load(proto, optimize={"channels_last": True})
+    model = jonnx.load(proto)
     model(**feeds)  # the run graph is made
     assert any(n.domain == DOMAIN for n in model._graph_for(None).nodes)
     jonnx.save(model, tmp_path / "m.onnx")
@@ -385,10 +385,26 @@ def test_channels_last_pools(case):
     np.testing.assert_allclose(_first(got), session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 
-def test_channels_last_follows_constant_weights_unless_named():
-    from jonnx import optimize
+def test_on_by_default_for_inference_not_for_training_runs():
+    proto, _ = resnet_block()
+    model = jonnx.load(proto)
+    assert model.optimize["channels_last"] is True
+    assert any(n.domain == DOMAIN for n in model._graph_for(None).nodes)
+    assert any(n.domain == DOMAIN for n in model._graph_for(False).nodes)
+    assert not any(n.domain == DOMAIN for n in model._graph_for(True).nodes)
+    assert not any(n.domain == DOMAIN for n in jonnx.load(proto, optimize=False)._graph_for(None).nodes)
 
-    assert optimize.resolve(True)["channels_last"] is False
-    assert optimize.resolve({"constant_weights": True})["channels_last"] is True
-    assert optimize.resolve({"channels_last": True})["channels_last"] is True
-    assert optimize.resolve({"constant_weights": True, "channels_last": False})["channels_last"] is False
+
+@pytest.mark.parametrize("legacy", [0, 1])
+def test_channels_last_batchnorm_training_against_numpy(legacy):
+    x, s, b, m = rand(4, 5, 3, 2), rand(2), rand(2), rand(2)
+    v = np.abs(rand(2)) + 0.5
+    got = jonnx.ops.call(
+        "BatchNormalization", x, s, b, m, v, domain=DOMAIN, train=True, epsilon=1e-3, momentum=0.8, legacy=legacy
+    )
+    mean, var = x.mean(axis=(0, 1, 2)), x.var(axis=(0, 1, 2))
+    want_y = (x - mean) / np.sqrt(var + 1e-3) * s + b
+    np.testing.assert_allclose(np.asarray(got[0]), want_y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got[1]), m * 0.8 + mean * 0.2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got[2]), v * 0.8 + var * 0.2, rtol=1e-5, atol=1e-6)
+    assert len(got) == (5 if legacy else 3)

@@ -34,12 +34,7 @@ CALL_OPTIONS = ("constant_weights",)
 # weights' bytes against 2.6x) and measured no faster than BatchNormalization's own
 # per-channel scale and shift (docs/performance.md). Unless named, they are on exactly when
 # ``constant_weights`` is.
-#
-# ``channels_last`` too, for now: with the weights as arguments (``Model.apply``, training)
-# its weight relayouts (OIHW -> HWIO) run on every call (ResNet-50 batch 1: 1.63x slower
-# with the weights as arguments, 0.93x with them constant; the ResNet-18 training step 1.34x
-# slower; docs/performance.md).
-CONSTANT_ONLY = ("fold_batchnorm", "channels_last")
+CONSTANT_ONLY = ("fold_batchnorm",)
 
 # Passes that pay only where the weight-only nodes they add run once: ``Model(*inputs)`` with
 # the model's own weights (computed once and kept, or compiled in as constants). In

@@ -22,6 +22,8 @@ once, right before the first such reader; a value is never transposed to channel
 back in a row. The result equals the NC(D)HW graph's up to float summation order; MaxPool
 nodes whose Indices are read and random ops are left alone, so PRNG streams and index values
 never change.
+
+Training runs (``train=True``) are left in NC(D)HW (see :func:`run`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,11 @@ def _axis_last(axis: int, rank: int) -> int:
 
 
 def run(graph: Graph, train: bool | None) -> Graph:
-    if not any(n.op_type == "Conv" and n.domain == "" for n in graph.nodes):
+    # Not for training runs (``train=True``): there the weights are arguments being
+    # differentiated, so the weight relayouts run on every step, and the ResNet-18 training
+    # step measured slower channels-last (docs/performance.md). Inference calls
+    # (``Model(*inputs)``) compute the relayouts once per parameter set.
+    if train or not any(n.op_type == "Conv" and n.domain == "" for n in graph.nodes):
         return graph
     return _Rewrite(graph).graph
 
