@@ -242,7 +242,9 @@ def test_folded_exports_fine_tune_without_running_statistics(name):
     (train_out,), new_state = model.apply(model.params, x, train=True, key=jax.random.key(0))
     assert new_state == {}
     if "Dropout" not in _op_types(name):
-        np.testing.assert_array_equal(np.asarray(train_out), np.asarray(eval_out))
+        # Equal up to float rounding: inference runs channels-last, training runs NCHW
+        # (jonnx/optimize/layout.py), so the sums are taken in another order.
+        np.testing.assert_allclose(np.asarray(train_out), np.asarray(eval_out), rtol=1e-6, atol=1e-6)
     _, losses = _fine_tune(model, x, y, steps=10)
     assert losses[-1] < losses[0], losses
 
