@@ -39,7 +39,7 @@ def _compare(proto, feeds, switches):
     key = jax.random.key(3)
     for a, b in zip(on(**feeds, key=key), off(**feeds, key=key)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
-    for train in (False, None):  # None: a graph's training-mode BatchNorm trains channels-last
+    for train in (False, None, True):  # None: a graph's training-mode BatchNorm as the graph says
         results = []
         for model in (on, off):
 
@@ -318,7 +318,7 @@ def test_save_writes_the_original_graph(tmp_path):
     proto, feeds = resnet_block()
     model = jonnx.load(proto)
     model(**feeds)  # the run graph is made
-    assert any(n.domain == DOMAIN for n in model._graph_for(None).nodes)
+    assert any(n.domain == DOMAIN for n in model._call_graph.nodes)
     jonnx.save(model, tmp_path / "m.onnx")
     saved = onnx.load(tmp_path / "m.onnx")
     assert [n.op_type for n in saved.graph.node] == [n.op_type for n in proto.graph.node]
@@ -385,14 +385,17 @@ def test_channels_last_pools(case):
     np.testing.assert_allclose(_first(got), session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 
-def test_on_by_default_for_inference_not_for_training_runs():
+def test_on_by_default_in_the_default_call_only():
+    # Model(*inputs) computes the weight relayouts once; apply (a training step, the user's own
+    # jit) would redo them on every call, so there the pass runs only when named.
     proto, _ = resnet_block()
     model = jonnx.load(proto)
     assert model.optimize["channels_last"] is True
-    assert any(n.domain == DOMAIN for n in model._graph_for(None).nodes)
-    assert any(n.domain == DOMAIN for n in model._graph_for(False).nodes)
-    assert not any(n.domain == DOMAIN for n in model._graph_for(True).nodes)
-    assert not any(n.domain == DOMAIN for n in jonnx.load(proto, optimize=False)._graph_for(None).nodes)
+    assert any(n.domain == DOMAIN for n in model._call_graph.nodes)
+    for train in (None, False, True):
+        assert not any(n.domain == DOMAIN for n in model._graph_for(train).nodes)
+        assert any(n.domain == DOMAIN for n in jonnx.load(proto, optimize=ON)._graph_for(train).nodes)
+    assert not any(n.domain == DOMAIN for n in jonnx.load(proto, optimize=False)._call_graph.nodes)
 
 
 @pytest.mark.parametrize("legacy", [0, 1])

@@ -23,7 +23,10 @@ back in a row. The result equals the NC(D)HW graph's up to float summation order
 nodes whose Indices are read and random ops are left alone, so PRNG streams and index values
 never change.
 
-Training runs (``train=True``) are left in NC(D)HW (see :func:`run`).
+The pass is in ``jonnx.optimize.CALL_ONLY``: on for ``Model(*inputs)``, where the weight
+relayouts run once per model, and off in ``Model.apply`` unless named (there they would run on
+every call; a ResNet-18 training step measured 1.16-1.34x slower channels-last,
+docs/performance.md).
 """
 
 from __future__ import annotations
@@ -75,11 +78,7 @@ def _axis_last(axis: int, rank: int) -> int:
 
 
 def run(graph: Graph, train: bool | None) -> Graph:
-    # Not for training runs (``train=True``): there the weights are arguments being
-    # differentiated, so the weight relayouts run on every step, and the ResNet-18 training
-    # step measured slower channels-last (docs/performance.md). Inference calls
-    # (``Model(*inputs)``) compute the relayouts once per parameter set.
-    if train or not any(n.op_type == "Conv" and n.domain == "" for n in graph.nodes):
+    if not any(n.op_type == "Conv" and n.domain == "" for n in graph.nodes):
         return graph
     return _Rewrite(graph).graph
 
