@@ -216,12 +216,17 @@ def conv_lowering(x_shape, w_shape, strides, group: int, dtype, *, channels_last
         return "matmul"
     if group == c_in and group > 1 and w_in == 1 and m == c_in:
         return "depthwise"
-    # im2col pays for batches (a ResNet-18 training step at batch 32: 1.15 s against 6.4 s with
-    # XLA's k x k convolutions) and for few-channel stems (MobileNetV2 batch 1: 3.4x onnxruntime
-    # with XLA's stem, 2.2x with im2col), but not for the wide k x k convolutions at batch 1:
-    # ResNet-50 ran equally fast either way and im2col doubled its first-call compile time
-    # (5.5 s against 2.6 s): docs/performance.md.
-    # A symbolic batch (jax.export) counts as a batch: it is exported for every size.
+    # k x k: XLA's convolution, except where its output is tiny (at most 16 cells: a ResNet's
+    # last stage at 64x64 inputs), where it is pathological on CPU (512->512 with a 2x2 output,
+    # batch 32, forward and backward: 826 ms against 21 with im2col). Elsewhere it beats im2col
+    # 1.2-2x at batch 32 in both layouts and ties it at batch 1 channels-last: a ResNet-18
+    # training step went from 700 to 528 ms and ResNet-50 batch 32 from 4476 to 3479 ms (first
+    # call 8.2 to 5.3 s) when im2col was narrowed to tiny outputs (docs/performance.md).
+    # A symbolic size (jax.export) counts as large.
+    spatial = x_shape[1:-1] if channels_last else x_shape[2:]
+    out_cells = math.prod(
+        -(-d // st) if isinstance(d, (int, np.integer)) else 1 << 30 for d, st in zip(spatial, strides)
+    )
     batched = not isinstance(x_shape[0], (int, np.integer)) or x_shape[0] > 1
     if channels_last and c_in <= 3:
         # An image stem (RGB or grey): XLA's channels-last convolution beats im2col, whose
@@ -229,8 +234,13 @@ def conv_lowering(x_shape, w_shape, strides, group: int, dtype, *, channels_last
         # 183 ms against 658 (494 for NCHW im2col), batch 1 4.4 against 15.0 ms; its
         # weight gradient (batch 32, 64x64) 59 against 131 ms (docs/performance.md).
         return "xla"
-    if group == 1 and taps <= 49 and c_in * taps <= 8192 and (batched or c_in * taps <= 256):
-        return "im2col"
+    if group == 1 and taps <= 49 and c_in * taps <= 8192:
+        if out_cells <= 16:
+            return "im2col"
+        if not batched and not channels_last and c_in * taps <= 256:
+            # A few-channel NCHW stem at batch 1 (MobileNetV2's: 3.4x onnxruntime with XLA's
+            # stem against 2.2x with im2col, before channels-last).
+            return "im2col"
     return "xla"
 
 
@@ -266,7 +276,9 @@ def _conv_matmul(x, w, strides, dilations, lo, hi, precision, channels_last=Fals
     """A 1x1 convolution: a product over channels of the (padded, strided) input."""
     ones = (1,) * (jnp.ndim(x) - 2)
     xp = _pad_spatial(x, lo, hi, channels_last)
-    (xs,) = _taps(xp, ones, strides, dilations, _out_spatial(xp, ones, strides, dilations, channels_last), channels_last)
+    (xs,) = _taps(
+        xp, ones, strides, dilations, _out_spatial(xp, ones, strides, dilations, channels_last), channels_last
+    )
     if channels_last:
         return jnp.einsum("n...c,cm->n...m", xs, jnp.reshape(w, jnp.shape(w)[-2:]), precision=precision)
     return jnp.einsum("nc...,mc->nm...", xs, jnp.reshape(w, jnp.shape(w)[:2]), precision=precision)
