@@ -493,6 +493,63 @@ def _column_major(idx, shape):
     return base + col
 
 
+# Windows up to this many positions take the gather-based derivative on CPU (each position is
+# one unrolled compare in the loop that finds the maxima); larger ones keep select-and-scatter.
+_MAX_WINDOW_TAPS = 49
+
+
+def _max_window(x, kernel, strides, lo, hi, extra, channels_last: bool = False):
+    """The window maxima (dilation 1, static shape), with a derivative XLA CPU runs fast.
+
+    JAX differentiates ``reduce_window(max)`` through select-and-scatter, which XLA CPU expands
+    into a variadic reduce-window over four full-size iotas plus a scatter: in a ResNet-18
+    training step (batch 32) the stem MaxPool took ~10% of the step. Here the forward is the
+    same reduce-window, and the derivative (a ``custom_jvp``, so forward and reverse mode)
+    finds each window's first maximal position (row-major, as select-and-scatter and the
+    Indices output pick it) in one fused pass over the shifted windows, then gathers the
+    tangent there from the flattened tensor; its transpose, the gradient, is one scatter-add.
+    A (32, 64, 32, 32) 3x3/2 pool's forward + backward: ~5 ms against ~100 ms (isolated,
+    loaded machine); the same gradients bit for bit.
+    """
+    ones = (1,) * len(kernel)
+    lowest = _lowest(jnp.result_type(x))
+    shape = tuple(int(d) for d in jnp.shape(x))
+    spatial_axes = range(1, len(shape) - 1) if channels_last else range(2, len(shape))
+    window = dict(zip(spatial_axes, zip(kernel, strides, lo)))
+
+    @jax.custom_jvp
+    def window_max(v):
+        return _reduce_window(v, lowest, lax.max, kernel, strides, ones, lo, hi, extra, channels_last)
+
+    @window_max.defjvp
+    def window_max_jvp(primals, tangents):
+        (v,), (t,) = primals, tangents
+        pads = _full(((a, b + e) for a, b, e in zip(lo, hi, extra)), (0, 0), channels_last)
+        vp = jnp.pad(v, pads, constant_values=lowest)
+        out = _out_spatial(vp, kernel, strides, ones, channels_last)
+        taps = _taps(vp, kernel, strides, ones, out, channels_last)
+        best = next(taps)
+        first = jnp.zeros(jnp.shape(best), jnp.int32)
+        for i, tap in enumerate(taps, 1):
+            later = tap > best  # strictly greater: a tie keeps the earlier position
+            best, first = jnp.where(later, tap, best), jnp.where(later, i, first)
+        # The winner's row-major position in the flattened input; a padding cell (it wins only
+        # a window of -inf) is out of range, so its tangent is zero.
+        flat, inside = jnp.zeros_like(first), True
+        for axis, extent in enumerate(shape):
+            pos = lax.broadcasted_iota(jnp.int32, jnp.shape(first), axis)
+            if axis in window:
+                k, s, a = window[axis]
+                offset = first // math.prod(kernel[list(window).index(axis) + 1 :]) % k
+                pos = pos * s + offset - a
+                inside = inside & (pos >= 0) & (pos < extent)
+            flat = flat * extent + pos
+        t_y = jnp.take(jnp.reshape(t, (-1,)), jnp.where(inside, flat, math.prod(shape)), mode="fill", fill_value=0)
+        return window_max(v), jnp.reshape(t_y, jnp.shape(first))
+
+    return window_max(x)
+
+
 def _max_pool(x, attrs, ctx, with_indices: bool, channels_last: bool = False):
     """MaxPool's Y (and Indices); with ``channels_last`` (N(D)HWC), Y only."""
     kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx, channels_last)
@@ -503,7 +560,16 @@ def _max_pool(x, attrs, ctx, with_indices: bool, channels_last: bool = False):
         # JAX cannot transpose a dilated max window (no VJP for select_and_gather), so read the
         # maxima through their indices: a gather, differentiable in both modes.
         y = jnp.take(jnp.reshape(x, (-1,)), idx, mode="clip")
+    elif (
+        jax.default_backend() == "cpu"
+        and jnp.issubdtype(jnp.result_type(x), jnp.floating)
+        and math.prod(kernel) <= _MAX_WINDOW_TAPS
+        and all(isinstance(d, (int, np.integer)) for d in jnp.shape(x))
+        and math.prod(jnp.shape(x)) < 2**31
+    ):
+        y = _max_window(x, kernel, strides, lo, hi, extra, channels_last)
     else:
+        # Integer inputs, a symbolic dimension (jax.export) or int64-sized tensors, large windows.
         y = _reduce_window(x, _lowest(jnp.result_type(x)), lax.max, *window, channels_last)
     if not with_indices:
         return (y,)

@@ -94,17 +94,63 @@ def _bn_batch_stats(x, spatial: bool, channels_last: bool = False):
     return jnp.squeeze(mean, 0), jnp.squeeze(var, 0)
 
 
+def _bn_normalize(x, scale, bias, eps, spatial: bool, channels_last: bool = False):
+    """``(y, batch_mean, batch_var)`` of training-mode BatchNormalization, with a derivative
+    that costs two reductions.
+
+    Differentiating the normalization op by op (mean, centring, variance, rsqrt, affine) makes
+    XLA reduce over the whole activation about five times per layer in the backward pass (104
+    reduction fusions in a ResNet-18 step). This ``custom_jvp`` gives the tangent in closed
+    form, arranged so that its transpose (the gradient) reduces only ``sum(g)`` and
+    ``sum(g * xhat)``, which the scale and bias gradients share (37 fusions); the values are
+    computed exactly as before (two-pass statistics), so outputs and running statistics do not
+    change.
+    """
+
+    def param(p):
+        return _bn_param(p, x, spatial, channels_last)
+
+    @jax.custom_jvp
+    def normalize(x, scale, bias):
+        batch_mean, batch_var = _bn_batch_stats(x, spatial, channels_last)
+        if spatial:
+            batch_mean = jnp.reshape(batch_mean, (-1,))
+            batch_var = jnp.reshape(batch_var, (-1,))
+        y = _bn_inference(x, scale, bias, batch_mean, batch_var, eps, spatial, channels_last)
+        return y, batch_mean, batch_var
+
+    @normalize.defjvp
+    def normalize_jvp(primals, tangents):
+        (x, scale, bias), (tx, t_scale, t_bias) = primals, tangents
+        y, batch_mean, batch_var = normalize(x, scale, bias)
+        axes = _bn_axes(x, spatial, channels_last)
+        inv_std = rsqrt_eps(param(batch_var), eps)
+        xhat = (x - param(batch_mean)) * inv_std
+        gain = param(scale) * inv_std  # per channel (per activation if not spatial)
+        t_mean = jnp.mean(tx, axis=axes, keepdims=True)
+        t_cov = jnp.mean(xhat * tx, axis=axes, keepdims=True)
+        # d xhat = inv_std * (dx - mean(dx) - xhat * mean(xhat * dx)); the per-channel terms
+        # are combined before they meet the activation, so that the transpose reduces the
+        # cotangent once for the bias-like terms and once (times xhat) for the scale-like ones.
+        t_y = gain * tx + xhat * (param(t_scale) - gain * t_cov) + (param(t_bias) - gain * t_mean)
+        # d var = 2 mean((x - mean) dx) = 2 mean(xhat * dx) / inv_std.
+        t_batch_var = 2 * t_cov / inv_std
+        return (y, batch_mean, batch_var), (
+            t_y.astype(dtype_of(y)),
+            jnp.reshape(t_mean, jnp.shape(batch_mean)).astype(dtype_of(batch_mean)),
+            jnp.reshape(t_batch_var, jnp.shape(batch_var)).astype(dtype_of(batch_var)),
+        )
+
+    return normalize(x, scale, bias)
+
+
 def _bn_training(x, scale, bias, running_mean, running_var, momentum, eps, spatial=True, channels_last=False):
     """Training-mode BatchNormalization: ``(y, new_running_mean, new_running_var)``.
 
     ``y`` uses the batch statistics (population variance); the running statistics follow
     ONNX's momentum rule and carry no gradient.
     """
-    batch_mean, batch_var = _bn_batch_stats(x, spatial, channels_last)
-    if spatial:
-        batch_mean = jnp.reshape(batch_mean, (-1,))
-        batch_var = jnp.reshape(batch_var, (-1,))
-    y = _bn_inference(x, scale, bias, batch_mean, batch_var, eps, spatial, channels_last)
+    y, batch_mean, batch_var = _bn_normalize(x, scale, bias, eps, spatial, channels_last)
 
     def update(running, batch):
         running_dtype = dtype_of(running)

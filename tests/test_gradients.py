@@ -717,6 +717,80 @@ def test_max_pool_ties_and_padding():
     np.testing.assert_array_equal(g[0, 0], [[1, 1, 0], [0, 0, 1], [1, 0, 0]])
 
 
+@pytest.mark.parametrize(
+    "shape, attrs",
+    [
+        ((2, 3, 9, 8), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),  # ResNet's stem pool
+        ((1, 2, 7, 6), dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0], ceil_mode=1)),
+        ((2, 2, 11), dict(kernel_shape=[4], strides=[3], pads=[2, 1])),
+        ((1, 2, 5, 4, 6), dict(kernel_shape=[2, 3, 2], strides=[2, 1, 2], auto_pad="SAME_UPPER")),
+    ],
+)
+def test_max_pool_gradient_in_both_modes_goes_to_the_first_maximum(shape, attrs):
+    # The gradient (reverse mode) and the JVP (forward mode) of MaxPool route each window's
+    # cotangent / tangent through the first maximal input in row-major order, which is the
+    # position onnxruntime's Indices output names. Small integers make ties frequent and
+    # overlapping windows share inputs.
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 4, shape).astype(np.float64)
+    first = _max_pool_first_positions(x, oh.make_node("MaxPool", ["x"], ["y"], **attrs))
+    cotangent = rng.standard_normal(first.shape)
+    want = np.zeros(x.size)
+    np.add.at(want, first.ravel(), cotangent.ravel())
+    model = _model([oh.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"], opset=12)
+    np.testing.assert_array_equal(_grad(model, {"x": x}, "x", cotangent=cotangent), want.reshape(shape))
+    tangent = rng.standard_normal(shape)
+    with jax.enable_x64(True):
+        m = jonnx.load(model)
+        _, jvp = jax.jvp(lambda v: m.apply(m.params, v)[0], (jnp.asarray(x),), (jnp.asarray(tangent),))
+    np.testing.assert_array_equal(jvp, tangent.ravel()[first])
+
+
+def test_max_pool_gradient_with_a_symbolic_batch():
+    # Exported with a symbolic batch, MaxPool keeps XLA's select-and-scatter derivative (the
+    # gather-based one needs a static shape): the same gradient (the first maximum's position).
+    x = np.random.default_rng(1).integers(0, 3, (3, 2, 7, 6)).astype(np.float32)
+    node = oh.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    graph = oh.make_graph(
+        [node],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 2, 7, 6])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    m = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 12)]))
+    cotangent = np.random.default_rng(2).standard_normal((3, 2, 4, 3)).astype(np.float32)
+
+    def grad(v, ct):
+        return jax.vjp(lambda u: m.apply(m.params, u)[0], v)[1](ct)[0]
+
+    n = jax.export.symbolic_shape("N")[0]
+    exported = jax.export.export(jax.jit(grad))(
+        jax.ShapeDtypeStruct((n, 2, 7, 6), jnp.float32), jax.ShapeDtypeStruct((n, 2, 4, 3), jnp.float32)
+    )
+    want = np.zeros(x.size, np.float32)
+    first = _max_pool_first_positions(x, node)
+    np.add.at(want, first.ravel(), cotangent.ravel())
+    np.testing.assert_array_equal(exported.call(x, cotangent), want.reshape(x.shape))
+
+
+def _max_pool_first_positions(x: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
+    """onnxruntime's MaxPool Indices (each window's first maximal position) for ``node``."""
+    ort = pytest.importorskip("onnxruntime")
+    indexed = oh.make_node("MaxPool", ["x"], ["y", "i"], **{a.name: oh.get_attribute_value(a) for a in node.attribute})
+    graph = oh.make_graph(
+        [indexed],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+        [
+            oh.make_tensor_value_info(n, t, None)
+            for n, t in (("y", onnx.TensorProto.FLOAT), ("i", onnx.TensorProto.INT64))
+        ],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 12)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x.astype(np.float32)})[1]
+
+
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 def test_average_pool_with_padding(count_include_pad):
     x = np.arange(9.0).reshape(1, 1, 3, 3)
