@@ -186,7 +186,7 @@ def plan_segments(
                 on_host_at[out] = at if host else at + 1
                 producer_level[out] = at
 
-    n_levels = max(0, *node_level) + 1  # one stage even when every node is prepared
+    n_levels = max([0, *node_level]) + 1  # one stage even with no node left to run
     output_names = set(graph.output_names)
     stages = []
     for at in range(n_levels):

@@ -474,3 +474,25 @@ def test_bounded_unique_pads_and_matches_onnxruntime(sorted_, axis):
             np.testing.assert_array_equal(counts[:n], want[3])
             assert (indices[n:] == -1).all() and (counts[n:] == 0).all() and (y[n:] == 0).all()
     assert len(compiles) == 1
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["no_nodes", "only_prepared"])
+def test_a_graph_with_no_node_left_to_run(kept):
+    # Every node dead (removed by dead_nodes) or prepared (weight-only): the plan still has
+    # its one stage, and the outputs are the input and the prepared value.
+    w = np.arange(3, dtype=np.float32)
+    nodes = [oh.make_node("Neg", ["w"], ["unused"])]
+    outputs = [oh.make_tensor_value_info("x", TensorProto.FLOAT, [3])]
+    if kept:
+        nodes.append(oh.make_node("Mul", ["w", "w"], ["w2"]))
+        outputs.append(oh.make_tensor_value_info("w2", TensorProto.FLOAT, [3]))
+    graph = oh.make_graph(
+        nodes, "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [3])], outputs, [numpy_helper.from_array(w, "w")]
+    )
+    model = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    assert len(model._call_graph.nodes) == int(kept)
+    x = np.ones(3, np.float32)
+    got = model(x)
+    np.testing.assert_array_equal(np.asarray(got[0]), x)
+    if kept:
+        np.testing.assert_array_equal(np.asarray(got[1]), w * w)
