@@ -60,9 +60,11 @@ class JonnxBackend(Backend):
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> JonnxRep:
         """Load ``model`` (an ``onnx.ModelProto``, bytes or a path) for running.
 
-        Keyword options: ``base_dir`` (folder for external data), ``key`` (PRNG key for random ops).
+        Keyword options: ``base_dir`` (folder for external data), ``key`` (PRNG key for random
+        ops), ``optimize`` (as :func:`jonnx.load`'s; default True).
         """
-        return JonnxRep(load(model, base_dir=kwargs.get("base_dir")), key=kwargs.get("key"))
+        model = load(model, base_dir=kwargs.get("base_dir"), optimize=kwargs.get("optimize", True))
+        return JonnxRep(model, key=kwargs.get("key"))
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
