@@ -246,18 +246,8 @@ def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
             jax.block_until_ready(carry)
 
         runs[name] = (run, compile_s, float(first[3]))
-    with tempfile.TemporaryDirectory() as tmp:
-        torch = None
-        if torch_python:
-            weights = os.path.join(tmp, "resnet18.npz")
-            np.savez(weights, x=x, labels=labels, **hand_jax.torch_resnet_weights(proto))
-            torch = _TorchSteps("torch_resnet18_step.py", torch_python, weights)
-        try:
-            fns = {k: v[0] for k, v in runs.items()} | (torch.step_fns() if torch else {})
-            med = _alternate(fns, repeats)
-        finally:
-            if torch:
-                torch.close()
+    arrays = dict(x=x, labels=labels, **hand_jax.torch_resnet_weights(proto)) if torch_python else {}
+    med, torch = _time_steps(runs, repeats, torch_python, "torch_resnet18_step.py", arrays)
     j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
     print(
         f"resnet18 train step b32 64x64 SGD momentum: jonnx {j:.0f} ms (compile {runs['jonnx'][1]:.1f} s, "
@@ -324,18 +314,8 @@ def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
             jax.block_until_ready(carry)
 
         runs[name] = (run, compile_s, float(first[2]))
-    with tempfile.TemporaryDirectory() as tmp:
-        torch = None
-        if torch_python:
-            weights = os.path.join(tmp, "bert.npz")
-            np.savez(weights, x=x, labels=labels, **hand_jax.torch_bert_weights(proto), **head)
-            torch = _TorchSteps("torch_bert_step.py", torch_python, weights)
-        try:
-            fns = {k: v[0] for k, v in runs.items()} | (torch.step_fns() if torch else {})
-            med = _alternate(fns, repeats)
-        finally:
-            if torch:
-                torch.close()
+    arrays = dict(x=x, labels=labels, **hand_jax.torch_bert_weights(proto), **head) if torch_python else {}
+    med, torch = _time_steps(runs, repeats, torch_python, "torch_bert_step.py", arrays)
     j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
     print(
         f"bert fine-tune step b{BERT_BATCH} seq128 AdamW: jonnx {j:.0f} ms (compile {runs['jonnx'][1]:.1f} s, "
@@ -345,6 +325,24 @@ def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
     )
     if torch:
         _report_torch(torch, med, j, h)
+
+
+def _time_steps(runs: dict, repeats: int, torch_python: str | None, script: str, arrays: dict):
+    """Median seconds of each run's step, alternating, with PyTorch's steps (``script`` fed
+    ``arrays``: the same weights and batch, through a temporary .npz) when ``torch_python`` is
+    given. Returns the medians and the torch runner (None without torch)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        torch = None
+        if torch_python:
+            weights = os.path.join(tmp, "weights.npz")
+            np.savez(weights, **arrays)
+            torch = _TorchSteps(script, torch_python, weights)
+        try:
+            fns = {k: v[0] for k, v in runs.items()} | (torch.step_fns() if torch else {})
+            return _alternate(fns, repeats), torch
+        finally:
+            if torch:
+                torch.close()
 
 
 TRAIN = {"resnet18": bench_train_resnet18, "bert": bench_train_bert}

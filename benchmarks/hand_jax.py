@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import nets  # benchmarks/, which every user of this module puts on sys.path
 import numpy as np
 import onnx
 import onnx.numpy_helper as onh
@@ -224,15 +225,7 @@ def _resnet(net: _Net, x, blocks: list[int], bottleneck: bool):
 def _mobilenet_v2(net: _Net, x):
     x = net.conv_bn(x, 3, 32, 3, stride=2, act="relu6")
     c_in = 32
-    for t, c, n, s in [
-        (1, 16, 1, 1),
-        (6, 24, 2, 2),
-        (6, 32, 3, 2),
-        (6, 64, 4, 2),
-        (6, 96, 3, 1),
-        (6, 160, 3, 2),
-        (6, 320, 1, 1),
-    ]:
+    for t, c, n, s in nets.MOBILENET_V2_BLOCKS:
         for i in range(n):
             stride = s if i == 0 else 1
             hidden = c_in * t

@@ -139,20 +139,24 @@ def resnet18(size: int = 64, classes: int = 10, seed: int = 0) -> onnx.ModelProt
     return _resnet([2, 2, 2, 2], False, size, classes, seed)
 
 
+# MobileNetV2's inverted residual stages: (expansion t, channels c, blocks n, first stride s).
+MOBILENET_V2_BLOCKS = [
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+]
+
+
 def mobilenet_v2(seed: int = 0) -> onnx.ModelProto:
     """MobileNetV2 (width 1.0), 224x224, 1000 classes, ReLU6 as Clip(0, 6)."""
     b = _Builder(seed)
     x = b.conv_bn("input", 3, 32, 3, stride=2, act="Relu6")
     c_in = 32
-    for t, c, n, s in [
-        (1, 16, 1, 1),
-        (6, 24, 2, 2),
-        (6, 32, 3, 2),
-        (6, 64, 4, 2),
-        (6, 96, 3, 1),
-        (6, 160, 3, 2),
-        (6, 320, 1, 1),
-    ]:
+    for t, c, n, s in MOBILENET_V2_BLOCKS:
         for i in range(n):
             stride = s if i == 0 else 1
             hidden = c_in * t
