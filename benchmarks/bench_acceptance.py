@@ -118,18 +118,26 @@ def _bench_batch(proto, session, hand, x, repeats: int) -> dict:
     return out
 
 
-def _alternate(fns: dict, repeats: int) -> dict[str, float]:
-    """Median seconds per call of each function, called in turn ``repeats`` rounds.
+_BLOCK = 3  # timed calls per engine per round, after one untimed call
 
-    The order rotates every round: a call right after onnxruntime's runs while its worker
-    threads still spin (two identical jonnx models measured 254 against 180 ms at batch 1,
-    the one following onnxruntime slower), so a fixed order would bias one column.
+
+def _alternate(fns: dict, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each function, over ``repeats`` rounds of blocks.
+
+    Each round calls every function in turn, in a block: one untimed call, then ``_BLOCK``
+    timed ones, back to back, as a user calling a model in a loop would. A call right after
+    another engine's is not representative: onnxruntime's worker threads keep spinning after
+    it returns (two identical jonnx models measured 254 against 180 ms at batch 1, the one
+    following onnxruntime slower; the int8 encoder 48 against 32 ms), and an engine called
+    after a pause runs colder (MobileNetV2 batch 1: onnxruntime 11.4 against 4.5 ms, jonnx 15.8
+    against 9.9). The order of the blocks rotates every round.
     """
     times = {k: [] for k in fns}
     names = list(fns)
     for r in range(repeats):
         for k in names[r % len(names) :] + names[: r % len(names)]:
-            times[k].append(_timed(fns[k]))
+            fns[k]()
+            times[k].extend(_timed(fns[k]) for _ in range(_BLOCK))
     return {k: statistics.median(v) for k, v in times.items()}
 
 
