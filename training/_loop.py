@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jonnx import _progress
 from jonnx._progress import ProgressLine
 from jonnx.training._step import TrainState
 
@@ -56,7 +57,8 @@ class _Bar:
     def update(self, n: int = 1) -> None:
         self.n += n
         now = time.perf_counter()
-        if now - self.last >= 0.1:
+        # Read at each call, not bound at import: one throttle for every progress display.
+        if now - self.last >= _progress.REDRAW_SECONDS:
             self.last = now
             self.line.progress(self, self._text(now), done=False)
 
