@@ -718,6 +718,7 @@ def max_unpool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 def gemm_core(a, b, c, attrs, ctx):
     if jnp.ndim(a) != 2 or jnp.ndim(b) != 2:
         raise ctx.error(f"A and B must be matrices, got shapes {jnp.shape(a)} and {jnp.shape(b)}")
+    stored_b = b
     if attrs["transA"]:
         a = a.T
     if attrs["transB"]:
@@ -726,7 +727,13 @@ def gemm_core(a, b, c, attrs, ctx):
         raise ctx.error(f"inner dimensions differ: {jnp.shape(a)} @ {jnp.shape(b)} (after transA/transB)")
     dtype = jnp.result_type(a)
     alpha, beta = float(attrs["alpha"]), float(attrs["beta"])
-    y = jnp.matmul(a, b, precision=ctx.precision)
+    if attrs["transB"] and jnp.shape(a)[0] == 1:
+        # One row against B stored (N, K), a classifier at batch 1: for a @ B.T, XLA CPU copies
+        # B transposed on every call (ResNet-50's 1000 x 2048 classifier: 3.5 of 62 ms); B @ a.T
+        # reads B as stored (0.11 against 0.69 ms alone). The same sums, in the same order.
+        y = jnp.matmul(stored_b, a.T, precision=ctx.precision).T
+    else:
+        y = jnp.matmul(a, b, precision=ctx.precision)
     if alpha != 1.0:
         y = (alpha * y).astype(dtype)
     if c is not None and beta != 0.0:

@@ -395,6 +395,16 @@ def test_gemm(opset, trans_a, trans_b, c_shape):
     )
 
 
+@pytest.mark.parametrize("trans_a", [0, 1])
+def test_gemm_one_row_against_transposed_b(trans_a):
+    # A single row with transB (a classifier at batch 1) is computed as B @ a.T: same values
+    # and gradients as onnxruntime's and finite differences'.
+    a = rand(*((6, 1) if trans_a else (1, 6)))
+    inputs = {"a": a, "b": rand(5, 6), "c": rand(5)}
+    assert_matches_reference("Gemm", inputs, opset=13, transA=trans_a, transB=1, alpha=0.5, rtol=1e-5, atol=1e-5)
+    check_op_grads("Gemm", inputs, opset=13, transA=trans_a, transB=1, alpha=0.5)
+
+
 @pytest.mark.parametrize("opset", [11, 13])
 def test_gemm_without_c(opset):
     assert_matches_reference("Gemm", {"a": rand(3, 4), "b": rand(4, 2), "c": None}, opset=opset, alpha=3.0)
