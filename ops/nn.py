@@ -199,7 +199,8 @@ CONV_LOWERING = "auto"
 
 def conv_lowering(x_shape, w_shape, strides, group: int, dtype, *, channels_last: bool = False) -> str:
     """How a Conv with these static shapes runs: ``"xla"``, ``"matmul"`` (1x1 kernels),
-    ``"depthwise"`` (shifted multiply-adds) or ``"im2col"`` (one dot over stacked shifted slices).
+    ``"depthwise"`` (shifted multiply-adds), ``"im2col"`` (one dot over stacked shifted slices)
+    or ``"channel_taps"`` (channels-last over few input channels: broadcast multiply-adds).
 
     Shapes are NC(D)HW / OI(D)HW, or N(D)HWC / (D)HWIO with ``channels_last``."""
     if CONV_LOWERING != "auto" or jax.default_backend() != "cpu":
@@ -213,6 +214,12 @@ def conv_lowering(x_shape, w_shape, strides, group: int, dtype, *, channels_last
         c_in, m, w_in, kernel = x_shape[1], w_shape[0], w_shape[1], tuple(w_shape[2:])
     taps = math.prod(kernel)
     if group == 1 and taps == 1:
+        if channels_last and c_in <= 16:
+            # A product over at most 16 channels is a poor dot; as 16 broadcast multiply-adds it
+            # is one fused loop (MobileNetV2's 16->96 at 112x112 with its BatchNorm and ReLU6:
+            # batch 1 0.39 against 2.43 ms, batch 32 53 against 107; 24 channels: 0.50 against
+            # 0.40, the dot wins).
+            return "channel_taps"
         return "matmul"
     if group == c_in and group > 1 and w_in == 1 and m == c_in:
         return "depthwise"
@@ -228,6 +235,12 @@ def conv_lowering(x_shape, w_shape, strides, group: int, dtype, *, channels_last
         -(-d // st) if isinstance(d, (int, np.integer)) else 1 << 30 for d, st in zip(spatial, strides)
     )
     batched = not isinstance(x_shape[0], (int, np.integer)) or x_shape[0] > 1
+    if channels_last and c_in <= 3 and group == 1 and c_in * taps <= 75:
+        # A small image stem (3x3 or 5x5 over RGB): one fused loop of broadcast multiply-adds
+        # beats XLA's channels-last convolution 2-4x (MobileNetV2's 3x3/2 3->32 at 224: batch
+        # 1 0.25 against 1.01 ms, batch 32 23 against 64; a 5x5/2 3->32 1.2 against 2.6 and 51
+        # against 114), not a 7x7 (147 taps: 6.0 against 2.3 ms, docs/performance.md).
+        return "channel_taps"
     if channels_last and c_in <= 3:
         # An image stem (RGB or grey): XLA's channels-last convolution beats im2col, whose
         # windows of 3 channels make a poor dot operand. A 7x7/2 64-channel stem: batch 32
@@ -316,7 +329,31 @@ def _conv_im2col(x, w, strides, dilations, lo, hi, precision, channels_last=Fals
     return jnp.einsum("nck...,mck->nm...", cols, w3, precision=precision)
 
 
-_LOWERINGS = {"matmul": _conv_matmul, "depthwise": _conv_depthwise, "im2col": _conv_im2col}
+def _conv_channel_taps(x, w, strides, dilations, lo, hi, precision, channels_last=True):
+    """A channels-last convolution over few channels (an image stem, a 1x1 over at most 16
+    channels): for each kernel position
+    and input channel, that channel's shifted window times the weights of every output channel,
+    all summed in one fused loop (the depthwise lowering, with a sum over input channels too).
+    ``conv_lowering`` picks it only channels-last, where the output channels are the minor axis
+    that the loop vectorizes."""
+    kernel = _kernel(w, True)
+    xp = _pad_spatial(x, lo, hi, True)
+    out = _out_spatial(xp, kernel, strides, dilations, True)
+    weights = jnp.reshape(w, (-1,) + jnp.shape(w)[-2:])  # (K, C, M)
+    y = None
+    for i, window in enumerate(_taps(xp, kernel, strides, dilations, out, True)):
+        for c in range(jnp.shape(weights)[1]):
+            term = window[..., c : c + 1] * weights[i, c]  # (N, *out, 1) * (M,)
+            y = term if y is None else y + term
+    return y
+
+
+_LOWERINGS = {
+    "matmul": _conv_matmul,
+    "depthwise": _conv_depthwise,
+    "im2col": _conv_im2col,
+    "channel_taps": _conv_channel_taps,
+}
 
 
 @register("Conv", since=(1, 11, 22))

@@ -349,8 +349,12 @@ def test_channels_last_conv_lowerings(case):
     chosen = nn.conv_lowering(
         x_last.shape, w_last.shape, strides, attrs.get("group", 1), np.dtype(np.float32), channels_last=True
     )
-    if lowering == "im2col" and xs[1] <= 3:
-        lowering = "xla"  # channels-last image stems stay with XLA's convolution
+    taps = int(np.prod(ws[2:]))
+    if lowering == "matmul" and xs[1] <= 16:
+        lowering = "channel_taps"  # channels-last 1x1 over few channels: broadcast multiply-adds
+    elif lowering != "matmul" and attrs.get("group", 1) == 1 and xs[1] <= 3:
+        # Channels-last image stems: broadcast multiply-adds up to 75 taps x channels, else XLA.
+        lowering = "channel_taps" if xs[1] * taps <= 75 else "xla"
     assert chosen == (lowering if jax.default_backend() == "cpu" else "xla")
     got = jonnx.ops.call("Conv", x_last, w_last, b, domain=DOMAIN, **attrs)
     want = _reference("Conv", {"x": x, "w": w, "b": b}, **attrs)

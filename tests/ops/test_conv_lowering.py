@@ -1,4 +1,5 @@
-"""Conv's CPU lowerings (1x1 as a matmul, depthwise as shifted multiply-adds, k x k as im2col)
+"""Conv's CPU lowerings (1x1 as a matmul, depthwise as shifted multiply-adds, k x k as im2col;
+channels-last stems as broadcast multiply-adds in tests/test_layout.py)
 against the ReferenceEvaluator and finite differences, and the choice between them."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ CASES = [
     ("matmul", (2, 5, 6, 7), (3, 5, 1, 1), {}),
     ("matmul", (1, 4, 7, 6), (6, 4, 1, 1), {"strides": [2, 3], "pads": [1, 0, 0, 1]}),
     ("matmul", (1, 3, 9), (2, 3, 1), {"strides": [2]}),
+    ("matmul", (1, 20, 5, 4), (6, 20, 1, 1), {"strides": [2, 1], "pads": [0, 1, 1, 0]}),  # channels-last too
     ("depthwise", (2, 6, 7, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
     (
         "depthwise",
@@ -41,6 +43,8 @@ CASES = [
     ),
     ("im2col", (3, 2, 11), (4, 2, 5), {"auto_pad": "SAME_LOWER", "strides": [3]}),
     ("im2col", (1, 3, 8, 7), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),  # a stem: few channels
+    # A strided, dilated 5x5 stem (channels-last: the channel_taps lowering, tests/test_layout.py).
+    ("im2col", (1, 3, 11, 12), (4, 3, 5, 5), {"strides": [2, 2], "dilations": [1, 2], "pads": [2, 3, 1, 4]}),
     ("xla", (1, 32, 6, 5), (4, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # wide k x k at batch 1
     (
         "xla",
