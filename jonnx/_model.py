@@ -95,16 +95,18 @@ def load(
             Supported: NonMaxSuppression (``max_output_boxes_per_class`` x classes x batches by
             default), NonZero (the input's size), Compress (zero-padded, plus a graph output
             ``<output>_count``) and Unique (the input's size). See docs/dynamic_shapes.md.
-        optimize: graph passes and compilation choices (``jonnx.optimize``): True (all, the
+        optimize: graph passes and compilation choices (``jonnx.optimize``): True (the
             default), False (none), or ``{name: bool}`` with names from
-            ``jonnx.optimize.PASSES`` (``fold_batchnorm``, ``fuse_matmuls``, ``dead_nodes``)
-            and ``constant_weights`` (``Model(*inputs)`` compiles the model's own weights in
-            as constants; ``apply`` always takes them as arguments). Passes left out are on,
-            except ``constant_weights`` (on only when named) and ``fold_batchnorm`` (on when
-            ``constant_weights`` is, unless named: with weights as arguments the folded
-            weights would be a second copy of the Conv weights). Nodes that only transform
-            weights (folded BatchNorm, fused Q/K/V) run once per model in ``Model(*inputs)``.
-            Results are the same either way, up to float rounding. See docs/performance.md.
+            ``jonnx.optimize.PASSES`` (``fold_batchnorm``, ``fuse_matmuls``,
+            ``channels_last``, ``dead_nodes``) and ``constant_weights`` (``Model(*inputs)``
+            compiles the model's own weights in as constants; ``apply`` always takes them as
+            arguments). Switches left out are on, except ``constant_weights`` (on only when
+            named), ``fold_batchnorm`` and ``fuse_matmuls`` (on when ``constant_weights`` is,
+            unless named: with weights as arguments they would keep a second copy of the
+            weights they rewrite, for no speed) and, in ``apply``, ``channels_last`` (on only
+            when named). Nodes that only transform weights (channels-last kernels, folded
+            BatchNorm, fused Q/K/V) run once per model in ``Model(*inputs)``. Results are the
+            same either way, up to float rounding. See docs/performance.md.
 
     Returns:
         The loaded model, with every node bound to its implementation.

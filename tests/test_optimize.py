@@ -235,7 +235,7 @@ def test_batchnorm_folds_only_in_inference():
 
 def test_fused_matmul_reads_the_shared_input_once():
     proto, _ = qkv()
-    nodes = jonnx.load(proto)._graph_for(None).nodes
+    nodes = jonnx.load(proto, optimize={"fuse_matmuls": True})._graph_for(None).nodes
     assert sum(n.op_type == "MatMul" and n.inputs[0] == "x" for n in nodes) == 1
     assert [n.op_type for n in nodes].count("Split") == 1
 
@@ -278,12 +278,14 @@ def test_constant_weights_is_off_unless_named():
     assert optimize.resolve({"constant_weights": True})["fold_batchnorm"] is True
 
 
-def test_batchnorm_folding_follows_constant_weights_unless_named():
-    # With weights as arguments the folded weights would be recomputed on every call.
-    assert optimize.resolve(True)["fold_batchnorm"] is False
-    assert optimize.resolve({"fold_batchnorm": True})["fold_batchnorm"] is True
-    assert optimize.resolve({"constant_weights": True, "fold_batchnorm": False})["fold_batchnorm"] is False
-    assert optimize.resolve(False)["fold_batchnorm"] is False
+@pytest.mark.parametrize("name", ["fold_batchnorm", "fuse_matmuls"])
+def test_weight_copying_passes_follow_constant_weights_unless_named(name):
+    # With weights as arguments the folded or concatenated weights would be a second copy.
+    assert optimize.resolve(True)[name] is False
+    assert optimize.resolve({"constant_weights": True})[name] is True
+    assert optimize.resolve({name: True})[name] is True
+    assert optimize.resolve({"constant_weights": True, name: False})[name] is False
+    assert optimize.resolve(False)[name] is False
 
 
 def test_training_gradients_equal_the_plain_graph(monkeypatch):
