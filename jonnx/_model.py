@@ -938,7 +938,7 @@ def _check_inputs(declared: tuple[ValueInfo, ...], values: list[Any]) -> None:
                     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kind(dtype: np.dtype) -> str:
     for kind in ("bool", "floating", "signedinteger", "unsignedinteger", "complexfloating"):
         if jnp.issubdtype(dtype, getattr(jnp, "bool_" if kind == "bool" else kind)):
