@@ -244,16 +244,7 @@ def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
     ]:
         step = make_step(loss, jit)
         carry = [params, jax.tree_util.tree_map(jnp.zeros_like, params), state]
-        start = time.perf_counter()
-        first = step(*carry, x, labels)
-        jax.block_until_ready(first)
-        compile_s = time.perf_counter() - start
-
-        def run(step=step, carry=carry):
-            carry[:] = step(*carry, x, labels)[:3]
-            jax.block_until_ready(carry)
-
-        runs[name] = (run, compile_s, float(first[3]))
+        runs[name] = _first_step(step, carry, x, labels)
     arrays = dict(x=x, labels=labels, **hand_jax.torch_resnet_weights(proto)) if torch_python else {}
     med, torch = _time_steps(runs, repeats, torch_python, "torch_resnet18_step.py", arrays)
     j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
@@ -312,16 +303,7 @@ def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
             return optax.apply_updates(params, updates), opt_state, value
 
         carry = [jax.tree_util.tree_map(jax.numpy.asarray, trained), optimizer.init(trained)]
-        start = time.perf_counter()
-        first = step(*carry, x, labels)
-        jax.block_until_ready(first)
-        compile_s = time.perf_counter() - start
-
-        def run(step=step, carry=carry):
-            carry[:] = step(*carry, x, labels)[:2]
-            jax.block_until_ready(carry)
-
-        runs[name] = (run, compile_s, float(first[2]))
+        runs[name] = _first_step(step, carry, x, labels)
     arrays = dict(x=x, labels=labels, **hand_jax.torch_bert_weights(proto), **head) if torch_python else {}
     med, torch = _time_steps(runs, repeats, torch_python, "torch_bert_step.py", arrays)
     j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
@@ -333,6 +315,26 @@ def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
     )
     if torch:
         _report_torch(torch, med, j, h)
+
+
+def _first_step(step, carry: list, x, labels) -> tuple:
+    """Run a training step's first (compiling) call: ``(run, compile seconds, first loss)``.
+
+    ``step(*carry, x, labels)`` returns the new carry followed by the loss; ``run`` takes one
+    more step from where the last left off.
+    """
+    import jax
+
+    start = time.perf_counter()
+    first = step(*carry, x, labels)
+    jax.block_until_ready(first)
+    compile_s = time.perf_counter() - start
+
+    def run():
+        carry[:] = step(*carry, x, labels)[: len(carry)]
+        jax.block_until_ready(carry)
+
+    return run, compile_s, float(first[len(carry)])
 
 
 def _time_steps(runs: dict, repeats: int, torch_python: str | None, script: str, arrays: dict):
