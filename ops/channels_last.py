@@ -8,7 +8,9 @@ the ONNX op computes on NC(D)HW data, except that
 
 * activations (input X and output Y) are N(D)HWC: the channel axis is last;
 * Conv's weights are (D)HWIO: ``Transpose(W, perm=[2, 3, ..., 1, 0])`` of ONNX's OI(D)HW,
-  a separate node on the weight so that it can be computed once per parameter set;
+  a separate node on the weight so that it can be computed once per parameter set; or, with
+  the extra attribute ``stored_kernel=1``, ONNX's OI(D)HW itself (the pass leaves 1x1 kernels
+  as stored: their product reads them without a copy);
 * MaxPool has no Indices output (the pass leaves MaxPool nodes whose Indices are read alone);
 * BatchNormalization carries, instead of its opset's mode attributes, ``training_mode``
   (whether it trains when the run leaves the choice to the graph) and ``legacy`` (1 for the
@@ -40,11 +42,11 @@ def _attributes(op_type: str) -> dict:
     return schema_defaults(onnx.defs.get_schema(op_type))
 
 
-@register("Conv", since=VERSION, domain=DOMAIN, attributes=_attributes("Conv"), n_inputs=3)
+@register("Conv", since=VERSION, domain=DOMAIN, attributes={**_attributes("Conv"), "stored_kernel": 0}, n_inputs=3)
 def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``Conv`` on N(D)HWC activations with (D)HWIO weights."""
+    """ONNX ``Conv`` on N(D)HWC activations with (D)HWIO weights (OI(D)HW with ``stored_kernel``)."""
     x, w, b = inputs
-    return (nn.convolve(x, w, b, attrs, ctx, channels_last=True),)
+    return (nn.convolve(x, w, b, attrs, ctx, channels_last=True, stored_kernel=bool(attrs["stored_kernel"])),)
 
 
 @register("MaxPool", since=VERSION, domain=DOMAIN, attributes=_attributes("MaxPool"), n_inputs=1)

@@ -32,11 +32,12 @@ from jonnx.ops._util import index_dtype, static_ints
 # --------------------------------------------------------------------------- layout
 
 
-def _dimension_numbers(nd: int, channels_last: bool = False) -> lax.ConvDimensionNumbers:
+def _dimension_numbers(nd: int, channels_last: bool = False, stored_kernel: bool = False) -> lax.ConvDimensionNumbers:
     """The layout XLA sees for an ``nd``-spatial convolution: ONNX's own NC(D)HW / OI(D)HW, or
-    N(D)HWC / (D)HWIO with ``channels_last``."""
+    N(D)HWC / (D)HWIO with ``channels_last`` (N(D)HWC / OI(D)HW with ``stored_kernel`` too)."""
     spatial = "DHW"[-nd:] if nd <= 3 else "".join(chr(ord("a") + i) for i in range(nd))
-    lhs, rhs = ("N" + spatial + "C", spatial + "IO") if channels_last else ("NC" + spatial, "OI" + spatial)
+    lhs = "N" + spatial + "C" if channels_last else "NC" + spatial
+    rhs = spatial + "IO" if channels_last and not stored_kernel else "OI" + spatial
     return lax.conv_dimension_numbers((1,) * (nd + 2), (1,) * (nd + 2), (lhs, rhs, lhs))
 
 
@@ -147,20 +148,22 @@ def _add_bias(y, b, ctx, channels_last: bool = False):
 # --------------------------------------------------------------------------- Conv
 
 
-def convolve(x, w, b, attrs, ctx, channels_last: bool = False):
+def convolve(x, w, b, attrs, ctx, channels_last: bool = False, stored_kernel: bool = False):
     """A Conv node's computation (shared with ConvInteger and QLinearConv): one XLA convolution
     with the node's strides, dilations, groups and pads or auto_pad, plus the bias.
 
-    With ``channels_last``, ``x`` is N(D)HWC, ``w`` is (D)HWIO and the result is N(D)HWC.
+    With ``channels_last``, ``x`` is N(D)HWC, ``w`` is (D)HWIO (OI(D)HW as ONNX stores it with
+    ``stored_kernel``) and the result is N(D)HWC.
     """
     if jnp.ndim(x) < 3 or jnp.ndim(w) != jnp.ndim(x):
         raise ctx.error(f"X of shape {jnp.shape(x)} and W of shape {jnp.shape(w)} need the same rank, at least 3")
     n = jnp.ndim(x) - 2
     group = int(attrs["group"])
-    if channels_last:
-        c_in, m, w_in, kernel = jnp.shape(x)[-1], jnp.shape(w)[-1], jnp.shape(w)[-2], jnp.shape(w)[:-2]
+    c_in = jnp.shape(x)[-1] if channels_last else jnp.shape(x)[1]
+    if channels_last and not stored_kernel:
+        m, w_in, kernel = jnp.shape(w)[-1], jnp.shape(w)[-2], jnp.shape(w)[:-2]
     else:
-        c_in, m, w_in, kernel = jnp.shape(x)[1], jnp.shape(w)[0], jnp.shape(w)[1], jnp.shape(w)[2:]
+        m, w_in, kernel = jnp.shape(w)[0], jnp.shape(w)[1], jnp.shape(w)[2:]
     if group < 1 or c_in != w_in * group or m % group:
         raise ctx.error(
             f"X has {c_in} channels and W has shape {jnp.shape(w)}: with group={group}, W must be "
@@ -169,9 +172,8 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False):
     _kernel_attr(attrs, kernel, ctx)
     strides, dilations = _strides_dilations(attrs, n, ctx)
     lo, hi, _ = _window_pads(_spatial(jnp.shape(x), channels_last), kernel, strides, dilations, attrs, ctx)
-    lowering = conv_lowering(
-        jnp.shape(x), jnp.shape(w), strides, group, jnp.result_type(x, w), channels_last=channels_last
-    )
+    w_shape = (*kernel, w_in, m) if channels_last else jnp.shape(w)
+    lowering = conv_lowering(jnp.shape(x), w_shape, strides, group, jnp.result_type(x, w), channels_last=channels_last)
     if lowering == "xla":
         y = lax.conv_general_dilated(
             x,
@@ -179,11 +181,15 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False):
             window_strides=strides,
             padding=tuple(zip(lo, hi)),
             rhs_dilation=dilations,
-            dimension_numbers=_dimension_numbers(n, channels_last),
+            dimension_numbers=_dimension_numbers(n, channels_last, stored_kernel),
             feature_group_count=group,
             precision=ctx.precision,
         )
+    elif lowering == "matmul":
+        y = _conv_matmul(x, w, strides, dilations, lo, hi, ctx.precision, channels_last, stored_kernel)
     else:
+        if channels_last and stored_kernel:  # the other lowerings take (D)HWIO
+            w = jnp.transpose(w, (*range(2, n + 2), 1, 0))
         y = _LOWERINGS[lowering](x, w, strides, dilations, lo, hi, ctx.precision, channels_last)
     return _add_bias(y, b, ctx, channels_last)
 
@@ -195,6 +201,24 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False):
 # and is differentiable by plain JAX: the backward of a dot is dots, of a slice a pad.
 # ``jonnx.ops.nn.CONV_LOWERING`` forces one choice ("xla" or "auto") for measurement and tests.
 CONV_LOWERING = "auto"
+# A channels-last 1x1 convolution over at most this many channels runs as "channel_taps".
+TAPS_1X1_CHANNELS = 16
+STORED_1X1_MIN = 1 << 18
+
+
+def reads_stored_kernel(w_shape, group: int) -> bool:
+    """Whether a channels-last Conv can take these OI(D)HW weights as stored (``convolve``'s
+    ``stored_kernel``) instead of a (D)HWIO copy: a 1x1 kernel without groups over more than
+    ``TAPS_1X1_CHANNELS`` channels, whose product (or, off CPU, XLA's convolution) reads them
+    as they are. A kernel that ``channel_taps`` reads wants (D)HWIO: transposed inside its
+    fused loop, it cost MobileNetV2 15% at batch 1."""
+    return (
+        group == 1
+        and len(w_shape) >= 3
+        and all(k == 1 for k in w_shape[2:])
+        and w_shape[1] > TAPS_1X1_CHANNELS
+        and w_shape[0] * w_shape[1] >= STORED_1X1_MIN
+    )
 
 
 def conv_lowering(x_shape, w_shape, strides, group: int, dtype, *, channels_last: bool = False) -> str:
@@ -214,7 +238,7 @@ def conv_lowering(x_shape, w_shape, strides, group: int, dtype, *, channels_last
         c_in, m, w_in, kernel = x_shape[1], w_shape[0], w_shape[1], tuple(w_shape[2:])
     taps = math.prod(kernel)
     if group == 1 and taps == 1:
-        if channels_last and c_in <= 16:
+        if channels_last and c_in <= TAPS_1X1_CHANNELS:
             # A product over at most 16 channels is a poor dot; as 16 broadcast multiply-adds it
             # is one fused loop (MobileNetV2's 16->96 at 112x112 with its BatchNorm and ReLU6:
             # batch 1 0.39 against 2.43 ms, batch 32 53 against 107; 24 channels: 0.50 against
@@ -285,16 +309,21 @@ def _kernel(w, channels_last: bool) -> tuple:
     return tuple(jnp.shape(w)[:-2] if channels_last else jnp.shape(w)[2:])
 
 
-def _conv_matmul(x, w, strides, dilations, lo, hi, precision, channels_last=False):
-    """A 1x1 convolution: a product over channels of the (padded, strided) input."""
+def _conv_matmul(x, w, strides, dilations, lo, hi, precision, channels_last=False, stored_kernel=False):
+    """A 1x1 convolution: a product over channels of the (padded, strided) input, with ``w``
+    (D)HWIO when ``channels_last``, OI(D)HW otherwise or with ``stored_kernel``."""
     ones = (1,) * (jnp.ndim(x) - 2)
     xp = _pad_spatial(x, lo, hi, channels_last)
     (xs,) = _taps(
         xp, ones, strides, dilations, _out_spatial(xp, ones, strides, dilations, channels_last), channels_last
     )
-    if channels_last:
-        return jnp.einsum("n...c,cm->n...m", xs, jnp.reshape(w, jnp.shape(w)[-2:]), precision=precision)
-    return jnp.einsum("nc...,mc->nm...", xs, jnp.reshape(w, jnp.shape(w)[:2]), precision=precision)
+    if not channels_last:
+        return jnp.einsum("nc...,mc->nm...", xs, jnp.reshape(w, jnp.shape(w)[:2]), precision=precision)
+    if stored_kernel:
+        # Read as stored: a reshape, never a transpose, of the (M, C, 1, ...) weights (XLA
+        # makes a slow copy of a transposed weight argument, not of the reshaped one).
+        return jnp.einsum("n...c,mc->n...m", xs, jnp.reshape(w, jnp.shape(w)[:2]), precision=precision)
+    return jnp.einsum("n...c,cm->n...m", xs, jnp.reshape(w, jnp.shape(w)[-2:]), precision=precision)
 
 
 def _conv_depthwise(x, w, strides, dilations, lo, hi, precision, channels_last=False):

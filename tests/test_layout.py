@@ -207,6 +207,23 @@ def conv3d():
     return _model(nodes, *_io((2, 2, 4, 6, 6)), inits), {"x": rand(2, 2, 4, 6, 6)}
 
 
+def bottleneck():
+    """1x1 convolutions: two with kernels big enough to be read as stored (one strided), one
+    small, relaid-out (``nn.reads_stored_kernel``)."""
+    shapes = {"wa": (512, 8, 1, 1), "wb": (512, 512, 1, 1), "wc": (256, 1024, 1, 1), "wd": (4, 256, 1, 1)}
+    inits = {k: rand(*s) / np.float32(np.sqrt(s[1])) for k, s in shapes.items()} | {"bb": rand(512)}
+    nodes = [
+        oh.make_node("Conv", ["x", "wa"], ["a"]),
+        oh.make_node("Relu", ["a"], ["ar"]),
+        oh.make_node("Conv", ["ar", "wb", "bb"], ["b"]),
+        oh.make_node("Concat", ["b", "ar"], ["cat"], axis=1),
+        oh.make_node("Conv", ["cat", "wc"], ["c"], strides=[2, 2]),
+        oh.make_node("Relu", ["c"], ["cr"]),
+        oh.make_node("Conv", ["cr", "wd"], ["out"]),
+    ]
+    return _model(nodes, *_io((2, 8, 5, 5)), inits), {"x": rand(2, 8, 5, 5)}
+
+
 BUILT = {
     "resnet_block": resnet_block,
     "mobilenet_block": mobilenet_block,
@@ -215,6 +232,7 @@ BUILT = {
     "bn_training": bn_training,
     "bn_training_opset9": lambda: bn_training(9),
     "conv3d": conv3d,
+    "bottleneck": bottleneck,
 }
 # (graph, how many activation transposes the rewritten graph may hold)
 TRANSPOSES = {
@@ -225,6 +243,7 @@ TRANSPOSES = {
     "bn_training": 4,  # the input, Dropout (random: left alone) in and out, the output
     "bn_training_opset9": 4,
     "conv3d": 2,
+    "bottleneck": 2,
 }
 
 
@@ -253,6 +272,17 @@ def test_layout_on_equals_off_and_onnxruntime(name):
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for got, want in zip(on(**feeds), session.run(None, feeds)):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_big_1x1_kernels_are_read_as_stored():
+    # No relayout copy of them is kept beside the weights (ResNet-50's first call held 3.2x its
+    # weights' bytes with them, 2.5x without); small ones keep theirs.
+    proto, feeds = bottleneck()
+    model = jonnx.load(proto)
+    model(**feeds)
+    convs = {n.inputs[1]: n.attrs["stored_kernel"] for n in model._call_graph.nodes if n.domain == DOMAIN}
+    assert convs == {"wa/hwio": 0, "wb": 1, "wc": 1, "wd/hwio": 0}
+    assert sorted(model._prepared) == ["wa/hwio", "wd/hwio"]
 
 
 def test_every_op_of_the_chains_runs_channels_last():
@@ -369,6 +399,27 @@ def test_channels_last_conv_lowerings(case):
             return jonnx.ops.call("Conv", x_last, w_last, b64, domain=DOMAIN, **attrs)
 
         args = (x_last.astype(np.float64), w_last.astype(np.float64))
+        jax.test_util.check_grads(conv, args, order=1, modes=("rev",), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("lowering", ["auto", "xla"])
+@pytest.mark.parametrize("shapes", [((2, 20, 5, 6), (7, 20, 1, 1)), ((2, 6, 5, 6), (5, 6, 1, 1))], ids=["dot", "taps"])
+def test_channels_last_conv_with_stored_kernel(shapes, lowering, monkeypatch):
+    # N(D)HWC activations, OI(D)HW weights as ONNX stores them: the product reads them as they
+    # are, the other lowerings (channel_taps here, XLA's convolution off CPU) take them too.
+    monkeypatch.setattr(nn, "CONV_LOWERING", lowering)
+    xs, ws = shapes
+    x, w, b = rand(*xs), rand(*ws), rand(ws[0])
+    attrs = {"strides": [2, 1], "pads": [1, 0, 0, 1], "stored_kernel": 1}
+    got = jonnx.ops.call("Conv", np.moveaxis(x, 1, -1), w, b, domain=DOMAIN, **attrs)
+    want = _reference("Conv", {"x": x, "w": w, "b": b}, strides=[2, 1], pads=[1, 0, 0, 1])
+    np.testing.assert_allclose(_first(got), want, rtol=1e-4, atol=1e-4)
+    with jax.enable_x64(True):
+
+        def conv(x_last, w):
+            return jonnx.ops.call("Conv", x_last, w, b.astype(np.float64), domain=DOMAIN, **attrs)
+
+        args = (np.moveaxis(x, 1, -1).astype(np.float64), w.astype(np.float64))
         jax.test_util.check_grads(conv, args, order=1, modes=("rev",), atol=1e-6, rtol=1e-6)
 
 

@@ -7,7 +7,10 @@ it, so that whole chains run channels-last:
 
 * Conv: the input is brought to channels-last (a Transpose, unless it already is), the weights
   get a weight-only ``Transpose`` to (D)HWIO (computed once per parameter set), and the output
-  is channels-last;
+  is channels-last. A 1x1 kernel without groups stays as stored (``stored_kernel=1``): its
+  product reads the (M, C) weights as they are, so no relayout copy is kept beside them
+  (ResNet-50: half its Conv weights' bytes; the product is as fast at 196 rows and more, 10-25%
+  slower on 7x7 maps at batch 1, about 1% of the whole network there);
 * pooling (Max/Average/Global*), BatchNormalization (inference and training: running statistics
   are per-channel vectors, unchanged), InstanceNormalization: their channels-last forms;
 * elementwise ops (unary ones, and Add/Mul/... whose other operands are channels-last too or
@@ -38,6 +41,7 @@ import numpy as np
 
 from jonnx._ir import Graph, Node
 from jonnx._registry import lookup
+from jonnx.ops import nn
 from jonnx.ops.channels_last import DOMAIN, VERSION
 from jonnx.optimize._util import int64, new_node, unique_name
 
@@ -219,12 +223,17 @@ class _Rewrite:
             rank = len(kernel) + 2
         if rank is None or rank < 3:
             return None
-        key = (w, -rank)  # weights: OI(D)HW -> (D)HWIO, once per weight
-        if key not in self.relayouts:
-            perm = [*range(2, rank), 1, 0]
-            self.relayouts[key] = self._emit("Transpose", [w], f"{w}/hwio", perm=perm)
-        inputs = [self._last(x, rank), self.relayouts[key], *node.inputs[2:3]]
-        return self._internal(node, inputs, [self._new_output(node.outputs[0], rank)])
+        w_value, attrs = self._static(w), dict(node.attrs)
+        if w_value is not None and nn.reads_stored_kernel(w_value.shape, attrs.get("group", 1)):
+            attrs["stored_kernel"], weights = 1, w
+        else:
+            key = (w, -rank)  # weights: OI(D)HW -> (D)HWIO, once per weight
+            if key not in self.relayouts:
+                perm = [*range(2, rank), 1, 0]
+                self.relayouts[key] = self._emit("Transpose", [w], f"{w}/hwio", perm=perm)
+            weights = self.relayouts[key]
+        inputs = [self._last(x, rank), weights, *node.inputs[2:3]]
+        return self._internal(node, inputs, [self._new_output(node.outputs[0], rank)], attrs)
 
     def _spatial(self, node: Node) -> bool | None:
         x = node.inputs[0]
