@@ -44,6 +44,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import hand_jax
 import nets
+from _order import balanced_orders
 
 import jonnx
 
@@ -127,15 +128,16 @@ def _alternate(fns: dict, repeats: int) -> dict[str, float]:
     Each round calls every function in turn, in a block: one untimed call, then ``_BLOCK``
     timed ones, back to back, as a user calling a model in a loop would. A call right after
     another engine's is not representative: onnxruntime's worker threads keep spinning after
-    it returns (two identical jonnx models measured 254 against 180 ms at batch 1, the one
-    following onnxruntime slower; the int8 encoder 48 against 32 ms), and an engine called
-    after a pause runs colder (MobileNetV2 batch 1: onnxruntime 11.4 against 4.5 ms, jonnx 15.8
-    against 9.9). The order of the blocks rotates every round.
+    it returns, and an engine called after a pause runs colder (MobileNetV2 batch 1:
+    onnxruntime 11.4 against 4.5 ms, jonnx 15.8 against 9.9). The order of the blocks changes
+    every round so that each engine follows each other equally often (``_order``): use a
+    multiple of ``len(fns)`` rounds (``2 * len(fns)`` for an odd count) for a full design.
     """
     times = {k: [] for k in fns}
     names = list(fns)
+    orders = balanced_orders(len(names))
     for r in range(repeats):
-        for k in names[r % len(names) :] + names[: r % len(names)]:
+        for k in (names[i] for i in orders[r % len(orders)]):
             fns[k]()
             times[k].extend(_timed(fns[k]) for _ in range(_BLOCK))
     return {k: statistics.median(v) for k, v in times.items()}
@@ -378,7 +380,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument(
         "--train",
         nargs="*",

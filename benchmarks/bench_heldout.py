@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
+import sys
 import time
 import warnings
 
@@ -30,6 +31,10 @@ import onnxruntime as ort
 
 import jonnx
 from jonnx.ops import nn
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from _order import balanced_orders
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = (ROOT / "tests" / "models", ROOT / "examples" / "models")
@@ -106,9 +111,9 @@ def bench(path: pathlib.Path, repeats: int) -> str:
     }
     times = {k: [] for k in calls}
     names = list(calls)
-    for r in range(6):  # rounds of medians, interleaved, the order rotating: onnxruntime's
-        # threads keep spinning after its call returns and slow whatever runs right after it.
-        for k in names[r % 3 :] + names[: r % 3]:
+    for order in balanced_orders(3):  # six rounds of medians, interleaved: each engine follows
+        # each other equally often (onnxruntime's threads spin after its call returns, _order).
+        for k in (names[i] for i in order):
             times[k].append(_median_ms(calls[k], max(1, repeats // 6)))
     ms = {k: statistics.median(v) for k, v in times.items()}
     return (
