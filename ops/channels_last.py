@@ -9,8 +9,8 @@ the ONNX op computes on NC(D)HW data, except that
 * activations (input X and output Y) are N(D)HWC: the channel axis is last;
 * Conv's weights are (D)HWIO: ``Transpose(W, perm=[2, 3, ..., 1, 0])`` of ONNX's OI(D)HW,
   a separate node on the weight so that it can be computed once per parameter set; or, with
-  the extra attribute ``stored_kernel=1``, ONNX's OI(D)HW itself (the pass leaves 1x1 kernels
-  as stored: their product reads them without a copy);
+  the extra attribute ``stored_kernel=1``, ONNX's OI(D)HW itself (the pass leaves big 1x1
+  kernels as stored: their product reads them without a copy);
 * MaxPool has no Indices output (the pass leaves MaxPool nodes whose Indices are read alone);
 * BatchNormalization carries, instead of its opset's mode attributes, ``training_mode``
   (whether it trains when the run leaves the choice to the graph) and ``legacy`` (1 for the

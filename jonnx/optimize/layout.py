@@ -7,10 +7,11 @@ it, so that whole chains run channels-last:
 
 * Conv: the input is brought to channels-last (a Transpose, unless it already is), the weights
   get a weight-only ``Transpose`` to (D)HWIO (computed once per parameter set), and the output
-  is channels-last. A 1x1 kernel without groups stays as stored (``stored_kernel=1``): its
-  product reads the (M, C) weights as they are, so no relayout copy is kept beside them
-  (ResNet-50: half its Conv weights' bytes; the product is as fast at 196 rows and more, 10-25%
-  slower on 7x7 maps at batch 1, about 1% of the whole network there);
+  is channels-last. A big 1x1 kernel without groups (``nn.reads_stored_kernel``: at least 2^18
+  weights) stays as stored (``stored_kernel=1``): its product reads the (M, C) weights as they
+  are, so no relayout copy is kept beside them (ResNet-50: its prepared copies 94 -> 49 MB; no
+  difference measured on the whole network at batch 1, although such a product alone is 10-25%
+  slower on 7x7 maps);
 * pooling (Max/Average/Global*), BatchNormalization (inference and training: running statistics
   are per-channel vectors, unchanged), InstanceNormalization: their channels-last forms;
 * elementwise ops (unary ones, and Add/Mul/... whose other operands are channels-last too or
