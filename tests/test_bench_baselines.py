@@ -1,4 +1,5 @@
-"""The hand-written JAX baselines of benchmarks/hand_jax.py compute the nets.py networks.
+"""The hand-written JAX baselines of benchmarks/hand_jax.py compute the nets.py networks, and
+the benchmarks time engines in fair orders.
 
 bench_acceptance.py reports jonnx against these; if one drifted from its ONNX network the
 ratio would compare different functions. Small instances only (seconds): a ResNet-18 at 32x32
@@ -18,6 +19,21 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks
 
 import hand_jax  # noqa: E402
 import nets  # noqa: E402
+from _order import balanced_orders  # noqa: E402
+
+
+@pytest.mark.parametrize("n", range(2, 8))
+def test_each_engine_follows_each_other_equally_often(n):
+    # A fixed rotation keeps one engine always right after onnxruntime (whose threads spin
+    # after its call): the timing bias these orders exist to remove.
+    orders = balanced_orders(n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    follows = {}
+    for order in orders:
+        for before, after in zip(order, order[1:]):
+            follows[before, after] = follows.get((before, after), 0) + 1
+    assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert len(set(follows.values())) == 1
 
 
 @pytest.mark.parametrize(
