@@ -188,7 +188,9 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False, stored_kernel: bo
     elif lowering == "matmul":
         y = _conv_matmul(x, w, strides, dilations, lo, hi, ctx.precision, channels_last, stored_kernel)
     else:
-        if channels_last and stored_kernel:  # the other lowerings take (D)HWIO
+        if channels_last and stored_kernel:
+            # The other lowerings take (D)HWIO. The layout pass never stores a kernel that
+            # lands here (``reads_stored_kernel``); a direct call of the op may.
             w = jnp.transpose(w, (*range(2, n + 2), 1, 0))
         y = _LOWERINGS[lowering](x, w, strides, dilations, lo, hi, ctx.precision, channels_last)
     return _add_bias(y, b, ctx, channels_last)
@@ -211,7 +213,8 @@ def reads_stored_kernel(w_shape, group: int) -> bool:
     """Whether a channels-last Conv takes these OI(D)HW weights as stored (``convolve``'s
     ``stored_kernel``) instead of a (D)HWIO copy kept beside them: a 1x1 kernel without groups
     that the product lowering (or, off CPU, XLA's convolution) reads through a reshape, big
-    enough for the copy to matter. The product then packs the weights transposed on each call:
+    enough for the copy to matter, over more than ``TAPS_1X1_CHANNELS`` channels (fewer run as
+    ``channel_taps``, which reads (D)HWIO). The product then packs the weights transposed on each call:
     no cost measured on ResNet-50 at batch 1, where it applies to the kernels of at least 2^18
     elements, but 3% on MobileNetV2 when every 1x1 kernel took it (docs/performance.md)."""
     return (

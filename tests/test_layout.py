@@ -276,7 +276,7 @@ def test_layout_on_equals_off_and_onnxruntime(name):
 
 def test_big_1x1_kernels_are_read_as_stored():
     # No relayout copy of them is kept beside the weights (ResNet-50's first call held 3.2x its
-    # weights' bytes with them, 2.5x without); small ones keep theirs.
+    # weights' bytes with them, 2.5-2.7x without); small ones keep theirs.
     proto, feeds = bottleneck()
     model = jonnx.load(proto)
     model(**feeds)
