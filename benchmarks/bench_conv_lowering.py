@@ -5,10 +5,11 @@ training benchmark), and with ``--grid`` a small grid over channels, kernel 1/3/
 and dilation 2, at each ``--batches`` size, it times every lowering ops/nn.py offers for that
 shape, in both layouts:
 
-- ``xla``: ``lax.conv_general_dilated`` (NCHW/OIHW, or NHWC/HWIO);
-- ``matmul`` (1x1 kernels), ``depthwise`` (group = channels), ``im2col`` (group 1): the private
-  lowering functions of ops/nn.py, called directly, ``channels_last=True`` for NHWC when the
-  installed ops/nn.py takes it (else a local NHWC copy of the same formula, marked ``*``).
+- ``xla``: ``lax.conv_general_dilated`` (NCHW/OIHW, or NHWC/HWIO; ``xla-ihwo`` NHWC with the
+  weights I(D)HWO, where the layout pass lays them out so: ``nn.kernel_layout_for``);
+- ``matmul`` (1x1 kernels), ``depthwise`` (group = channels), ``im2col`` (group 1) and, NHWC
+  only, ``tap_products`` (group 1, stride 1, k > 1, I(D)HWO weights): the private lowering
+  functions of ops/nn.py, called directly.
 
 ``fwd`` times the convolution alone, ``fwd+bwd`` a ``jax.vjp`` of it (the forward and the
 gradients for the input and the weights: a training step's share). The weights are arguments
@@ -26,7 +27,6 @@ Only ratios within a row mean anything on a shared machine; rerun a row to trust
 from __future__ import annotations
 
 import argparse
-import inspect
 import itertools
 import pathlib
 import statistics
@@ -118,50 +118,21 @@ def grid_shapes() -> list[Shape]:
 # --------------------------------------------------------------------------- candidates
 
 
-def _takes_channels_last(fn) -> bool:
-    try:
-        return "channels_last" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _local_nhwc(kind: str):
-    """NHWC versions of ops/nn.py's lowerings, for an ops/nn.py without ``channels_last``."""
-
-    def taps(xp, k, stride, dilation, out):
-        for i, j in itertools.product(range(k), range(k)):
-            start = (0, i * dilation, j * dilation, 0)
-            limit = (xp.shape[0], start[1] + (out - 1) * stride + 1, start[2] + (out - 1) * stride + 1, xp.shape[3])
-            yield lax.slice(xp, start, limit, (1, stride, stride, 1))
-
-    def fn(x, w, strides, dilations, lo, hi, precision):
-        k, s, d = w.shape[0], strides[0], dilations[0]
-        xp = jnp.pad(x, ((0, 0), (lo[0], hi[0]), (lo[1], hi[1]), (0, 0)))
-        out = (xp.shape[1] - (k - 1) * d - 1) // s + 1
-        windows = list(taps(xp, k, s, d, out))
-        if kind == "matmul":
-            return jnp.einsum("nhwc,cm->nhwm", windows[0], w[0, 0], precision=precision)
-        if kind == "depthwise":
-            flat = w.reshape(k * k, -1)
-            return sum(win * flat[i] for i, win in enumerate(windows))
-        cols = jnp.stack(windows, axis=-2)
-        return jnp.einsum("nhwkc,kcm->nhwm", cols, w.reshape((k * k,) + w.shape[2:]), precision=precision)
-
-    return fn
-
-
-def candidates(shape: Shape, layout: str) -> dict[str, callable]:
-    """Each lowering that applies to ``shape``, as ``f(x, w)`` in ``layout``."""
+def candidates(shape: Shape, layout: str) -> dict[str, tuple[callable, str]]:
+    """Each lowering that applies to ``shape``, as ``f(x, w)`` in ``layout``, with the weight
+    layout it reads (``nn.KERNEL_LAYOUTS``)."""
     strides, dilations = (shape.stride,) * 2, (shape.dilation,) * 2
     pad = shape.dilation * (shape.k - 1) // 2
     lo = hi = (pad, pad)
     nhwc = layout == "nhwc"
-    dims = ("NHWC", "HWIO", "NHWC") if nhwc else ("NCHW", "OIHW", "NCHW")
-    out = {
-        "xla": lambda x, w: lax.conv_general_dilated(
+
+    def xla(kernel_layout):
+        dims = ("NHWC", kernel_layout, "NHWC") if nhwc else ("NCHW", "OIHW", "NCHW")
+        return lambda x, w: lax.conv_general_dilated(
             x, w, strides, (lo, lo), rhs_dilation=dilations, dimension_numbers=dims, feature_group_count=shape.group
         )
-    }
+
+    out = {"xla": (xla("HWIO"), "HWIO" if nhwc else "OIHW")}
     kinds = []
     if shape.group == 1 and shape.k == 1:
         kinds.append("matmul")
@@ -169,36 +140,28 @@ def candidates(shape: Shape, layout: str) -> dict[str, callable]:
         kinds.append("depthwise")
     if shape.group == 1 and shape.k > 1:
         kinds.append("im2col")
+        if nhwc and shape.stride == 1:
+            kinds.append("tap_products")
+            out["xla-ihwo"] = (xla("IHWO"), "IHWO")
     for kind in kinds:
         fn = nn._LOWERINGS[kind]
-        if not nhwc:
-            out[kind] = lambda x, w, fn=fn: fn(x, w, strides, dilations, lo, hi, None)
-        elif _takes_channels_last(fn):
-            out[kind] = lambda x, w, fn=fn: fn(x, w, strides, dilations, lo, hi, None, channels_last=True)
-        else:
-            local = _local_nhwc(kind)
-            out[kind + "*"] = lambda x, w, local=local: local(x, w, strides, dilations, lo, hi, None)
+        reads = "IHWO" if kind == "tap_products" else "HWIO" if nhwc else "OIHW"
+        out[kind] = (lambda x, w, fn=fn, reads=reads: fn(x, w, strides, dilations, lo, hi, None, nhwc, reads), reads)
     return out
 
 
-def picked(shape: Shape, batch: int, layout: str) -> tuple[str, str]:
-    """What ``conv_lowering`` answers for this shape, and a note: for NHWC, an ops/nn.py without
-    ``channels_last`` is asked about the NCHW shapes (its rule reads channels, kernel, group
-    and batch, the same in either layout)."""
-    nhwc = layout == "nhwc"
+def picked(shape: Shape, batch: int, layout: str) -> str:
+    """What ``conv_lowering`` answers for this shape, NHWC with the weight layout the layout
+    pass gives the kernel (an XLA convolution then reads it: ``xla-ihwo``)."""
     w_oihw = (shape.c_out, shape.c_in // shape.group, shape.k, shape.k)
-    x_nchw = (batch, shape.c_in, shape.size, shape.size)
     strides = (shape.stride,) * 2
-    try:
-        if not nhwc:
-            return nn.conv_lowering(x_nchw, w_oihw, strides, shape.group, jnp.float32), ""
-        if "channels_last" in inspect.signature(nn.conv_lowering).parameters:
-            x = (batch, shape.size, shape.size, shape.c_in)
-            w = (shape.k, shape.k, shape.c_in // shape.group, shape.c_out)
-            return nn.conv_lowering(x, w, strides, shape.group, jnp.float32, channels_last=True), ""
-        return nn.conv_lowering(x_nchw, w_oihw, strides, shape.group, jnp.float32), " (NCHW rule)"
-    except TypeError:
-        return "?", ""
+    if layout == "nchw":
+        return nn.conv_lowering((batch, shape.c_in, shape.size, shape.size), w_oihw, strides, shape.group, jnp.float32)
+    kernel_layout = nn.kernel_layout_for(w_oihw, shape.group, strides)
+    x = (batch, shape.size, shape.size, shape.c_in)
+    w = (shape.k, shape.k, shape.c_in // shape.group, shape.c_out)
+    pick = nn.conv_lowering(x, w, strides, shape.group, jnp.float32, channels_last=True, kernel_layout=kernel_layout)
+    return "xla-ihwo" if pick == "xla" and kernel_layout == "IHWO" else pick
 
 
 # --------------------------------------------------------------------------- timing
@@ -215,12 +178,13 @@ def bench(shape: Shape, batch: int, layout: str, mode: str, repeats: int) -> dic
     rng = np.random.default_rng(0)
     nhwc = layout == "nhwc"
     x_shape = (batch, shape.size, shape.size, shape.c_in) if nhwc else (batch, shape.c_in, shape.size, shape.size)
-    w = rng.standard_normal((shape.c_out, shape.c_in // shape.group, shape.k, shape.k)).astype(np.float32)
-    w = jnp.asarray(w.transpose(2, 3, 1, 0) if nhwc else w)
+    w_oihw = rng.standard_normal((shape.c_out, shape.c_in // shape.group, shape.k, shape.k)).astype(np.float32)
+    perms = {"OIHW": (0, 1, 2, 3), "HWIO": (2, 3, 1, 0), "IHWO": (1, 2, 3, 0)}
     x = jnp.asarray(rng.standard_normal(x_shape).astype(np.float32))
     fns, calls = candidates(shape, layout), {}
     ref = None
-    for name, f in fns.items():
+    for name, (f, reads) in fns.items():
+        w = jnp.asarray(w_oihw.transpose(perms[reads]))
         y = jax.jit(f)(x, w)
         # Every candidate must compute the same convolution (this checks the NHWC copies too).
         ref = y if ref is None else ref
@@ -229,11 +193,11 @@ def bench(shape: Shape, batch: int, layout: str, mode: str, repeats: int) -> dic
             raise AssertionError(f"{shape.label()} {layout}: {name} differs from xla by {err:.1e}")
         if mode == "fwd":
             jitted = jax.jit(f)
-            calls[name] = lambda jitted=jitted: jitted(x, w).block_until_ready()
+            calls[name] = lambda jitted=jitted, w=w: jitted(x, w).block_until_ready()
         else:
             g = jnp.ones_like(y)
             jitted = jax.jit(lambda x, w, g, f=f: jax.vjp(f, x, w)[1](g))
-            calls[name] = lambda jitted=jitted, g=g: jax.block_until_ready(jitted(x, w, g))
+            calls[name] = lambda jitted=jitted, w=w, g=g: jax.block_until_ready(jitted(x, w, g))
         calls[name]()  # compile
     times = {k: [] for k in calls}
     for _ in range(repeats):
@@ -269,15 +233,13 @@ def main() -> None:
                 continue
             best = min(med, key=med.get)
             overall.update({f"{layout} {k}": v for k, v in med.items()})
-            pick, note = picked(shape, batch, layout)
-            pick_ms = med.get(pick, med.get(pick + "*"))
+            pick = picked(shape, batch, layout)
+            pick_ms = med.get(pick)
             miss = pick_ms is not None and pick_ms > med[best] * (1 + args.tolerance)
             misses += miss
             times = " ".join(f"{k} {v:.2f}" for k, v in med.items())
             cells.append(f"{layout}: {times}")
-            summary.append(
-                f"{layout} best {best} picks {pick}{note}" + (f" MISS x{pick_ms / med[best]:.2f}" if miss else "")
-            )
+            summary.append(f"{layout} best {best} picks {pick}" + (f" MISS x{pick_ms / med[best]:.2f}" if miss else ""))
         if overall:
             summary.append(f"fastest {min(overall, key=overall.get)}")
         print(

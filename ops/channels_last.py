@@ -7,10 +7,12 @@ to: each is the ONNX op of the same name with the same attributes, computing exa
 the ONNX op computes on NC(D)HW data, except that
 
 * activations (input X and output Y) are N(D)HWC: the channel axis is last;
-* Conv's weights are (D)HWIO: ``Transpose(W, perm=[2, 3, ..., 1, 0])`` of ONNX's OI(D)HW,
-  a separate node on the weight so that it can be computed once per parameter set; or, with
-  the extra attribute ``stored_kernel=1``, ONNX's OI(D)HW itself (the pass leaves big 1x1
-  kernels as stored: their product reads them without a copy);
+* Conv's weights are in the layout its extra attribute ``kernel_layout`` names
+  (``nn.KERNEL_LAYOUTS``, "HW" standing for the spatial axes): "HWIO" (the default), a
+  ``Transpose(W, perm=[2, 3, ..., 1, 0])`` of ONNX's OI(D)HW, a separate node on the weight so
+  that it can be computed once per parameter set; "OIHW", ONNX's own (the pass leaves big 1x1
+  kernels as stored: their product reads them without a copy); or "IHWO", for the kernels
+  whose lowering reads them as one (C, taps x M) matrix (``nn.kernel_layout_for``);
 * MaxPool has no Indices output (the pass leaves MaxPool nodes whose Indices are read alone);
 * BatchNormalization carries, instead of its opset's mode attributes, ``training_mode``
   (whether it trains when the run leaves the choice to the graph) and ``legacy`` (1 for the
@@ -42,11 +44,13 @@ def _attributes(op_type: str) -> dict:
     return schema_defaults(onnx.defs.get_schema(op_type))
 
 
-@register("Conv", since=VERSION, domain=DOMAIN, attributes={**_attributes("Conv"), "stored_kernel": 0}, n_inputs=3)
+@register("Conv", since=VERSION, domain=DOMAIN, attributes={**_attributes("Conv"), "kernel_layout": "HWIO"}, n_inputs=3)
 def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``Conv`` on N(D)HWC activations with (D)HWIO weights (OI(D)HW with ``stored_kernel``)."""
+    """ONNX ``Conv`` on N(D)HWC activations, its weights in ``kernel_layout``."""
     x, w, b = inputs
-    return (nn.convolve(x, w, b, attrs, ctx, channels_last=True, stored_kernel=bool(attrs["stored_kernel"])),)
+    layout = attrs["kernel_layout"]
+    layout = layout.decode() if isinstance(layout, bytes) else layout
+    return (nn.convolve(x, w, b, attrs, ctx, channels_last=True, kernel_layout=layout),)
 
 
 @register("MaxPool", since=VERSION, domain=DOMAIN, attributes=_attributes("MaxPool"), n_inputs=1)

@@ -209,7 +209,7 @@ def conv3d():
 
 def bottleneck():
     """1x1 convolutions: two with kernels big enough to be read as stored (one strided), one
-    small, relaid-out (``nn.reads_stored_kernel``)."""
+    small, relaid-out (``nn.kernel_layout_for``)."""
     shapes = {"wa": (512, 8, 1, 1), "wb": (512, 512, 1, 1), "wc": (256, 1024, 1, 1), "wd": (4, 256, 1, 1)}
     inits = {k: rand(*s) / np.float32(np.sqrt(s[1])) for k, s in shapes.items()} | {"bb": rand(512)}
     nodes = [
@@ -224,6 +224,22 @@ def bottleneck():
     return _model(nodes, *_io((2, 8, 5, 5)), inits), {"x": rand(2, 8, 5, 5)}
 
 
+def wide_3x3():
+    """3x3 convolutions over 512 channels: a dilated one without strides, its weights laid out
+    I(D)HWO and run as tap products on the small map, and a strided one, laid out (D)HWIO."""
+    shapes = {"wa": (8, 512, 3, 3), "wb": (8, 512, 3, 3), "wc": (8, 8, 1, 1)}
+    inits = {k: rand(*s) / np.float32(np.sqrt(s[1] * s[2] * s[3])) for k, s in shapes.items()} | {"ba": rand(8)}
+    nodes = [
+        oh.make_node("Conv", ["x", "wa", "ba"], ["a"], pads=[1, 2, 1, 2], dilations=[1, 2]),
+        oh.make_node("Relu", ["a"], ["ar"]),
+        oh.make_node("Conv", ["x", "wb"], ["b"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        oh.make_node("GlobalAveragePool", ["b"], ["gb"]),
+        oh.make_node("Conv", ["ar", "wc"], ["c"]),
+        oh.make_node("Add", ["c", "gb"], ["out"]),
+    ]
+    return _model(nodes, *_io((2, 512, 4, 5)), inits), {"x": rand(2, 512, 4, 5)}
+
+
 BUILT = {
     "resnet_block": resnet_block,
     "mobilenet_block": mobilenet_block,
@@ -233,6 +249,7 @@ BUILT = {
     "bn_training_opset9": lambda: bn_training(9),
     "conv3d": conv3d,
     "bottleneck": bottleneck,
+    "wide_3x3": wide_3x3,
 }
 # (graph, how many activation transposes the rewritten graph may hold)
 TRANSPOSES = {
@@ -244,6 +261,7 @@ TRANSPOSES = {
     "bn_training_opset9": 4,
     "conv3d": 2,
     "bottleneck": 2,
+    "wide_3x3": 2,
 }
 
 
@@ -274,15 +292,43 @@ def test_layout_on_equals_off_and_onnxruntime(name):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
 
 
-def test_big_1x1_kernels_are_read_as_stored():
-    # No relayout copy of them is kept beside the weights (ResNet-50's first call held 3.2x its
-    # weights' bytes with them, 2.5-2.7x without); small ones keep theirs.
-    proto, feeds = bottleneck()
-    model = jonnx.load(proto)
-    model(**feeds)
-    convs = {n.inputs[1]: n.attrs["stored_kernel"] for n in model._call_graph.nodes if n.domain == DOMAIN}
-    assert convs == {"wa/hwio": 0, "wb": 1, "wc": 1, "wd/hwio": 0}
-    assert sorted(model._prepared) == ["wa/hwio", "wd/hwio"]
+def test_kernel_layouts_the_pass_picks():
+    # Big 1x1 kernels stay as stored: no relayout copy is kept beside them (ResNet-50's first
+    # call held 3.2x its weights' bytes with them, 2.5-2.7x without); small ones are relaid out
+    # (D)HWIO, and k x k ones over 512 channels without strides I(D)HWO, for tap products.
+    expected = {
+        bottleneck: {"wa/hwio": "HWIO", "wb": "OIHW", "wc": "OIHW", "wd/hwio": "HWIO"},
+        wide_3x3: {"wa/ihwo": "IHWO", "wb/hwio": "HWIO", "wc/hwio": "HWIO"},
+    }
+    if jax.default_backend() != "cpu":
+        # The tap products are a CPU lowering.
+        expected[wide_3x3] = {"wa/hwio": "HWIO", "wb/hwio": "HWIO", "wc/hwio": "HWIO"}
+    for make, layouts in expected.items():
+        proto, feeds = make()
+        model = jonnx.load(proto)
+        model(**feeds)
+        convs = {
+            n.inputs[1]: n.attrs["kernel_layout"]
+            for n in model._call_graph.nodes
+            if n.domain == DOMAIN and n.op_type == "Conv"
+        }
+        assert convs == layouts
+        assert sorted(model._prepared) == sorted(k for k, v in layouts.items() if v != "OIHW")
+
+
+def test_kernel_layout_choice():
+    cpu = jax.default_backend() == "cpu"
+    assert nn.kernel_layout_for((512, 512, 3, 3), 1, (1, 1)) == ("IHWO" if cpu else "HWIO")
+    assert nn.kernel_layout_for((64, 64, 3, 3), 1, (1, 1)) == ("IHWO" if cpu else "HWIO")
+    assert nn.kernel_layout_for((64, 512, 3, 3, 3), 1, (1, 1, 1)) == "HWIO"  # 27 taps: not measured
+    assert nn.kernel_layout_for((512, 512, 5, 5), 1, (1, 1)) == "HWIO"
+    assert nn.kernel_layout_for((512, 512, 3, 3), 1, (2, 2)) == "HWIO"  # strided: XLA's convolution
+    assert nn.kernel_layout_for((512, 256, 3, 3), 1, (1, 1)) == "HWIO"  # XLA's convolution is fine there
+    assert nn.kernel_layout_for((128, 128, 3, 3), 1, (1, 1)) == "HWIO"
+    assert nn.kernel_layout_for((1024, 512, 3, 3), 2, (1, 1)) == "HWIO"
+    assert nn.kernel_layout_for((2048, 512, 1, 1), 1, (1, 1)) == "OIHW"
+    assert nn.kernel_layout_for((512, 16, 1, 1), 1, (1, 1)) == "HWIO"  # channel_taps reads (D)HWIO
+    assert nn.kernel_layout_for((64, 64, 1, 1), 1, (2, 2)) == "HWIO"  # too small to matter
 
 
 def test_every_op_of_the_chains_runs_channels_last():
@@ -402,25 +448,58 @@ def test_channels_last_conv_lowerings(case):
         jax.test_util.check_grads(conv, args, order=1, modes=("rev",), atol=1e-6, rtol=1e-6)
 
 
+def _laid_out(w, layout):
+    """OI(D)HW weights in ``layout``."""
+    nd = w.ndim - 2
+    perm = {"OIHW": range(nd + 2), "HWIO": (*range(2, nd + 2), 1, 0), "IHWO": (1, *range(2, nd + 2), 0)}[layout]
+    return np.ascontiguousarray(np.transpose(w, tuple(perm)))
+
+
+# (kernel_layout, x shape, w shape, attrs, the lowering picked on CPU)
+LAYOUT_CASES = [
+    ("OIHW", (2, 20, 5, 6), (7, 20, 1, 1), {"strides": [2, 1], "pads": [1, 0, 0, 1]}, "matmul"),
+    ("OIHW", (2, 6, 5, 6), (5, 6, 1, 1), {"strides": [2, 1], "pads": [1, 0, 0, 1]}, "channel_taps"),
+    ("IHWO", (2, 6, 20, 20), (5, 6, 3, 3), {"pads": [1, 1, 1, 1]}, "tap_products"),  # 800 output cells
+    ("IHWO", (1, 5, 30, 31), (4, 5, 3, 2), {"pads": [2, 0, 1, 1], "dilations": [2, 3]}, "tap_products"),
+    ("IHWO", (1, 3, 10, 9, 9), (2, 3, 2, 3, 2), {"auto_pad": "SAME_UPPER"}, "tap_products"),
+    ("IHWO", (2, 6, 5, 6), (5, 6, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, "im2col"),
+    ("IHWO", (2, 6, 15, 14), (5, 6, 3, 3), {"pads": [1, 1, 1, 1]}, "xla"),  # 420 output cells, few channels
+    ("IHWO", (1, 512, 8, 8), (4, 512, 3, 3), {"pads": [1, 1, 1, 1]}, "tap_products"),  # 64 cells, many channels
+    ("HWIO", (2, 6, 3, 4), (5, 6, 3, 3), {"pads": [1, 1, 1, 1]}, "im2col"),
+]
+
+
 @pytest.mark.parametrize("lowering", ["auto", "xla"])
-@pytest.mark.parametrize("shapes", [((2, 20, 5, 6), (7, 20, 1, 1)), ((2, 6, 5, 6), (5, 6, 1, 1))], ids=["dot", "taps"])
-def test_channels_last_conv_with_stored_kernel(shapes, lowering, monkeypatch):
-    # N(D)HWC activations, OI(D)HW weights as ONNX stores them: the product reads them as they
-    # are, the other lowerings (channel_taps here, XLA's convolution off CPU) take them too.
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: f"{c[0]}-{c[4]}-{'x'.join(map(str, c[2]))}")
+def test_channels_last_conv_kernel_layouts(case, lowering, monkeypatch):
+    # N(D)HWC activations, weights in each kernel layout: each lowering reads the layouts it
+    # can as they are (the others are relaid out), XLA's convolution reads any.
     monkeypatch.setattr(nn, "CONV_LOWERING", lowering)
-    xs, ws = shapes
+    layout, xs, ws, attrs, expected = case
     x, w, b = rand(*xs), rand(*ws), rand(ws[0])
-    attrs = {"strides": [2, 1], "pads": [1, 0, 0, 1], "stored_kernel": 1}
-    got = jonnx.ops.call("Conv", np.moveaxis(x, 1, -1), w, b, domain=DOMAIN, **attrs)
-    want = _reference("Conv", {"x": x, "w": w, "b": b}, strides=[2, 1], pads=[1, 0, 0, 1])
+    x_last, w_laid = np.moveaxis(x, 1, -1), _laid_out(w, layout)
+    hwio = (*ws[2:], ws[1], ws[0])
+    strides = tuple(attrs.get("strides", [1] * (len(xs) - 2)))
+    chosen = nn.conv_lowering(
+        x_last.shape, hwio, strides, 1, np.dtype(np.float32), channels_last=True, kernel_layout=layout
+    )
+    assert chosen == (expected if lowering == "auto" and jax.default_backend() == "cpu" else "xla")
+    attrs = {**attrs, "kernel_layout": layout}
+    got = jonnx.ops.call("Conv", x_last, w_laid, b, domain=DOMAIN, **attrs)
+    want = _reference("Conv", {"x": x, "w": w, "b": b}, **{k: v for k, v in attrs.items() if k != "kernel_layout"})
     np.testing.assert_allclose(_first(got), want, rtol=1e-4, atol=1e-4)
     with jax.enable_x64(True):
 
-        def conv(x_last, w):
-            return jonnx.ops.call("Conv", x_last, w, b.astype(np.float64), domain=DOMAIN, **attrs)
+        def conv(x_last, w_laid):
+            return jonnx.ops.call("Conv", x_last, w_laid, b.astype(np.float64), domain=DOMAIN, **attrs)
 
-        args = (np.moveaxis(x, 1, -1).astype(np.float64), w.astype(np.float64))
+        args = (x_last.astype(np.float64), w_laid.astype(np.float64))
         jax.test_util.check_grads(conv, args, order=1, modes=("rev",), atol=1e-6, rtol=1e-6)
+
+
+def test_unknown_kernel_layout_is_an_error():
+    with pytest.raises(Exception, match="kernel_layout 'OHWI' is not one of HWIO, OIHW, IHWO"):
+        jonnx.ops.call("Conv", rand(1, 4, 4, 2), rand(3, 3, 2, 2), rand(2), domain=DOMAIN, kernel_layout="OHWI")
 
 
 POOLS = [

@@ -6,12 +6,14 @@ internal channels-last Conv (ops/channels_last.py) and carries the layout throug
 it, so that whole chains run channels-last:
 
 * Conv: the input is brought to channels-last (a Transpose, unless it already is), the weights
-  get a weight-only ``Transpose`` to (D)HWIO (computed once per parameter set), and the output
-  is channels-last. A big 1x1 kernel without groups (``nn.reads_stored_kernel``: at least 2^18
-  weights) stays as stored (``stored_kernel=1``): its product reads the (M, C) weights as they
-  are, so no relayout copy is kept beside them (ResNet-50: its prepared copies 94 -> 49 MB; no
-  difference measured on the whole network at batch 1, although such a product alone is 10-25%
-  slower on 7x7 maps);
+  get a weight-only ``Transpose`` to the layout ``nn.kernel_layout_for`` picks (computed once per
+  parameter set; the internal Conv's ``kernel_layout`` attribute names it), and the output is
+  channels-last. Most kernels go to (D)HWIO. A big 1x1 kernel without groups (at least 2^18
+  weights) stays as stored: its product reads the (M, C) weights as they are, so no relayout
+  copy is kept beside them (ResNet-50: its prepared copies 94 -> 49 MB; no difference measured
+  on the whole network at batch 1, although such a product alone is 10-25% slower on 7x7
+  maps). A k x k kernel over 512 or more channels without strides goes to I(D)HWO, which its
+  tap-products lowering reads on small inputs (ResNet-50's last stage);
 * pooling (Max/Average/Global*), BatchNormalization (inference and training: running statistics
   are per-channel vectors, unchanged), InstanceNormalization: their channels-last forms;
 * elementwise ops (unary ones, and Add/Mul/... whose other operands are channels-last too or
@@ -100,7 +102,7 @@ class _Rewrite:
         self.last: dict[str, str] = {}  # NC(D)HW name -> its channels-last value's name
         self.rank: dict[str, int] = {}  # channels-last value -> rank
         self.missing: set[str] = set()  # NC(D)HW names no node produces (yet)
-        self.relayouts: dict[tuple[str, int], str] = {}
+        self.relayouts: dict[tuple[str, int | str], str] = {}  # (constant, rank) or (weight, layout)
         self.nodes: list[Node] = []
         for node in graph.nodes:
             if node.op_type == "Constant" and node.domain == "" and node.attrs.get("value") is not None:
@@ -225,13 +227,18 @@ class _Rewrite:
         if rank is None or rank < 3:
             return None
         w_value, attrs = self._static(w), dict(node.attrs)
-        if w_value is not None and nn.reads_stored_kernel(w_value.shape, attrs.get("group", 1)):
-            attrs["stored_kernel"], weights = 1, w
+        layout = "HWIO"
+        if w_value is not None:
+            strides = attrs.get("strides") or (1,) * (rank - 2)
+            layout = nn.kernel_layout_for(w_value.shape, attrs.get("group", 1), strides)
+        attrs["kernel_layout"] = layout
+        if layout == "OIHW":
+            weights = w
         else:
-            key = (w, -rank)  # weights: OI(D)HW -> (D)HWIO, once per weight
+            key = (w, layout)  # weights: OI(D)HW -> the layout, once per weight
             if key not in self.relayouts:
-                perm = [*range(2, rank), 1, 0]
-                self.relayouts[key] = self._emit("Transpose", [w], f"{w}/hwio", perm=perm)
+                perm = [*range(2, rank), 1, 0] if layout == "HWIO" else [1, *range(2, rank), 0]
+                self.relayouts[key] = self._emit("Transpose", [w], f"{w}/{layout.lower()}", perm=perm)
             weights = self.relayouts[key]
         inputs = [self._last(x, rank), weights, *node.inputs[2:3]]
         return self._internal(node, inputs, [self._new_output(node.outputs[0], rank)], attrs)
