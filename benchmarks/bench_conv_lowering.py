@@ -179,12 +179,11 @@ def bench(shape: Shape, batch: int, layout: str, mode: str, repeats: int) -> dic
     nhwc = layout == "nhwc"
     x_shape = (batch, shape.size, shape.size, shape.c_in) if nhwc else (batch, shape.c_in, shape.size, shape.size)
     w_oihw = rng.standard_normal((shape.c_out, shape.c_in // shape.group, shape.k, shape.k)).astype(np.float32)
-    perms = {"OIHW": (0, 1, 2, 3), "HWIO": (2, 3, 1, 0), "IHWO": (1, 2, 3, 0)}
     x = jnp.asarray(rng.standard_normal(x_shape).astype(np.float32))
     fns, calls = candidates(shape, layout), {}
     ref = None
     for name, (f, reads) in fns.items():
-        w = jnp.asarray(w_oihw.transpose(perms[reads]))
+        w = jnp.asarray(w_oihw.transpose(nn.kernel_permutation(reads, 4)))
         y = jax.jit(f)(x, w)
         # Every candidate must compute the same convolution (this checks the NHWC copies too).
         ref = y if ref is None else ref

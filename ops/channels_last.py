@@ -48,9 +48,7 @@ def _attributes(op_type: str) -> dict:
 def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Conv`` on N(D)HWC activations, its weights in ``kernel_layout``."""
     x, w, b = inputs
-    layout = attrs["kernel_layout"]
-    layout = layout.decode() if isinstance(layout, bytes) else layout
-    return (nn.convolve(x, w, b, attrs, ctx, channels_last=True, kernel_layout=layout),)
+    return (nn.convolve(x, w, b, attrs, ctx, channels_last=True, kernel_layout=attrs["kernel_layout"]),)
 
 
 @register("MaxPool", since=VERSION, domain=DOMAIN, attributes=_attributes("MaxPool"), n_inputs=1)

@@ -166,13 +166,18 @@ def _kernel_dims(w_shape, layout: str) -> tuple:
     return w_shape[-1], w_shape[0], tuple(w_shape[1:-1])
 
 
+def kernel_permutation(layout: str, rank: int) -> tuple[int, ...]:
+    """The ``perm`` of a Transpose taking rank-``rank`` OI(D)HW weights to ``layout``."""
+    spatial = tuple(range(2, rank))
+    return {"OIHW": (0, 1, *spatial), "HWIO": (*spatial, 1, 0), "IHWO": (1, *spatial, 0)}[layout]
+
+
 def _to_hwio(w, layout: str):
-    n = jnp.ndim(w) - 2
-    if layout == "OIHW":
-        return jnp.transpose(w, (*range(2, n + 2), 1, 0))
-    if layout == "IHWO":
-        return jnp.transpose(w, (*range(1, n + 1), 0, n + 1))
-    return w
+    """Weights in ``layout`` relaid out (D)HWIO."""
+    if layout == "HWIO":
+        return w
+    from_oihw = kernel_permutation(layout, jnp.ndim(w))
+    return jnp.transpose(w, tuple(from_oihw.index(a) for a in kernel_permutation("HWIO", jnp.ndim(w))))
 
 
 def convolve(x, w, b, attrs, ctx, channels_last: bool = False, kernel_layout: str = "HWIO"):

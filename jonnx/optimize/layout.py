@@ -12,8 +12,9 @@ it, so that whole chains run channels-last:
   weights) stays as stored: its product reads the (M, C) weights as they are, so no relayout
   copy is kept beside them (ResNet-50: its prepared copies 94 -> 49 MB; no difference measured
   on the whole network at batch 1, although such a product alone is 10-25% slower on 7x7
-  maps). A k x k kernel over 512 or more channels without strides goes to I(D)HWO, which its
-  tap-products lowering reads on small inputs (ResNet-50's last stage);
+  maps). On CPU a 3x3 kernel without groups or strides over 48-64 or at least 512 channels goes
+  to I(D)HWO, which the tap-products lowering reads on small inputs (ResNet-50's 3x3 over 64
+  channels on 56x56 and over 512 on 7x7);
 * pooling (Max/Average/Global*), BatchNormalization (inference and training: running statistics
   are per-channel vectors, unchanged), InstanceNormalization: their channels-last forms;
 * elementwise ops (unary ones, and Add/Mul/... whose other operands are channels-last too or
@@ -237,7 +238,7 @@ class _Rewrite:
         else:
             key = (w, layout)  # weights: OI(D)HW -> the layout, once per weight
             if key not in self.relayouts:
-                perm = [*range(2, rank), 1, 0] if layout == "HWIO" else [1, *range(2, rank), 0]
+                perm = list(nn.kernel_permutation(layout, rank))
                 self.relayouts[key] = self._emit("Transpose", [w], f"{w}/{layout.lower()}", perm=perm)
             weights = self.relayouts[key]
         inputs = [self._last(x, rank), weights, *node.inputs[2:3]]
