@@ -21,35 +21,95 @@ only, a no-op elsewhere).
 
 Every function jonnx compiles itself goes through :func:`jit`; a user's own ``jax.jit`` over
 ``Model.apply`` can use :func:`jonnx.jit` (or ``compiler_options=jonnx.compiler_options()``).
+
+Which library runs the dots is a second choice, made per compiled shape by ``Model.__call__``
+(:func:`library_dots_for`). YNNPACK's dot wins on few rows (BERT at batch 1: 1.34x slower
+without it, ResNet-50 1.27x), but it runs a batched dot (attention's 384 products of
+128 x 64 x 128 at batch 32) on one core, at 67 GFLOP/s against 84 for XLA's own dot (Eigen,
+both cores), and on 4096 rows XLA's dot is 5-10% faster too. With at least 90% of the dot
+work on 1024 rows or more (counting a batched dot's batch), the call compiles with
+``compiler_options(library_dots=False)``: YNNPACK keeps the convolutions only. BERT at batch 32
+0.91x, MobileNetV2 0.97x, ResNet-50 0.985x; a BERT at batch 8 and the ResNet-18 training
+step unchanged (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.extend.core as jax_core
 import jax.numpy as jnp
+import numpy as np
 
 _YNN_FUSION_FLAG = "xla_cpu_experimental_ynn_fusion_type"
-_SAFE_YNN_FUSIONS = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
+_SAFE_YNN_FUSIONS = {
+    True: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION",
+    False: "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION",
+}
+# library_dots_for: a dot of at least this many rows (a batched dot's batch times its rows)
+# is "large", and XLA's own dot is used when large dots do at least this share of the work.
+LARGE_DOT_ROWS = 1024
+LARGE_DOT_SHARE = 0.9
 
 
-def compiler_options() -> dict[str, str]:
+def compiler_options(*, library_dots: bool = True) -> dict[str, str]:
     """The XLA compiler options jonnx compiles with, as a new dict.
+
+    ``library_dots=False`` leaves the dots to XLA's own emitter (YNNPACK keeps the
+    convolutions): faster where every dot is large (see :func:`library_dots_for`).
 
     Empty where the installed jaxlib does not know the option (a jaxlib without YNNPACK, or a
     newer one that renamed it): compiling with an unknown option is an error, so it is probed
     once, on a trivial function.
     """
-    return dict(_probed_options())
+    return dict(_probed_options(library_dots))
+
+
+def library_dots_for(jaxpr: Any) -> bool:
+    """Whether a function (its jaxpr) should run its dots in YNNPACK (the default).
+
+    False when float32 dots of ``LARGE_DOT_ROWS`` rows or more, counting a batched dot's
+    batch, do at least ``LARGE_DOT_SHARE`` of the multiply-adds: XLA's own dot is the faster
+    there (module docstring). Other types stay with YNNPACK, whose 8-bit and bfloat16 dots XLA's
+    own does not match (the int8 BERT at batch 32: 1.48x slower without them). A function
+    without dots keeps the default.
+    """
+    total = large = 0
+    for lhs_shape, rhs_shape, dimension_numbers, float32 in _dots(jaxpr):
+        (lhs_contract, rhs_contract), (_, rhs_batch) = dimension_numbers
+        rows = math.prod(n for d, n in enumerate(lhs_shape) if d not in lhs_contract)  # batch included
+        contracted = math.prod(lhs_shape[d] for d in lhs_contract)
+        columns = math.prod(n for d, n in enumerate(rhs_shape) if d not in (*rhs_contract, *rhs_batch))
+        work = rows * contracted * columns
+        total += work
+        large += work if float32 and rows >= LARGE_DOT_ROWS else 0
+    return total == 0 or large < LARGE_DOT_SHARE * total
+
+
+def _dots(jaxpr: Any) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, bool]]:
+    """(lhs shape, rhs shape, dimension numbers, both operands float32) of every dot_general,
+    nested jaxprs included."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            lhs, rhs = (v.aval for v in eqn.invars)
+            if all(isinstance(n, (int, np.integer)) for n in (*lhs.shape, *rhs.shape)):
+                float32 = lhs.dtype == rhs.dtype == np.float32
+                yield lhs.shape, rhs.shape, eqn.params["dimension_numbers"], float32
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                if isinstance(sub, (jax_core.Jaxpr, jax_core.ClosedJaxpr)):
+                    yield from _dots(sub)
 
 
 @functools.cache
-def _probed_options() -> tuple[tuple[str, str], ...]:
-    options = {_YNN_FUSION_FLAG: _SAFE_YNN_FUSIONS}
+def _probed_options(library_dots: bool = True) -> tuple[tuple[str, str], ...]:
+    options = {_YNN_FUSION_FLAG: _SAFE_YNN_FUSIONS[library_dots]}
     try:
         jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.zeros(())).compile()
     except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such option"

@@ -7,7 +7,7 @@ import functools
 import os
 import types
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -30,7 +30,7 @@ from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
 from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph, run_main_nodes, run_nodes
 from jonnx._ir import Graph, ValueInfo
-from jonnx._jit import jit
+from jonnx._jit import compiler_options, jit, library_dots_for
 from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
 from jonnx._segments import SegmentPlan, plan_segments, weight_only_nodes
@@ -409,18 +409,30 @@ class Model:
         if checked:
             run = checkify.checkify(run, errors=checkify.user_checks)
         # With params given (Model(x, params=p), jax.grad over it) segments take them as arguments.
+        # Each segment comes in two compilations, YNNPACK's dots or XLA's own, and a call
+        # takes the one library_dots_for picks for its input shapes (see _compiled_segment).
+        xla_dots = compiler_options(library_dots=False)
         self._segment_params = jit(run, static_argnums=(0, 3))
+        segment_params_xla_dots = jit(run, static_argnums=(0, 3), compiler_options=xla_dots)
         if self.optimize["constant_weights"] and mesh is None:
             # The model's own weights as trace-time constants (numpy views of the CPU arrays):
             # nodes that only transform weights (BatchNorm folding, fused Q/K/V weights) fold
             # while tracing, and XLA specializes on the rest. Sharded weights stay arguments.
             weights = {n: np.asarray(v) if jax.default_backend() == "cpu" else v for n, v in self._params.items()}
-            jitted = jit(
-                lambda index, dynamic, static, key: run(index, weights, dynamic, static, key), static_argnums=(0, 2)
-            )
-            self._segment = lambda index, params, dynamic, static, key: jitted(index, dynamic, static, key)
+
+            def with_weights(options: dict[str, str] | None = None) -> Callable[..., Any]:
+                jitted = jit(
+                    lambda index, dynamic, static, key: run(index, weights, dynamic, static, key),
+                    static_argnums=(0, 2),
+                    compiler_options=options,
+                )
+                return lambda index, params, dynamic, static, key: jitted(index, dynamic, static, key)
+
+            self._segments = {True: with_weights(), False: with_weights(xla_dots)}
         else:
-            self._segment = self._segment_params
+            self._segments = {True: self._segment_params, False: segment_params_xla_dots}
+        self._segments_params = {True: self._segment_params, False: segment_params_xla_dots}
+        self._library_dots: dict[tuple, bool] = {}  # per (segment, static values, input shapes)
         # Under jax.grad (outside jit) a segment is a custom_vjp whose forward is the compiled
         # segment above, run on the tracers' concrete values, and whose backward is this
         # (compiled per shape too; it recomputes the forward rather than keep its residuals).
@@ -666,14 +678,14 @@ class Model:
         """
         values = self.bind(*inputs, **named_inputs)
         _check_inputs(self.graph.inputs, list(values.values()))
-        segment = self._segment
+        segments = self._segments
         # The model's own params are concrete arrays: only given ones need looking into for
         # tracers (a few microseconds per call on a model of hundreds of weights).
         given = params
         if params is None:
             params = self._params
         else:
-            segment = self._segment_params  # not the one with the model's weights as constants
+            segments = self._segments_params  # not the ones with the model's weights as constants
             unknown = set(params) - set(self._params)
             if unknown:
                 raise errors.InputError(f"{sorted(unknown)[:10]} are not trainable initializers of the model")
@@ -703,7 +715,7 @@ class Model:
             if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((given, dynamic))):
                 results = self._differentiable_segment(index, params, dynamic, static, key)
             else:
-                results = segment(index, params, dynamic, static, key)
+                results = self._compiled_segment(segments, index, params, dynamic, static, key)
             if self.checked:
                 error, results = results
                 message = error.get()
@@ -810,8 +822,24 @@ class Model:
             self._segment_host_values[(index, static, _signature(dynamic))] = host
         return {n: v for n, v in results.items() if n not in host}
 
+    def _compiled_segment(self, segments: dict, index: int, params, dynamic: dict, static: tuple, key) -> Any:
+        """Run segment ``index`` compiled with YNNPACK's dots (``segments[True]``) or XLA's.
+
+        The choice (``_jit.library_dots_for`` on the segment's jaxpr: XLA's dots when nearly all
+        the dot work is on many rows, a BERT at batch 32) is made once per input signature, by
+        a trace the call's own compilation then reuses; off the CPU there is nothing to choose.
+        """
+        signature = (index, static, _signature(dynamic))
+        library = self._library_dots.get(signature)
+        if library is None:
+            library = jax.default_backend() != "cpu" or library_dots_for(
+                self._segment_params.trace(index, params, dynamic, static, key).jaxpr
+            )
+            self._library_dots[signature] = library
+        return segments[library](index, params, dynamic, static, key)
+
     def _differentiable_segment(self, index: int, params, dynamic: dict, static: tuple, key) -> Any:
-        """``self._segment`` for tracers over concrete values (``jax.grad`` outside jit).
+        """The compiled segment for tracers over concrete values (``jax.grad`` outside jit).
 
         A jit with XLA compiler options cannot be traced into (JAX allows them only on a
         top-level jit), and a custom_vjp's forward and backward run on concrete values: so

@@ -82,3 +82,73 @@ def test_compiler_options_are_a_fresh_dict():
     # Empty where the jaxlib lacks the option (jaxlib before YNNPACK fusions).
     if jax.default_backend() == "cpu" and known:
         assert "xla_cpu_experimental_ynn_fusion_type" in known
+
+
+# Which library runs the dots: YNNPACK's (the default) or XLA's own, for nearly all work on many rows.
+
+
+def _jaxpr(fn, *shapes, dtype=np.float32):
+    return jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s, dtype) for s in shapes))
+
+
+def _attention(q, k, v):
+    return jax.nn.softmax(q @ k, axis=-1) @ v
+
+
+@pytest.mark.parametrize(
+    ("fn", "shapes", "library"),
+    [
+        (lambda a, b: a @ b, [(4096, 768), (768, 768)], False),  # BERT's projections at batch 32
+        (lambda a, b: a @ b, [(128, 768), (768, 768)], True),  # ... at batch 1
+        (lambda a, b: a @ b, [(1023, 64), (64, 64)], True),
+        (lambda a, b: a @ b, [(1024, 64), (64, 64)], False),
+        (_attention, [(32, 12, 128, 64), (32, 12, 64, 128), (32, 12, 128, 64)], False),  # batch counts
+        (lambda x: x + 1, [(4096, 4096)], True),  # no dots
+        (jax.jit(lambda a, b: a @ b), [(2048, 64), (64, 64)], False),  # found inside a nested jit
+    ],
+)
+def test_library_dots_for_rows(fn, shapes, library):
+    assert jonnx._jit.library_dots_for(_jaxpr(fn, *shapes)) is library
+
+
+def test_library_dots_for_weighs_the_work():
+    def mixed(big, small, w):
+        return (big @ w).sum() + (small @ w).sum()
+
+    # 90% of the multiply-adds on many rows is the line.
+    assert jonnx._jit.library_dots_for(_jaxpr(mixed, (9 * 1024, 64), (1000, 64), (64, 64))) is False
+    assert jonnx._jit.library_dots_for(_jaxpr(mixed, (8 * 1024, 64), (1000, 64), (64, 64))) is True
+
+
+@pytest.mark.parametrize("dtype", [jax.numpy.bfloat16, np.int8])
+def test_library_dots_for_keeps_narrow_types_in_ynnpack(dtype):
+    # XLA's own 8-bit and bfloat16 dots are far slower than YNNPACK's (the int8 BERT).
+    assert jonnx._jit.library_dots_for(_jaxpr(lambda a, b: a @ b, (4096, 768), (768, 768), dtype=dtype)) is True
+
+
+def test_compiler_options_for_xla_dots_leave_dots_out_of_ynnpack():
+    library, xla = jonnx.compiler_options(), jonnx.compiler_options(library_dots=False)
+    if not library:
+        pytest.skip("this jaxlib has no YNNPACK fusion option")
+    assert library != xla
+    a = np.ones((2048, 64), np.float32)
+
+    def compiled_text(options):
+        return jax.jit(lambda x: x @ x.T, compiler_options=options).lower(a).compile().as_text()
+
+    assert "ynn_fusion" in compiled_text(library)
+    assert "ynn_fusion" not in compiled_text(xla)
+
+
+@pytest.mark.parametrize("constant_weights", [False, True])
+def test_call_chooses_the_dot_library_per_input_shape(constant_weights):
+    proto = _constant_weight_classifier()
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    model = jonnx.load(proto, optimize={"constant_weights": constant_weights})
+    rng = np.random.default_rng(1)
+    for rows, library in [(2048, False), (100, True)]:
+        x = rng.random((rows, 64), np.float32)
+        (expected,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(np.asarray(model(x)[0]), expected, rtol=1e-5, atol=1e-7)
+        choice = [v for (_, _, signature), v in model._library_dots.items() if signature[0][0] == (rows, 64)]
+        assert choice == [library or jax.default_backend() != "cpu"]
