@@ -432,6 +432,8 @@ class Model:
         else:
             self._segments = {True: self._segment_params, False: segment_params_xla_dots}
         self._segments_params = {True: self._segment_params, False: segment_params_xla_dots}
+        # Nothing to choose off the CPU or where the jaxlib has no YNNPACK option.
+        self._choose_dots = jax.default_backend() == "cpu" and xla_dots != compiler_options()
         self._library_dots: dict[tuple, bool] = {}  # per (segment, static values, input shapes)
         # Under jax.grad (outside jit) a segment is a custom_vjp whose forward is the compiled
         # segment above, run on the tracers' concrete values, and whose backward is this
@@ -827,15 +829,15 @@ class Model:
 
         The choice (``_jit.library_dots_for`` on the segment's jaxpr: XLA's dots when nearly all
         the dot work is on many rows, a BERT at batch 32) is made once per input signature, by
-        a trace the call's own compilation then reuses; off the CPU there is nothing to choose.
+        a trace the call's own compilation then reuses.
         """
+        if not self._choose_dots:
+            return segments[True](index, params, dynamic, static, key)
         signature = (index, static, _signature(dynamic))
         library = self._library_dots.get(signature)
         if library is None:
-            library = jax.default_backend() != "cpu" or library_dots_for(
-                self._segment_params.trace(index, params, dynamic, static, key).jaxpr
-            )
-            self._library_dots[signature] = library
+            traced = self._segment_params.trace(index, params, dynamic, static, key)
+            library = self._library_dots[signature] = library_dots_for(traced.jaxpr)
         return segments[library](index, params, dynamic, static, key)
 
     def _differentiable_segment(self, index: int, params, dynamic: dict, static: tuple, key) -> Any:
