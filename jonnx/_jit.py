@@ -23,14 +23,14 @@ Every function jonnx compiles itself goes through :func:`jit`; a user's own ``ja
 ``Model.apply`` can use :func:`jonnx.jit` (or ``compiler_options=jonnx.compiler_options()``).
 
 Which library runs the dots is a second choice, made per compiled shape by ``Model.__call__``
-(:func:`library_dots_for`). YNNPACK's dot wins on few rows (BERT at batch 1: 1.34x slower
-without it, ResNet-50 1.27x), but it runs a batched dot (attention's 384 products of
-128 x 64 x 128 at batch 32) on one core, at 67 GFLOP/s against 84 for XLA's own dot (Eigen,
-both cores), and on 4096 rows XLA's dot is 5-10% faster too. With at least 90% of the dot
-work on 1024 rows or more (counting a batched dot's batch), the call compiles with
-``compiler_options(library_dots=False)``: YNNPACK keeps the convolutions only. BERT at batch 32
-0.91x, MobileNetV2 0.97x, ResNet-50 0.985x; a BERT at batch 8 and the ResNet-18 training
-step unchanged (docs/performance.md).
+and ``jonnx.training.predict``/``evaluate`` (:class:`DotChoosingJit`, :func:`library_dots_for`).
+YNNPACK's dot wins on few rows (BERT at batch 1: 1.34x slower without it, ResNet-50 1.27x),
+but it runs a batched dot (attention's 384 products of 128 x 64 x 128 at batch 32) on one core,
+at 67 GFLOP/s against 84 for XLA's own dot (Eigen, both cores), and on 4096 rows XLA's dot is
+5-10% faster too. With at least 90% of the float32 dot work on 1024 rows or more (counting a
+batched dot's batch), the call compiles with ``compiler_options(library_dots=False)``: YNNPACK
+keeps the convolutions only. BERT at batch 32 0.91x, MobileNetV2 0.97x, ResNet-50 0.985x; a
+BERT at batch 8 and the ResNet-18 training step unchanged (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -89,6 +89,40 @@ def library_dots_for(jaxpr: Any) -> bool:
         total += work
         large += work if float32 and rows >= LARGE_DOT_ROWS else 0
     return total == 0 or large < LARGE_DOT_SHARE * total
+
+
+class DotChoosingJit:
+    """``fn`` compiled with YNNPACK's dots or XLA's own, chosen once per call signature.
+
+    ``signature_of(*args)`` gives what the compiled shapes depend on (shapes, dtypes, static
+    values; :func:`signature` for a tree of arrays), asked only where there is a choice. The
+    first call with a signature traces ``fn`` (the trace the compilation then reuses) and asks
+    :func:`library_dots_for`. Off the CPU, or with a jaxlib without the YNNPACK option, it is
+    :func:`jit` (:attr:`default`).
+    """
+
+    def __init__(self, fn: Callable[..., Any], signature_of: Callable[..., Any], **jit_kwargs: Any):
+        given = jit_kwargs.pop("compiler_options", None) or {}
+        xla_dots = {**compiler_options(library_dots=False), **given}
+        self.default = jit(fn, compiler_options=given, **jit_kwargs)
+        self._xla_dots = jit(fn, compiler_options=xla_dots, **jit_kwargs)
+        self._signature_of = signature_of
+        self.chooses = jax.default_backend() == "cpu" and xla_dots != {**compiler_options(), **given}
+        self.library_dots: dict[Any, bool] = {}  # per signature: True for YNNPACK's dots
+
+    def __call__(self, *args: Any) -> Any:
+        if not self.chooses:
+            return self.default(*args)
+        key = self._signature_of(*args)
+        library = self.library_dots.get(key)
+        if library is None:
+            library = self.library_dots[key] = library_dots_for(self.default.trace(*args).jaxpr)
+        return (self.default if library else self._xla_dots)(*args)
+
+
+def signature(tree: Any) -> tuple:
+    """Shapes and dtypes of a tree's leaves: what a compilation of them depends on."""
+    return tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in jax.tree_util.tree_leaves(tree))
 
 
 def _dots(jaxpr: Any) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, bool]]:

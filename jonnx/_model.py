@@ -7,7 +7,7 @@ import functools
 import os
 import types
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -30,7 +30,7 @@ from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
 from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph, run_main_nodes, run_nodes
 from jonnx._ir import Graph, ValueInfo
-from jonnx._jit import compiler_options, jit, library_dots_for
+from jonnx._jit import DotChoosingJit, jit, signature
 from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
 from jonnx._segments import SegmentPlan, plan_segments, weight_only_nodes
@@ -409,32 +409,27 @@ class Model:
         if checked:
             run = checkify.checkify(run, errors=checkify.user_checks)
         # With params given (Model(x, params=p), jax.grad over it) segments take them as arguments.
-        # Each segment comes in two compilations, YNNPACK's dots or XLA's own, and a call
-        # takes the one library_dots_for picks for its input shapes (see _compiled_segment).
-        xla_dots = compiler_options(library_dots=False)
-        self._segment_params = jit(run, static_argnums=(0, 3))
-        segment_params_xla_dots = jit(run, static_argnums=(0, 3), compiler_options=xla_dots)
+        # Each segment runs its dots in YNNPACK or in XLA's own emitter, chosen per input
+        # signature (DotChoosingJit: XLA's where nearly all the dot work is on many rows).
+        self._segments_params = DotChoosingJit(
+            run,
+            lambda index, params, dynamic, static, key: _segment_signature(index, static, dynamic),
+            static_argnums=(0, 3),
+        )
+        self._segment_params = self._segments_params.default
         if self.optimize["constant_weights"] and mesh is None:
             # The model's own weights as trace-time constants (numpy views of the CPU arrays):
             # nodes that only transform weights (BatchNorm folding, fused Q/K/V weights) fold
             # while tracing, and XLA specializes on the rest. Sharded weights stay arguments.
             weights = {n: np.asarray(v) if jax.default_backend() == "cpu" else v for n, v in self._params.items()}
-
-            def with_weights(options: dict[str, str] | None = None) -> Callable[..., Any]:
-                jitted = jit(
-                    lambda index, dynamic, static, key: run(index, weights, dynamic, static, key),
-                    static_argnums=(0, 2),
-                    compiler_options=options,
-                )
-                return lambda index, params, dynamic, static, key: jitted(index, dynamic, static, key)
-
-            self._segments = {True: with_weights(), False: with_weights(xla_dots)}
+            chooser = DotChoosingJit(
+                lambda index, dynamic, static, key: run(index, weights, dynamic, static, key),
+                lambda index, dynamic, static, key: _segment_signature(index, static, dynamic),
+                static_argnums=(0, 2),
+            )
+            self._segments = lambda index, params, dynamic, static, key: chooser(index, dynamic, static, key)
         else:
-            self._segments = {True: self._segment_params, False: segment_params_xla_dots}
-        self._segments_params = {True: self._segment_params, False: segment_params_xla_dots}
-        # Nothing to choose off the CPU or where the jaxlib has no YNNPACK option.
-        self._choose_dots = jax.default_backend() == "cpu" and xla_dots != compiler_options()
-        self._library_dots: dict[tuple, bool] = {}  # per (segment, static values, input shapes)
+            self._segments = self._segments_params
         # Under jax.grad (outside jit) a segment is a custom_vjp whose forward is the compiled
         # segment above, run on the tracers' concrete values, and whose backward is this
         # (compiled per shape too; it recomputes the forward rather than keep its residuals).
@@ -687,7 +682,7 @@ class Model:
         if params is None:
             params = self._params
         else:
-            segments = self._segments_params  # not the ones with the model's weights as constants
+            segments = self._segments_params  # not the one with the model's weights as constants
             unknown = set(params) - set(self._params)
             if unknown:
                 raise errors.InputError(f"{sorted(unknown)[:10]} are not trainable initializers of the model")
@@ -717,7 +712,7 @@ class Model:
             if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((given, dynamic))):
                 results = self._differentiable_segment(index, params, dynamic, static, key)
             else:
-                results = self._compiled_segment(segments, index, params, dynamic, static, key)
+                results = segments(index, params, dynamic, static, key)
             if self.checked:
                 error, results = results
                 message = error.get()
@@ -725,7 +720,7 @@ class Model:
                     raise errors.NumericCheckError(message.split(" (`check` failed)")[0])
             env.update(results)
             if self._segment_host_values:  # strings a segment made while tracing
-                env.update(self._segment_host_values.get((index, static, _signature(dynamic)), {}))
+                env.update(self._segment_host_values.get(_segment_signature(index, static, dynamic), {}))
         constants = self._constants
         return tuple(_as_output(env[n] if n in env else constants[n]) for n in self.output_names)
 
@@ -821,24 +816,8 @@ class Model:
         results = {n: env[n] for n in stage.exports}
         host = {n: v for n, v in results.items() if _is_host_value(v)}
         if host:
-            self._segment_host_values[(index, static, _signature(dynamic))] = host
+            self._segment_host_values[_segment_signature(index, static, dynamic)] = host
         return {n: v for n, v in results.items() if n not in host}
-
-    def _compiled_segment(self, segments: dict, index: int, params, dynamic: dict, static: tuple, key) -> Any:
-        """Run segment ``index`` compiled with YNNPACK's dots (``segments[True]``) or XLA's.
-
-        The choice (``_jit.library_dots_for`` on the segment's jaxpr: XLA's dots when nearly all
-        the dot work is on many rows, a BERT at batch 32) is made once per input signature, by
-        a trace the call's own compilation then reuses.
-        """
-        if not self._choose_dots:
-            return segments[True](index, params, dynamic, static, key)
-        signature = (index, static, _signature(dynamic))
-        library = self._library_dots.get(signature)
-        if library is None:
-            traced = self._segment_params.trace(index, params, dynamic, static, key)
-            library = self._library_dots[signature] = library_dots_for(traced.jaxpr)
-        return segments[library](index, params, dynamic, static, key)
 
     def _differentiable_segment(self, index: int, params, dynamic: dict, static: tuple, key) -> Any:
         """The compiled segment for tracers over concrete values (``jax.grad`` outside jit).
@@ -1068,9 +1047,9 @@ def _outer_reads(node: Any) -> tuple[str, ...]:
     return tuple(sorted({n for g in node.subgraphs for n in g.outer_names}))
 
 
-def _signature(dynamic: Any) -> tuple:
-    """Shapes and dtypes of the dynamic inputs: what a trace's host values may depend on."""
-    return tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in jax.tree_util.tree_leaves(dynamic))
+def _segment_signature(index: int, static: tuple, dynamic: Any) -> tuple:
+    """What a segment's compilation (and its trace's host values) depends on."""
+    return index, static, signature(dynamic)
 
 
 def _as_output(value: Any) -> Any:

@@ -140,17 +140,43 @@ def test_compiler_options_for_xla_dots_leave_dots_out_of_ynnpack():
     assert "ynn_fusion" not in compiled_text(xla)
 
 
+def _choices(chooser: jonnx._jit.DotChoosingJit, rows: int) -> list[bool]:
+    """The choices made for calls whose inputs held a (rows, 64) float32 array (a segment's key
+    ends with its inputs' signature, predict's is that signature)."""
+    array = ((rows, 64), "float32")
+    return [library for key, library in chooser.library_dots.items() if array in key or array in key[-1]]
+
+
 @pytest.mark.parametrize("constant_weights", [False, True])
 def test_call_chooses_the_dot_library_per_input_shape(constant_weights):
     proto = _constant_weight_classifier()
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     model = jonnx.load(proto, optimize={"constant_weights": constant_weights})
+    chooser = model._segments_params
     # The choice is made on the CPU where the jaxlib has the YNNPACK option.
-    assert model._choose_dots == (jax.default_backend() == "cpu" and bool(jonnx.compiler_options()))
+    assert chooser.chooses == (jax.default_backend() == "cpu" and bool(jonnx.compiler_options()))
     rng = np.random.default_rng(1)
     for rows, library in [(2048, False), (100, True)]:
         x = rng.random((rows, 64), np.float32)
         (expected,) = session.run(None, {"x": x})
         np.testing.assert_allclose(np.asarray(model(x)[0]), expected, rtol=1e-5, atol=1e-7)
-        choice = [v for (_, _, signature), v in model._library_dots.items() if signature[0][0] == (rows, 64)]
-        assert choice == ([library] if model._choose_dots else [])
+        if not constant_weights:  # the constant-weights chooser is the same, closed over
+            assert _choices(chooser, rows) == ([library] if chooser.chooses else [])
+        # A params= call (weights as arguments) goes through the same choice.
+        (probs,) = model(x, params=dict(model.params))
+        np.testing.assert_allclose(np.asarray(probs), expected, rtol=1e-5, atol=1e-7)
+        assert _choices(chooser, rows) == ([library] if chooser.chooses else [])
+
+
+def test_predict_chooses_the_dot_library_per_input_shape():
+    proto = _constant_weight_classifier()
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    model = jonnx.load(proto)
+    x = np.random.default_rng(2).random((2048, 64), np.float32)
+    (expected,) = session.run(None, {"x": x})
+    for batch_size in (None, 1024):
+        (probs,) = jonnx.training.predict(model, None, x, batch_size=batch_size)
+        np.testing.assert_allclose(np.asarray(probs), expected, rtol=1e-5, atol=1e-7)
+    (chooser,) = jonnx.training._inference._COMPILED[model].values()
+    # One choice per compiled shape: the whole set, then its chunks.
+    assert _choices(chooser, 2048) == _choices(chooser, 1024) == ([False] if chooser.chooses else [])

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jonnx
+from jonnx._jit import DotChoosingJit, signature
 from jonnx._model import Model
 from jonnx.training._step import TrainState, model_inputs, split_loss
 
@@ -22,9 +23,11 @@ _COMPILED: weakref.WeakKeyDictionary[Model, dict[Any, Callable]] = weakref.WeakK
 
 
 def _compiled(model: Model, key: tuple, make: Callable[[], Callable]) -> Callable:
+    """``make()``, a function of (params, state, inputs), compiled for ``model`` under ``key``,
+    its dots' library chosen per input shapes (large batches: XLA's own, see jonnx/_jit.py)."""
     per_model = _COMPILED.setdefault(model, {})
     if key not in per_model:
-        per_model[key] = jonnx.jit(make())
+        per_model[key] = DotChoosingJit(make(), lambda params, state, inputs: signature(inputs))
     return per_model[key]
 
 
