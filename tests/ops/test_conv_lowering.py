@@ -87,3 +87,24 @@ def test_forcing_xla_gives_the_same_values(monkeypatch):
 
 def test_half_precision_stays_with_xla():
     assert nn.conv_lowering((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), 1, np.dtype(np.float16)) == "xla"
+
+
+def test_opaque_window_is_a_slice_with_the_slices_derivatives():
+    # The depthwise lowering cuts its unstrided windows at offsets XLA cannot see (so that it
+    # does not recompute a padded input's producer for the centre tap); values and every
+    # derivative must be the plain slice's.
+    x = RNG.standard_normal((2, 6, 7, 3)).astype(np.float32)
+    start, limit = (0, 1, 2, 0), (2, 5, 7, 3)
+
+    def opaque(v):
+        return nn._opaque_window(v, start, limit)
+
+    def plain(v):
+        return jax.lax.slice(v, start, limit)
+
+    np.testing.assert_array_equal(jax.jit(opaque)(x), plain(x))
+    cotangent = RNG.standard_normal((2, 4, 5, 3)).astype(np.float32)
+    (pullback,) = jax.vjp(opaque, x)[1](cotangent)
+    np.testing.assert_array_equal(pullback, jax.vjp(plain, x)[1](cotangent)[0])
+    np.testing.assert_array_equal(jax.jvp(opaque, (x,), (2 * x,))[1], plain(2 * x))
+    np.testing.assert_array_equal(jax.vmap(opaque)(np.stack([x, -x])), np.stack([plain(x), plain(-x)]))
