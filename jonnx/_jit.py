@@ -142,7 +142,7 @@ def _dots(jaxpr: Any) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, b
 
 
 @functools.cache
-def _probed_options(library_dots: bool = True) -> tuple[tuple[str, str], ...]:
+def _probed_options(library_dots: bool) -> tuple[tuple[str, str], ...]:
     options = {_YNN_FUSION_FLAG: _SAFE_YNN_FUSIONS[library_dots]}
     try:
         jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.zeros(())).compile()

@@ -416,7 +416,6 @@ class Model:
             lambda index, params, dynamic, static, key: _segment_signature(index, static, dynamic),
             static_argnums=(0, 3),
         )
-        self._segment_params = self._segments_params.default
         if self.optimize["constant_weights"] and mesh is None:
             # The model's own weights as trace-time constants (numpy views of the CPU arrays):
             # nodes that only transform weights (BatchNorm folding, fused Q/K/V weights) fold
@@ -829,7 +828,7 @@ class Model:
 
         @jax.custom_vjp
         def segment(params, dynamic):
-            return self._segment_params(index, params, dynamic, static, key)
+            return self._segments_params.default(index, params, dynamic, static, key)
 
         def forward(params, dynamic):
             return segment(params, dynamic), (params, dynamic)
