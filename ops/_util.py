@@ -25,6 +25,48 @@ __all__ = [
 ]
 
 
+def spread(v: Any, shape: tuple, axis: int = 0) -> Any:
+    """``v`` broadcast to ``shape``, built along ``axis`` (where ``v`` has size 1) by doubling
+    concatenations, so that its derivative sums over ``axis`` as a tree of halves.
+
+    The transpose of a broadcast is a reduction, and XLA's CPU reduction of a computed
+    (fused) activation over its leading axes runs 4-6x slower than adding halves of it
+    elementwise: summing the product of two (32, 56, 56, 144) arrays over all but the channels
+    took 30 ms as one reduction and 5.4 ms as a tree of halves. Here the transpose is
+    that tree over ``axis``, then a reduction of the one remaining slice. Use it where a
+    per-channel term meets a batch of activations in a function that is differentiated in
+    reverse mode; forward values are exactly a broadcast's. A size that is not a static int (a
+    symbolic batch) gets a plain broadcast.
+    """
+    n = shape[axis]
+    if not isinstance(n, (int, np.integer)) or n <= 2:
+        return jnp.broadcast_to(v, shape)
+    block = jnp.broadcast_to(v, shape[:axis] + (1,) + shape[axis + 1 :])
+    blocks, size = [], 1
+    while True:
+        if n & size:
+            blocks.append(block)
+        if 2 * size > n:
+            break
+        block, size = jnp.concatenate([block, block], axis), 2 * size
+    return blocks[0] if len(blocks) == 1 else jnp.concatenate(blocks, axis)
+
+
+def spread_product(a: Any, v: Any, axis: int = 0) -> Any:
+    """``a * v``, ``v`` broadcast against ``a`` (size 1 on ``axis``), arranged so that the
+    transpose in ``v`` adds the two halves' products in one fused loop, then sums the rest
+    with :func:`spread`'s tree (a product taken whole would be materialized first)."""
+    n = jnp.shape(a)[axis]
+    if not isinstance(n, (int, np.integer)) or n < 2:
+        return a * v
+    h = n // 2
+    half = spread(v, jnp.shape(a)[:axis] + (h,) + jnp.shape(a)[axis + 1 :], axis)
+    parts = [jax.lax.slice_in_dim(a, 0, h, axis=axis) * half, jax.lax.slice_in_dim(a, h, 2 * h, axis=axis) * half]
+    if n % 2:
+        parts.append(jax.lax.slice_in_dim(a, 2 * h, n, axis=axis) * v)
+    return jnp.concatenate(parts, axis)
+
+
 def dtype_of(x: Any) -> np.dtype:
     """The numpy dtype of an array, tracer or scalar."""
     return np.dtype(jnp.result_type(x))

@@ -25,9 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import index_dtype, static_ints
+from jonnx.ops._util import index_dtype, spread_product, static_ints
 
 # --------------------------------------------------------------------------- layout
 
@@ -445,11 +446,48 @@ def _conv_depthwise(x, w, strides, dilations, lo, hi, precision, channels_last, 
     else:
         taps = jnp.transpose(jnp.reshape(w, (jnp.shape(w)[0], -1)))
         taps = jnp.reshape(taps, (len(taps), 1, -1) + (1,) * len(kernel))
+    return _shifted_products(xp, taps, kernel, strides, dilations, out, channels_last)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5, 6))
+def _shifted_products(xp, taps, kernel, strides, dilations, out, channels_last):
+    """The sum over kernel positions ``i`` of the ``i``-th window of ``xp`` times ``taps[i]``
+    (broadcast): a depthwise convolution of the padded input.
+
+    The JVP is the plain sum's, arranged for its transpose. Differentiated op by op, each tap's
+    weight gradient is one reduction of (window x cotangent) over the batch and the map, and
+    XLA's CPU reductions of such fused products are slow: a 3x3 over 144 channels at 56x56,
+    forward 40 ms at batch 32 channels-last, weight gradient 280 ms. In the tangent each tap's
+    weight tangent meets its window through :func:`spread_product`, whose transpose adds the
+    batch's halves in one fused loop and sums on as a tree of halves: 120-130 ms there; at
+    batch 16 channels-first (the training layout) the forward and both gradients take 42-48 ms
+    against 141. Those windows are plain slices (opaque ones get materialized for the two
+    halves), as are the input tangent's, whose transposes are pads. Plain JAX throughout, so
+    every order of derivative, forward mode and vmap follow.
+    """
     y = None
     for i, window in enumerate(_taps(xp, kernel, strides, dilations, out, channels_last, opaque=True)):
         term = window * taps[i]
         y = term if y is None else y + term
     return y
+
+
+def _shifted_products_jvp(kernel, strides, dilations, out, channels_last, primals, tangents):
+    (xp, taps), (t_xp, t_taps) = primals, tangents
+    y = _shifted_products(xp, taps, kernel, strides, dilations, out, channels_last)
+    t_y = None
+    if not isinstance(t_xp, SymbolicZero):
+        for i, window in enumerate(_taps(t_xp, kernel, strides, dilations, out, channels_last)):
+            term = window * taps[i]
+            t_y = term if t_y is None else t_y + term
+    if not isinstance(t_taps, SymbolicZero):
+        for i, window in enumerate(_taps(xp, kernel, strides, dilations, out, channels_last)):
+            term = spread_product(window, t_taps[i])
+            t_y = term if t_y is None else t_y + term
+    return y, jnp.zeros_like(y) if t_y is None else t_y
+
+
+_shifted_products.defjvp(_shifted_products_jvp, symbolic_zeros=True)
 
 
 def _conv_im2col(x, w, strides, dilations, lo, hi, precision, channels_last, layout):

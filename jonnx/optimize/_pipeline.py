@@ -43,7 +43,7 @@ CONSTANT_ONLY = ("fold_batchnorm", "fuse_matmuls")
 # ``Model.apply`` the weights are arguments of the user's function (a training step, jax.grad),
 # so those nodes would run on every call: there these passes are off unless named.
 # channels_last: its OIHW -> HWIO weight Transposes (ResNet-50 batch 1 with them on every call:
-# 1.35-1.63x slower than NCHW; once per model: 0.76x; a ResNet-18 training step 1.16-1.34x
+# 1.35-1.63x slower than NCHW; once per model: 0.76x; a ResNet-18 training step 1.10-1.34x
 # slower channels-last, docs/performance.md).
 CALL_ONLY: tuple[str, ...] = ("channels_last",)
 

@@ -32,7 +32,7 @@ never change.
 
 The pass is in ``jonnx.optimize.CALL_ONLY``: on for ``Model(*inputs)``, where the weight
 relayouts run once per model, and off in ``Model.apply`` unless named (there they would run on
-every call; a ResNet-18 training step measured 1.16-1.34x slower channels-last,
+every call; a ResNet-18 training step measured 1.10-1.34x slower channels-last,
 docs/performance.md).
 """
 

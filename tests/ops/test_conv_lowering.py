@@ -7,9 +7,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from jax.test_util import check_grads
 
 import jonnx
 from jonnx.ops import nn
+from jonnx.ops._util import spread, spread_product
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model
 
 RNG = np.random.default_rng(1)
@@ -21,6 +23,8 @@ CASES = [
     ("matmul", (1, 3, 9), (2, 3, 1), {"strides": [2]}),
     ("matmul", (1, 20, 5, 4), (6, 20, 1, 1), {"strides": [2, 1], "pads": [0, 1, 1, 0]}),  # channels-last too
     ("depthwise", (2, 6, 7, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
+    # An odd batch: the weight gradient's tree of halves (ops/_util.py spread) and its tail.
+    ("depthwise", (5, 3, 4, 5), (3, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
     (
         "depthwise",
         (1, 4, 9, 8),
@@ -76,6 +80,14 @@ def test_lowering_grads(case):
     check_op_grads("Conv", {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}, opset=22, **attrs)
 
 
+def test_depthwise_second_derivatives():
+    # The depthwise lowering's custom JVP is written in plain JAX, so derivatives of every
+    # order follow; checked to second order, forward and reverse, over a batch whose tree of
+    # halves has a tail (7 = 4 + 2 + 1).
+    inputs = {"x": rand(7, 2, 4, 4), "w": rand(2, 1, 3, 3)}
+    check_op_grads("Conv", inputs, opset=22, order=2, group=2, pads=[1, 0, 1, 1], strides=[1, 2])
+
+
 def test_forcing_xla_gives_the_same_values(monkeypatch):
     inputs = {"x": rand(2, 8, 10, 10), "w": rand(8, 8, 3, 3)}
     model = node_model("Conv", inputs, opset=22, pads=[1, 1, 1, 1])
@@ -108,3 +120,23 @@ def test_opaque_window_is_a_slice_with_the_slices_derivatives():
     np.testing.assert_array_equal(pullback, jax.vjp(plain, x)[1](cotangent)[0])
     np.testing.assert_array_equal(jax.jvp(opaque, (x,), (2 * x,))[1], plain(2 * x))
     np.testing.assert_array_equal(jax.vmap(opaque)(np.stack([x, -x])), np.stack([plain(x), plain(-x)]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13])
+def test_spread_product_is_a_broadcast_product(n):
+    # spread / spread_product build a broadcast from doubling concatenations so that their
+    # transpose is a tree of halves: values and derivatives must be the plain broadcast's.
+    with jax.enable_x64(True):
+        a = RNG.standard_normal((n, 3, 4))
+        v = RNG.standard_normal((1, 3, 1))
+        ct = RNG.standard_normal((n, 3, 4))
+        np.testing.assert_array_equal(spread(v, (n, 3, 4)), np.broadcast_to(v, (n, 3, 4)))
+        np.testing.assert_array_equal(spread_product(a, v), a * v)
+        got = jax.vjp(spread_product, a, v)[1](ct)
+        want = jax.vjp(lambda a, v: a * v, a, v)[1](ct)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-12)
+        np.testing.assert_allclose(jax.jvp(spread_product, (a, v), (ct, v))[1], ct * v + a * v, rtol=1e-12)
+        batched = jax.vmap(spread_product)(np.stack([a, -a]), np.stack([v, 2 * v]))
+        np.testing.assert_allclose(batched, np.stack([a * v, -2 * a * v]), rtol=1e-12)
+        check_grads(spread_product, (a, v), order=2, modes=("fwd", "rev"))
