@@ -80,12 +80,14 @@ def test_lowering_grads(case):
     check_op_grads("Conv", {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}, opset=22, **attrs)
 
 
-def test_depthwise_second_derivatives():
+@pytest.mark.parametrize("strides", [[1, 1], [1, 2]])
+def test_depthwise_second_derivatives(strides):
     # The depthwise lowering's custom JVP is written in plain JAX, so derivatives of every
     # order follow; checked to second order, forward and reverse, over a batch whose tree of
-    # halves has a tail (7 = 4 + 2 + 1).
-    inputs = {"x": rand(7, 2, 4, 4), "w": rand(2, 1, 3, 3)}
-    check_op_grads("Conv", inputs, opset=22, order=2, group=2, pads=[1, 0, 1, 1], strides=[1, 2])
+    # halves has a tail (7 = 4 + 2 + 1). Unstrided, the input's tangent is the one placed at
+    # opaque offsets (nn._input_tangent), here with a dilation.
+    inputs = {"x": rand(7, 2, 5, 4), "w": rand(2, 1, 3, 2)}
+    check_op_grads("Conv", inputs, opset=22, order=2, group=2, pads=[1, 0, 2, 1], strides=strides, dilations=[2, 1])
 
 
 def test_forcing_xla_gives_the_same_values(monkeypatch):
