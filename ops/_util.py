@@ -21,6 +21,8 @@ __all__ = [
     "normalize_axes",
     "normalize_axis",
     "onnx_dtype",
+    "spread",
+    "spread_product",
     "static_ints",
 ]
 
