@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -376,7 +377,7 @@ def _taps(xp, kernel, strides, dilations, out, channels_last: bool = False, part
     ``opaque``: unstrided windows of static shapes are cut at offsets XLA cannot see
     (:func:`_opaque_window`)."""
     shape = jnp.shape(xp)
-    opaque = opaque and all(s == 1 for s in strides) and all(isinstance(n, (int, np.integer)) for n in shape)
+    opaque = opaque and _static_unstrided(shape, strides)
     for i, offsets in enumerate(itertools.product(*(range(k) for k in kernel))):
         first = tuple(o * d for o, d in zip(offsets, dilations))
         start = _full(first, 0, channels_last)
@@ -387,6 +388,23 @@ def _taps(xp, kernel, strides, dilations, out, channels_last: bool = False, part
             yield _opaque_window(source, start, tuple(int(n) for n in limit))
         else:
             yield lax.slice(source, start, limit, _full(strides, 1, channels_last))
+
+
+def _static_unstrided(shape, strides) -> bool:
+    """Whether windows of an array of ``shape`` can be cut (or placed) at opaque offsets:
+    unit strides and static sizes."""
+    return all(s == 1 for s in strides) and all(isinstance(n, (int, np.integer)) for n in shape)
+
+
+def _opaque_offsets(start: tuple[int, ...]) -> tuple:
+    """``start`` as int32 scalars behind an optimization barrier: offsets XLA cannot see."""
+    return lax.optimization_barrier(tuple(np.int32(a) for a in start))
+
+
+def _tap_sum(items, taps, product=operator.mul):
+    """The sum over kernel positions of ``product(item, tap)``: ``items`` one per position (the
+    windows, by default multiplied by their taps), ``taps`` indexed by position."""
+    return functools.reduce(operator.add, (product(item, tap) for item, tap in zip(items, taps)))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
@@ -401,9 +419,8 @@ def _opaque_window(x, start: tuple[int, ...], limit: tuple[int, ...]):
     at batch 32 (docs/performance.md). Derivatives are the plain slice's: a dynamic slice's
     transposes (dynamic updates) made a depthwise gradient up to 1.2x slower.
     """
-    offsets = lax.optimization_barrier(tuple(np.int32(a) for a in start))
     sizes = tuple(b - a for a, b in zip(start, limit))
-    return lax.dynamic_slice(x, offsets, sizes, allow_negative_indices=False)
+    return lax.dynamic_slice(x, _opaque_offsets(start), sizes, allow_negative_indices=False)
 
 
 @_opaque_window.defjvp
@@ -466,29 +483,22 @@ def _shifted_products(xp, taps, kernel, strides, dilations, out, channels_last):
     the cotangent once; strided, plain slices, whose transposes are pads. Plain JAX
     throughout, so every order of derivative, forward mode and vmap follow.
     """
-    y = None
-    for i, window in enumerate(_taps(xp, kernel, strides, dilations, out, channels_last, opaque=True)):
-        term = window * taps[i]
-        y = term if y is None else y + term
-    return y
+    return _tap_sum(_taps(xp, kernel, strides, dilations, out, channels_last, opaque=True), taps)
 
 
 def _shifted_products_jvp(kernel, strides, dilations, out, channels_last, primals, tangents):
     (xp, taps), (t_xp, t_taps) = primals, tangents
     y = _shifted_products(xp, taps, kernel, strides, dilations, out, channels_last)
-    t_y = None
+    terms = []
     if not isinstance(t_xp, SymbolicZero):
-        if all(s == 1 for s in strides) and all(isinstance(n, (int, np.integer)) for n in jnp.shape(t_xp)):
-            t_y = _input_tangent(t_xp, taps, kernel, dilations, channels_last)
+        if _static_unstrided(jnp.shape(t_xp), strides):
+            terms.append(_input_tangent(t_xp, taps, kernel, dilations, channels_last))
         else:
-            for i, window in enumerate(_taps(t_xp, kernel, strides, dilations, out, channels_last)):
-                term = window * taps[i]
-                t_y = term if t_y is None else t_y + term
+            terms.append(_tap_sum(_taps(t_xp, kernel, strides, dilations, out, channels_last), taps))
     if not isinstance(t_taps, SymbolicZero):
-        for i, window in enumerate(_taps(xp, kernel, strides, dilations, out, channels_last)):
-            term = spread_product(window, t_taps[i])
-            t_y = term if t_y is None else t_y + term
-    return y, jnp.zeros_like(y) if t_y is None else t_y
+        windows = _taps(xp, kernel, strides, dilations, out, channels_last)
+        terms.append(_tap_sum(windows, t_taps, spread_product))
+    return y, functools.reduce(operator.add, terms) if terms else jnp.zeros_like(y)
 
 
 _shifted_products.defjvp(_shifted_products_jvp, symbolic_zeros=True)
@@ -511,13 +521,13 @@ def _input_tangent(t_xp, taps, kernel, dilations, channels_last):
     span = tuple((k - 1) * d for k, d in zip(kernel, dilations))
     pad = _full(span, 0, channels_last)
     full = tuple(n + p for n, p in zip(jnp.shape(t_xp), pad))  # the output plus the span each side
-    total = None
-    for i, offset in enumerate(itertools.product(*(range(k) for k in kernel))):
-        # Tap i's term lands at the reversed tap's offset; cropping the span from each side
-        # then leaves sum_i window_i(t_xp) * taps[i].
-        flipped = tuple((k - 1 - o) * d for k, o, d in zip(kernel, offset, dilations))
-        term = _opaque_place(t_xp * taps[i], _full(flipped, 0, channels_last), full)
-        total = term if total is None else total + term
+    # Tap i's term lands at the reversed tap's offset; cropping the span from each side then
+    # leaves sum_i window_i(t_xp) * taps[i].
+    starts = (
+        _full(((k - 1 - o) * d for k, o, d in zip(kernel, offset, dilations)), 0, channels_last)
+        for offset in itertools.product(*(range(k) for k in kernel))
+    )
+    total = _tap_sum(starts, taps, lambda start, tap: _opaque_place(t_xp * tap, start, full))
     limit = tuple(n - p for n, p in zip(full, pad))
     return lax.slice(total, pad, limit)
 
@@ -525,8 +535,8 @@ def _input_tangent(t_xp, taps, kernel, dilations, channels_last):
 def _opaque_place(t, start: tuple[int, ...], shape: tuple[int, ...]):
     """``t`` placed at ``start`` in zeros of ``shape``, at offsets XLA cannot see; its
     transpose is the window of the cotangent at those offsets, like :func:`_opaque_window`."""
-    offsets = lax.optimization_barrier(tuple(np.int32(a) for a in start))
-    return lax.dynamic_update_slice(jnp.zeros(shape, t.dtype), t, offsets, allow_negative_indices=False)
+    zeros = jnp.zeros(shape, t.dtype)
+    return lax.dynamic_update_slice(zeros, t, _opaque_offsets(start), allow_negative_indices=False)
 
 
 def _conv_im2col(x, w, strides, dilations, lo, hi, precision, channels_last, layout):
