@@ -35,7 +35,7 @@ from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
 from jonnx._segments import SegmentPlan, plan_segments, weight_only_nodes
 from jonnx._state import StatePlan, plan_state
-from jonnx._static import preferred_static_inputs, static_values
+from jonnx._static import preferred_static_inputs, setting_values, static_values
 from jonnx._wire import InlineData, WireError, read_model
 from jonnx.sharding import Rules, param_specs
 
@@ -323,7 +323,10 @@ class Model:
             self.graph = bound_sizes(self.graph, size_bounds)
         static = static_values(self.graph, segmented=True)
         inits = dict(self.graph.initializers)
-        self._constants = {n: v for n, v in inits.items() if n in static or not _is_trainable(v)}
+        # Constants: what must be static, non-float weights, and the ops' settings (a Clip's
+        # bounds, Dropout's ratio: jonnx._static.setting_values); the rest trains.
+        constant = static | setting_values(self.graph)
+        self._constants = {n: v for n, v in inits.items() if n in constant or not _is_trainable(v)}
         # jax.device_put, not jnp.asarray (which copies twice): on CPU it adopts a 64-byte
         # aligned numpy buffer (what loading reads weights into) without any copy. Weights
         # keep their stored dtype (bfloat16 and float16 stay half size).
@@ -453,8 +456,9 @@ class Model:
     def params(self) -> dict[str, jax.Array]:
         """The trainable (floating-point) initializers, by name: a fresh dict each time.
 
-        Running statistics (see :attr:`state`) and initializers that must stay static are
-        not parameters.
+        Running statistics (see :attr:`state`), initializers that must stay static, and the
+        ops' one-value settings (a Clip's bounds, Pad's fill value, Dropout's ratio: inputs
+        ONNX defines no derivative for, ``jonnx._static.setting_values``) are not parameters.
         """
         return dict(self._params)
 
@@ -684,7 +688,10 @@ class Model:
             segments = self._segments_params  # not the one with the model's weights as constants
             unknown = set(params) - set(self._params)
             if unknown:
-                raise errors.InputError(f"{sorted(unknown)[:10]} are not trainable initializers of the model")
+                raise errors.InputError(
+                    f"{sorted(unknown)[:10]} are not trainable initializers of the model (Model.params names "
+                    "those; constants, such as an op's one-value settings like a Clip's bounds, cannot be given)"
+                )
             params = {**self._params, **params}
         self._refuse_traced(values if given is None else {**values, **params})
         prepared = self._prepared_weights(params)

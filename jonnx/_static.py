@@ -5,13 +5,21 @@ TopK's k, ...). Walking back from those inputs through their producers finds eve
 must be concrete, stopping at ops whose outputs depend only on shapes (Shape, Size). What is
 left at the sources is either an initializer (kept as a numpy constant, not a trainable
 parameter) or a graph input (which ``Model.__call__`` and the backend treat as static).
+
+It also finds the initializers that are an op's settings rather than weights
+(:func:`setting_values`): they are constants too.
 """
 
 from __future__ import annotations
 
-from jonnx._ir import Graph
+import onnx.defs
 
-__all__ = ["preferred_static_inputs", "static_values"]
+from jonnx._ir import Graph
+from jonnx._registry import schema_for
+
+__all__ = ["preferred_static_inputs", "setting_values", "static_values"]
+
+_NON_DIFFERENTIABLE = onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiable
 
 
 def _seeds(graph: Graph, segmented: bool) -> set[str]:
@@ -84,3 +92,43 @@ def preferred_static_inputs(graph: Graph) -> frozenset[str]:
             if i < len(node.inputs) and node.inputs[i] in inputs:
                 found.add(node.inputs[i])
     return frozenset(found)
+
+
+def setting_values(graph: Graph) -> frozenset[str]:
+    """One-element initializers that every reader takes where its schema defines no
+    derivative: a Clip's bounds, Pad's fill value, Dropout's ratio, a Mod's divisor, a
+    comparison's threshold.
+
+    These are the ops' settings (older opsets wrote most of them as attributes), not weights:
+    trained as params they would get gradients and weight decay (a ReLU6 bound drifting away
+    from 6 under AdamW), which no exporter's framework does, and computing their gradients
+    cost a MobileNetV2 training step a fifth of its time. So they are constants. Only single
+    values: some schemas also mark tensors non-differentiable that models do learn (an
+    AffineGrid's theta, an RNN's initial state, an STFT window), and those stay params.
+    Readers without an onnx schema (custom domains, functions) count as differentiable, as
+    do graph outputs and what subgraphs read.
+    """
+    read = {name for node in graph.nodes for name in node.reads}
+    differentiable = _differentiable_reads(graph)
+    return frozenset(
+        name
+        for name, value in graph.initializers.items()
+        if value.size == 1 and name in read and name not in differentiable
+    )
+
+
+def _differentiable_reads(graph: Graph) -> set[str]:
+    names = set(graph.output_names)
+    for node in graph.nodes:
+        schema = schema_for(node.domain, node.op_type, node.opset)
+        formal = schema.inputs if schema is not None else ()
+        for i, name in enumerate(node.inputs):
+            # A variadic last input's category covers every position from it on.
+            settings_slot = (
+                bool(formal) and formal[min(i, len(formal) - 1)].differentiation_category == _NON_DIFFERENTIABLE
+            )
+            if name and not settings_slot:
+                names.add(name)
+        for sub in node.subgraphs:
+            names |= sub.outer_names
+    return names

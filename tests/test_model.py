@@ -79,6 +79,72 @@ def test_float_initializer_feeding_a_static_input_is_a_constant():
     np.testing.assert_allclose(np.asarray(jax.jit(m.apply)({}, np.ones(2, np.float32))[0]), [3.0, 3.0])
 
 
+def _f32(name, value):
+    return onnx.numpy_helper.from_array(np.asarray(value, np.float32), name)
+
+
+def test_op_settings_are_constants_not_params():
+    # ReLU6 as exporters write it (Clip with its bounds as initializers), Pad's fill value,
+    # Dropout's ratio: ONNX defines no derivative for those inputs, so one-element
+    # initializers read only there are settings. The weight beside them trains.
+    n = oh.make_node
+    nodes = [
+        n("Mul", ["x", "w"], ["a"]),
+        n("Clip", ["a", "lo", "hi"], ["b"]),
+        n("Pad", ["b", "pads", "fill"], ["c"]),
+        n("Dropout", ["c", "ratio"], ["y"]),
+    ]
+    inits = [
+        _f32("w", [2.0, -1.0]),
+        _f32("lo", 0.0),
+        _f32("hi", 6.0),
+        onnx.numpy_helper.from_array(np.array([1, 1], np.int64), "pads"),
+        _f32("fill", 7.0),
+        _f32("ratio", 0.5),
+    ]
+    m = jonnx.load(
+        _model(nodes, [oh.make_tensor_value_info("x", 1, [2])], [oh.make_tensor_value_info("y", 1, [4])], inits)
+    )
+    assert set(m.params) == {"w"}
+    x = np.array([4.0, -3.0], np.float32)
+    np.testing.assert_allclose(np.asarray(m(x)[0]), [7.0, 6.0, 3.0, 7.0])
+    grad = jax.grad(lambda p: m.apply(p, x)[0].sum())(m.params)
+    np.testing.assert_allclose(np.asarray(grad["w"]), [0.0, -3.0])  # 8 is clipped, -(-3) = 3 is not
+
+
+def test_a_setting_read_where_it_has_a_derivative_stays_a_param():
+    # The same one-element value as a Clip bound and as a Mul operand is a weight; so is a
+    # tensor read where its schema marks it non-differentiable (a comparison's thresholds
+    # here; an RNN's learned initial state in practice), and a one-element value read by a
+    # custom op (no schema to say otherwise).
+    n = oh.make_node
+    nodes = [
+        n("Clip", ["x", "lo", "hi"], ["a"]),
+        n("Mul", ["a", "hi"], ["b"]),
+        n("Clip", ["b", "lo", "theta"], ["c"]),
+        n("ScaleBy", ["c", "factor"], ["d"], domain=TEST_DOMAIN),
+        n("CountTraces", ["d"], ["y"], domain=TEST_DOMAIN),
+        n("CountTraces", ["one"], ["z"], domain=TEST_DOMAIN),
+        n("Greater", ["x", "limits"], ["g"]),
+    ]
+    inits = [_f32("lo", 0.0), _f32("hi", 2.0), _f32("theta", 3.0), _f32("factor", 0.5), _f32("one", 1.0)]
+    inits.append(_f32("limits", [0.0, 1.0]))
+    model = _model(
+        nodes,
+        [oh.make_tensor_value_info("x", 1, [2])],
+        [
+            oh.make_tensor_value_info("y", 1, [2]),
+            oh.make_tensor_value_info("z", 1, []),
+            oh.make_tensor_value_info("g", onnx.TensorProto.BOOL, [2]),
+        ],
+        inits,
+        [oh.make_opsetid(TEST_DOMAIN, 1)],
+    )
+    m = jonnx.load(model)
+    # lo and theta are read only as bounds; factor must be static; one is read by a custom op.
+    assert set(m.params) == {"hi", "one", "limits"}
+
+
 @pytest.mark.parametrize("batch", [1, 3, 7])
 def test_dynamic_batch_shape_arithmetic_stays_static_under_jit(batch):
     m = jonnx.load(_flatten_by_shape())
