@@ -13,6 +13,9 @@ the ONNX op computes on NC(D)HW data, except that
   that it can be computed once per parameter set; "OIHW", ONNX's own (the pass leaves big 1x1
   kernels as stored: their product reads them without a copy); or "IHWO", for the kernels
   whose lowering reads them as one (C, taps x M) matrix (``nn.kernel_layout_for``);
+* ConvTranspose's weights stay ONNX's (C, M/group, k...): both of its lowerings read them so;
+  it carries ``legacy`` (1 for opsets 1-10, whose text splits an odd padding of an explicit
+  ``output_shape`` the other way);
 * MaxPool has no Indices output (the pass leaves MaxPool nodes whose Indices are read alone);
 * BatchNormalization carries, instead of its opset's mode attributes, ``training_mode``
   (whether it trains when the run leaves the choice to the graph) and ``legacy`` (1 for the
@@ -49,6 +52,19 @@ def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Conv`` on N(D)HWC activations, its weights in ``kernel_layout``."""
     x, w, b = inputs
     return (nn.convolve(x, w, b, attrs, ctx, channels_last=True, kernel_layout=attrs["kernel_layout"]),)
+
+
+@register(
+    "ConvTranspose",
+    since=VERSION,
+    domain=DOMAIN,
+    attributes={**_attributes("ConvTranspose"), "legacy": 0},
+    n_inputs=3,
+)
+def conv_transpose(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``ConvTranspose`` on N(D)HWC activations, its weights as stored (C, M/group, k...)."""
+    x, w, b = inputs
+    return (nn.transpose_convolve(x, w, b, attrs, ctx, legacy=bool(attrs["legacy"]), channels_last=True),)
 
 
 @register("MaxPool", since=VERSION, domain=DOMAIN, attributes=_attributes("MaxPool"), n_inputs=1)

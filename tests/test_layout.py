@@ -240,6 +240,32 @@ def wide_3x3():
     return _model(nodes, *_io((2, 512, 4, 5)), inits), {"x": rand(2, 512, 4, 5)}
 
 
+def decoder():
+    """A U-Net decoder step: a 2x2 stride-2 ConvTranspose, a skip Concat, BatchNorm, ReLU, a 3x3
+    Conv, and a grouped, dilated 3x3 stride-2 ConvTranspose with output_padding and a bias."""
+    inits = {"up": rand(6, 4, 2, 2), "w": rand(5, 7, 3, 3), "up2": rand(5, 2, 3, 3), "b2": rand(10)}
+    nodes = [
+        oh.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        oh.make_node("ConvTranspose", ["c0", "up"], ["u"], strides=[2, 2]),
+        oh.make_node("Concat", ["u", "skip"], ["cat"], axis=1),
+        oh.make_node("BatchNormalization", ["cat", *_bn("bn", 7, inits)], ["b"]),
+        oh.make_node("Relu", ["b"], ["r"]),
+        oh.make_node("Conv", ["r", "w"], ["c"], pads=[1, 1, 1, 1]),
+        oh.make_node(
+            "ConvTranspose",
+            ["c", "up2", "b2"],
+            ["out"],
+            strides=[2, 2],
+            dilations=[2, 1],
+            pads=[1, 1, 1, 1],
+            output_padding=[1, 0],
+            group=5,
+        ),
+    ]
+    inits |= {"w0": rand(6, 3, 3, 3), "skip": rand(2, 3, 10, 12)}
+    return _model(nodes, *_io((2, 3, 5, 6)), inits), {"x": rand(2, 3, 5, 6)}
+
+
 BUILT = {
     "resnet_block": resnet_block,
     "mobilenet_block": mobilenet_block,
@@ -250,6 +276,7 @@ BUILT = {
     "conv3d": conv3d,
     "bottleneck": bottleneck,
     "wide_3x3": wide_3x3,
+    "decoder": decoder,
 }
 # (graph, how many activation transposes the rewritten graph may hold)
 TRANSPOSES = {
@@ -262,6 +289,7 @@ TRANSPOSES = {
     "conv3d": 2,
     "bottleneck": 2,
     "wide_3x3": 2,
+    "decoder": 2,  # the input, the output
 }
 
 
@@ -340,6 +368,7 @@ def test_every_op_of_the_chains_runs_channels_last():
         rewritten |= {n.op_type for n in graph.nodes if n.domain == "" and n.inputs and "channels_last" in n.inputs[0]}
     for op in (
         "Conv",
+        "ConvTranspose",
         "BatchNormalization",
         "InstanceNormalization",
         "MaxPool",

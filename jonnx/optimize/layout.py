@@ -15,6 +15,8 @@ it, so that whole chains run channels-last:
   maps). On CPU a 3x3 kernel without groups or strides over 48-64 or at least 512 channels goes
   to I(D)HWO, which the tap-products lowering reads on small inputs (ResNet-50's 3x3 over 64
   channels on 56x56 and over 512 on 7x7);
+* ConvTranspose: the input is brought to channels-last, the weights are read as stored, the
+  output is channels-last;
 * pooling (Max/Average/Global*), BatchNormalization (inference and training: running statistics
   are per-channel vectors, unchanged), InstanceNormalization: their channels-last forms;
 * elementwise ops (unary ones, and Add/Mul/... whose other operands are channels-last too or
@@ -86,7 +88,7 @@ def _axis_last(axis: int, rank: int) -> int:
 
 
 def run(graph: Graph, train: bool | None) -> Graph:
-    if not any(n.op_type == "Conv" and n.domain == "" for n in graph.nodes):
+    if not any(n.op_type in ("Conv", "ConvTranspose") and n.domain == "" for n in graph.nodes):
         return graph
     return _Rewrite(graph).graph
 
@@ -190,6 +192,8 @@ class _Rewrite:
         op = node.op_type
         if op == "Conv":
             return self._conv(node)
+        if op == "ConvTranspose":
+            return self._conv_transpose(node)
         if op == "Transpose" and node.inputs[0] in self.last:
             return self._transpose(node)
         if op in ("Concat", *_UNARY, *_BROADCASTING) and any(i in self.last for i in node.inputs):
@@ -242,6 +246,17 @@ class _Rewrite:
                 self.relayouts[key] = self._emit("Transpose", [w], f"{w}/{layout.lower()}", perm=perm)
             weights = self.relayouts[key]
         inputs = [self._last(x, rank), weights, *node.inputs[2:3]]
+        return self._internal(node, inputs, [self._new_output(node.outputs[0], rank)], attrs)
+
+    def _conv_transpose(self, node: Node) -> bool | None:
+        if len(node.inputs) < 2 or not node.inputs[0] or not node.inputs[1] or len(node.outputs) != 1:
+            return None
+        x = node.inputs[0]
+        rank = self._rank_of(x) or self._rank_of(node.inputs[1])
+        if rank is None or rank < 3:
+            return None
+        inputs = [self._last(x, rank), *node.inputs[1:3]]  # the weights as stored
+        attrs = {**node.attrs, "legacy": int(node.opset < 11)}
         return self._internal(node, inputs, [self._new_output(node.outputs[0], rank)], attrs)
 
     def _spatial(self, node: Node) -> bool | None:

@@ -1,17 +1,20 @@
 """Conv's CPU lowerings (1x1 as a matmul, depthwise as shifted multiply-adds, k x k as im2col;
-channels-last stems as broadcast multiply-adds in tests/test_layout.py)
-against the ReferenceEvaluator and finite differences, and the choice between them."""
+channels-last stems as broadcast multiply-adds in tests/test_layout.py) and ConvTranspose's
+(phases) against the ReferenceEvaluator, onnxruntime and finite differences, and the choice
+between them."""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
+import onnxruntime as ort
 import pytest
 from jax.test_util import check_grads
 
 import jonnx
 from jonnx.ops import nn
 from jonnx.ops._util import spread, spread_product
+from jonnx.ops.channels_last import DOMAIN
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model
 
 RNG = np.random.default_rng(1)
@@ -97,6 +100,77 @@ def test_forcing_xla_gives_the_same_values(monkeypatch):
     monkeypatch.setattr(nn, "CONV_LOWERING", "xla")
     direct = np.asarray(jonnx.load(model)(inputs["x"], inputs["w"])[0])
     np.testing.assert_allclose(lowered, direct, rtol=1e-4, atol=1e-4)
+
+
+# ConvTranspose by phases: (x shape, w shape, attrs), all strided (unstrided ones stay with XLA).
+TRANSPOSE_CASES = [
+    ((2, 4, 5, 6), (4, 3, 2, 2), {"strides": [2, 2]}),  # a U-Net's 2x2 stride 2: taps never overlap
+    ((1, 4, 4, 5), (4, 2, 4, 4), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # a DCGAN's 4x4 stride 2
+    ((1, 6, 4, 4), (6, 1, 3, 3), {"group": 3, "strides": [2, 2], "dilations": [1, 2], "output_padding": [1, 0]}),
+    ((1, 3, 5), (3, 2, 1), {"strides": [3]}),  # phases no tap reaches: only the bias
+    ((1, 2, 3, 4), (2, 3, 3, 3), {"strides": [3, 2], "pads": [2, 0, 3, 1]}),
+    ((1, 2, 4, 3), (2, 3, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 2, 2, 3, 3), (2, 2, 2, 2, 2), {"strides": [2, 1, 2]}),  # 3-D, one axis unstrided
+]
+
+
+def _transpose_id(case):
+    return f"{'x'.join(map(str, case[1]))}-s{'x'.join(map(str, case[2]['strides']))}"
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=_transpose_id)
+def test_conv_transpose_phases_match_onnxruntime(case, monkeypatch):
+    xs, ws, attrs = case
+    cpu = jax.default_backend() == "cpu"
+    assert nn.conv_transpose_lowering(xs, ws, attrs["strides"], np.dtype(np.float32)) == ("phases" if cpu else "xla")
+    x, w, b = rand(*xs), rand(*ws), rand(ws[1] * attrs.get("group", 1))
+    model = node_model("ConvTranspose", {"x": x, "w": w, "b": b}, opset=22, **attrs)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "w": w, "b": b}
+    )
+    np.testing.assert_allclose(np.asarray(jonnx.load(model)(x, w, b)[0]), want, rtol=1e-4, atol=1e-4)
+    last = jonnx.ops.call("ConvTranspose", np.moveaxis(x, 1, -1), w, b, domain=DOMAIN, **attrs)
+    np.testing.assert_allclose(np.moveaxis(np.asarray(last), -1, 1), want, rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(nn, "CONV_LOWERING", "xla")  # XLA's transposed convolution agrees
+    np.testing.assert_allclose(np.asarray(jonnx.load(model)(x, w, b)[0]), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=_transpose_id)
+def test_conv_transpose_phases_grads(case):
+    xs, ws, attrs = case
+    inputs = {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[1] * attrs.get("group", 1))}
+    check_op_grads("ConvTranspose", inputs, opset=22, **attrs)
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES[:3], ids=_transpose_id)
+def test_channels_last_conv_transpose_derivatives(case):
+    # Channels-last, XLA computes the values and the phases lowering the derivatives (a custom
+    # JVP): checked to second order, forward and reverse, and with one argument differentiated
+    # (the other's tangent a symbolic zero).
+    xs, ws, attrs = case
+    with jax.enable_x64(True):
+        x, w = np.moveaxis(rand(*xs), 1, -1).astype(np.float64), rand(*ws).astype(np.float64)
+        expected = "xla+phases" if jax.default_backend() == "cpu" else "xla"
+        assert nn.conv_transpose_lowering(x.shape, w.shape, attrs["strides"], x.dtype, channels_last=True) == expected
+
+        def f(x, w):
+            return jonnx.ops.call("ConvTranspose", x, w, domain=DOMAIN, **attrs)
+
+        check_grads(f, (x, w), order=2, modes=("fwd", "rev"), atol=1e-4, rtol=1e-4)
+        check_grads(lambda v: f(v, w), (x,), order=1, modes=("fwd", "rev"), atol=1e-4, rtol=1e-4)
+        check_grads(lambda v: f(x, v), (w,), order=1, modes=("fwd", "rev"), atol=1e-4, rtol=1e-4)
+
+
+def test_conv_transpose_lowering_choice():
+    cpu = jax.default_backend() == "cpu"
+    f32 = np.dtype(np.float32)
+    assert nn.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 3, 3), (2, 2), f32) == ("phases" if cpu else "xla")
+    assert nn.conv_transpose_lowering((1, 9, 9, 8), (8, 4, 3, 3), (2, 2), f32, channels_last=True) == (
+        "xla+phases" if cpu else "xla"
+    )
+    assert nn.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 3, 3), (1, 1), f32) == "xla"  # an ordinary convolution
+    assert nn.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 7, 7), (2, 2), f32) == "xla"  # 49 taps: 12x the output
+    assert nn.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 3, 3), (2, 2), np.dtype(np.float16)) == "xla"
 
 
 def test_half_precision_stays_with_xla():
