@@ -659,7 +659,9 @@ def transpose_convolve(x, w, b, attrs, ctx, *, legacy: bool, channels_last: bool
     full = [s * (i - 1) + op + w_ for s, i, op, w_ in zip(strides, in_shape, out_pad, span)]
     lo, hi = _transpose_pads(attrs, in_shape, strides, full, legacy, ctx)
     out = tuple(f - a - c for f, a, c in zip(full, lo, hi))
-    geometry = _TransposeGeometry(tuple(strides), tuple(dilations), tuple(lo), out, group, channels_last, ctx.precision)
+    geometry = _TransposeGeometry(
+        tuple(strides), tuple(dilations), tuple(lo), tuple(hi), tuple(out_pad), out, group, channels_last, ctx.precision
+    )
     lowering = conv_transpose_lowering(jnp.shape(x), jnp.shape(w), strides, jnp.result_type(x, w), channels_last)
     if lowering == "phases":
         y = _conv_transpose_phases(x, w, geometry)
@@ -672,12 +674,14 @@ def transpose_convolve(x, w, b, attrs, ctx, *, legacy: bool, channels_last: bool
 
 class _TransposeGeometry(NamedTuple):
     """A ConvTranspose's static shape parameters (hashable: a custom JVP's static argument).
-    ``lo``: the cut from the full output's start per axis (negative: zeros added); ``out``: the
-    output's spatial sizes."""
+    ``lo``, ``hi``: the cut from the full output's start and end per axis (negative: zeros
+    added); ``out``: the output's spatial sizes."""
 
     strides: tuple[int, ...]
     dilations: tuple[int, ...]
     lo: tuple[int, ...]
+    hi: tuple[int, ...]
+    output_padding: tuple[int, ...]
     out: tuple[int, ...]
     group: int
     channels_last: bool
@@ -689,15 +693,13 @@ def _conv_transpose_xla(x, w, g: _TransposeGeometry):
     flipped, transposed kernel."""
     n = len(g.strides)
     c_in, c_out_g, kernel = jnp.shape(w)[0], jnp.shape(w)[1], jnp.shape(w)[2:]
-    in_shape = _spatial(jnp.shape(x), g.channels_last)
     # (C, M/g, k...) -> (M, C/g, k...) per group, kernel flipped.
     kw = jnp.reshape(w, (g.group, c_in // g.group, c_out_g) + kernel)
     kw = jnp.swapaxes(kw, 1, 2).reshape((g.group * c_out_g, c_in // g.group) + kernel)
     kw = jnp.flip(kw, axis=tuple(range(2, n + 2)))
     span = [(k - 1) * d + 1 for k, d in zip(kernel, g.dilations)]
     conv_lo = [w_ - 1 - p for w_, p in zip(span, g.lo)]
-    # The dilated input's length plus both pads is the output's length plus the span less one.
-    conv_hi = [o + w_ - 1 - (s * (i - 1) + 1) - a for o, w_, s, i, a in zip(g.out, span, g.strides, in_shape, conv_lo)]
+    conv_hi = [w_ - 1 - p + op for w_, p, op in zip(span, g.hi, g.output_padding)]
     y = lax.conv_general_dilated(
         x,
         kw,
