@@ -10,6 +10,7 @@ half to even and saturates to the target type's range; float8 targets follow Cas
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -168,15 +169,19 @@ def dynamic_quantize_linear(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Out
 
 @jax.custom_jvp
 def _extremes(x):
-    """``(max(x), min(x))`` in one pass: a reduction with two results. Two separate ones each
-    became a slow windowed reduction on XLA CPU; this took the int8 BERT encoder from 31.8-32.8
-    to 29.4-30.3 ms at batch 1 and from 972 to 909 ms at batch 32 (alternating in one
-    process). An empty ``x`` gives (-inf, inf), which DynamicQuantizeLinear clamps to 0.
-    JAX differentiates a two-result reduction by unrolling it into a tree of selects; the
-    derivative here is jnp.max's and jnp.min's."""
-    flat = jnp.reshape(x, (-1,))
-    inits = (jnp.array(-jnp.inf, flat.dtype), jnp.array(jnp.inf, flat.dtype))
-    return lax.reduce((flat, flat), inits, lambda a, b: (lax.max(a[0], b[0]), lax.min(a[1], b[1])), (0,))
+    """``(max(x), min(x))``: one reduction with two results along the last axis, then the
+    row results' max and min. Two separate whole-array reductions each became a slow windowed
+    reduction on XLA CPU, and one two-result reduction over the flattened array runs as one
+    serial loop (1.4 ms of a 128 x 3072 activation, its producer fused in); by rows it is a
+    tenth of that: the int8 BERT encoder (int8 dots) 26.7 -> 22.2 ms at batch 1, 717 ->
+    569 ms at batch 32, alternating in one process. An empty ``x`` gives (-inf, inf), which
+    DynamicQuantizeLinear clamps to 0. JAX differentiates a two-result reduction by unrolling
+    it into a tree of selects; the derivative here is jnp.max's and jnp.min's."""
+    last = jnp.shape(x)[-1] if jnp.ndim(x) and jnp.size(x) else 1
+    rows = jnp.reshape(x, (-1, last))
+    inits = (jnp.array(-jnp.inf, rows.dtype), jnp.array(jnp.inf, rows.dtype))
+    hi, lo = lax.reduce((rows, rows), inits, lambda a, b: (lax.max(a[0], b[0]), lax.min(a[1], b[1])), (1,))
+    return jnp.max(hi, initial=-jnp.inf), jnp.min(lo, initial=jnp.inf)
 
 
 @_extremes.defjvp
@@ -240,28 +245,32 @@ _EXACT_CHUNK = 1024
 
 def integer_matmul_mode() -> str:
     """The product ``integer_matmul`` runs: ``"int8"`` (int8 x int8 into int32),
-    ``"bfloat16"`` or ``"float32"`` (the 8-bit values as floats, float32 sums, exact)."""
+    ``"bfloat16"`` or ``"float32"`` (the 8-bit values as floats, float32 sums, exact).
+
+    On CPU the fastest depends on the instructions (docs/performance.md, "Quantized paths"):
+    with AMX's int8 tiles the int8 dot is 2-3.5x faster than bfloat16; without them, where
+    the CPU has bfloat16 dot instructions (AVX512-BF16), bfloat16 beats the VNNI int8 dot at
+    BERT's sizes."""
     if INTEGER_MATMUL != "auto":
         return INTEGER_MATMUL
-    if jax.default_backend() == "cpu" and _has_bf16_dot():
-        return "bfloat16"
+    if jax.default_backend() == "cpu" and not _has_cpu_flag("amx_int8"):
+        if _has_cpu_flag("avx512_bf16") or _has_cpu_flag("amx_bf16"):
+            return "bfloat16"
     return "int8"
 
 
-def _has_bf16_dot() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
-    global _BF16_DOT
-    if _BF16_DOT is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                flags = f.read()
-        except OSError:
-            flags = ""
-        _BF16_DOT = "avx512_bf16" in flags or "amx_bf16" in flags
-    return _BF16_DOT
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The flags of ``/proc/cpuinfo`` (none where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(f.read().split())
+    except OSError:
+        return frozenset()
 
 
-_BF16_DOT = None
+def _has_cpu_flag(flag: str) -> bool:
+    return flag in _cpu_flags()
 
 
 def _exact_product(a8, b8, mode: str) -> jax.Array:

@@ -178,6 +178,9 @@ def test_dequantize_differentiable_in_scale():
         np.array([-1.0, -2.1, -1.3, -2.5, -3.34, -4.0], np.float32),
         np.array([1, 2.1, 1.3, 2.5, 3.34, 4.0, 1.5, 2.6, 3.9, 4.0, 3.0, 2.345], np.float32).reshape(3, 4),
         np.zeros(4, np.float32),
+        # max and min are reduced by rows, then across them: extremes in different rows
+        np.random.default_rng(3).standard_normal((2, 5, 7)).astype(np.float32) * [[[1]], [[9]]],
+        np.float32(-2.5),
     ],
 )
 def test_dynamic_quantize_linear(x):
@@ -244,6 +247,23 @@ def test_integer_products_are_exact_in_every_mode(mode, a_dtype, b_kind, monkeyp
         expected=[want.astype(np.int32)],
         initializers=() if b_kind == "input" else ("b",),
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "mode"),
+    [
+        ({"avx512f", "amx_bf16", "amx_int8", "avx512_bf16"}, "int8"),  # AMX: int8 tiles win
+        ({"avx512f", "avx512_vnni", "avx512_bf16"}, "bfloat16"),  # bf16 beats VNNI int8
+        ({"avx2"}, "int8"),
+        (set(), "int8"),  # /proc/cpuinfo unreadable
+    ],
+)
+def test_integer_product_mode_follows_the_cpu(flags, mode, monkeypatch):
+    monkeypatch.setattr(quantize, "_cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(quantize.jax, "default_backend", lambda: "cpu")
+    assert quantize.integer_matmul_mode() == mode
+    monkeypatch.setattr(quantize, "INTEGER_MATMUL", "float32")
+    assert quantize.integer_matmul_mode() == "float32"
 
 
 @pytest.mark.parametrize("opset", [10, 21])
