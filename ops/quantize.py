@@ -253,8 +253,9 @@ def integer_matmul_mode() -> str:
     BERT's sizes."""
     if INTEGER_MATMUL != "auto":
         return INTEGER_MATMUL
-    if jax.default_backend() == "cpu" and not _has_cpu_flag("amx_int8"):
-        if _has_cpu_flag("avx512_bf16") or _has_cpu_flag("amx_bf16"):
+    if jax.default_backend() == "cpu":
+        flags = _cpu_flags()
+        if "amx_int8" not in flags and flags & {"avx512_bf16", "amx_bf16"}:
             return "bfloat16"
     return "int8"
 
@@ -267,10 +268,6 @@ def _cpu_flags() -> frozenset[str]:
             return frozenset(f.read().split())
     except OSError:
         return frozenset()
-
-
-def _has_cpu_flag(flag: str) -> bool:
-    return flag in _cpu_flags()
 
 
 def _exact_product(a8, b8, mode: str) -> jax.Array:
