@@ -31,7 +31,7 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
-from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype, spread
+from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype
 
 
 def rsqrt_eps(v, eps):
@@ -88,60 +88,9 @@ def _bn_inference(x, scale, bias, mean, var, eps, spatial=True, channels_last=Fa
     return y.astype(dtype)
 
 
-# BatchNormalization's per-channel sums on CPU. XLA CPU's reduction loop is slow where the
-# kept axis is minor in memory, and that is where its convolutions put the channels of the
-# activations they produce, NCHW graph or not: a per-channel sum over a 32x32x32x64 activation
-# took 7.3 ms (1.1 GB/s) as a reduction, 0.62 ms as a matrix-vector product with ones. So the
-# batch statistics are such products (``_mean_over``), and the tangent's per-channel terms are
-# broadcast by halves (``_spread``), so that the gradient's sums are mostly elementwise adds.
-# Training-mode BatchNormalization forward and backward on a 32x64x32x32 activation held
-# channels-last in memory: 24 -> 8.7 ms (32x64x16x16: 4.1 -> 2.3 ms); held NCHW, where XLA's
-# reductions are quick, 5.4 -> 6.7 ms (the product reads a transposed copy). A ResNet-18
-# training step, one process alternating: 0.89-0.96x the time (docs/performance.md).
-
-
-def _sums_as_products(x, axes) -> bool:
-    return (
-        jax.default_backend() == "cpu"
-        and dtype_of(x) in (np.float32, np.float64)
-        and all(isinstance(jnp.shape(x)[a], (int, np.integer)) for a in axes)
-    )
-
-
-def _ones_over(x, axes):
-    return jnp.ones([jnp.shape(x)[a] for a in axes], dtype_of(x))
-
-
-def _mean_over(x, axes):
-    """``x``'s mean over ``axes``, kept as size-1 dims."""
-    if not _sums_as_products(x, axes):
-        return jnp.mean(x, axis=axes, keepdims=True)
-    # The ones on the left: XLA then reads x as the product's right operand, (sum, kept) in
-    # memory where the kept axis is minor, without the transposed copy it makes of a left one.
-    total = lax.dot_general(_ones_over(x, axes), x, ((tuple(range(len(axes))), axes), ((), ())))
-    kept_shape = [1 if a in axes else n for a, n in enumerate(jnp.shape(x))]
-    return jnp.reshape(total, kept_shape) / math.prod(jnp.shape(x)[a] for a in axes)
-
-
-def _spread(v, x, axes):
-    """``v`` (shaped like a sum of ``x`` over ``axes``, or broadcastable to it) broadcast to
-    ``x``'s shape, built by :func:`spread` along the longest of ``axes``: its transpose, the
-    per-channel sum of a cotangent, is then mostly a tree of elementwise halves."""
-    shape = jnp.shape(x)
-    v = jnp.broadcast_to(v, tuple(1 if a in axes else n for a, n in enumerate(shape)))
-    if not _sums_as_products(x, axes):
-        return jnp.broadcast_to(v, shape)
-    longest = max(axes, key=lambda a: shape[a])
-    partial = tuple(n if a != longest and a in axes else jnp.shape(v)[a] for a, n in enumerate(shape))
-    return spread(jnp.broadcast_to(v, partial), shape, longest)
-
-
 def _bn_batch_stats(x, spatial: bool, channels_last: bool = False):
     """The batch's mean and population variance, shaped like the running statistics."""
-    axes = _bn_axes(x, spatial, channels_last)
-    mean = _mean_over(x, axes)
-    centered = x - mean
-    var = _mean_over(centered * centered, axes)
+    mean, var = moments(x, _bn_axes(x, spatial, channels_last))
     return jnp.squeeze(mean, 0), jnp.squeeze(var, 0)
 
 
@@ -178,14 +127,12 @@ def _bn_normalize(x, scale, bias, eps, spatial: bool, channels_last: bool = Fals
         inv_std = rsqrt_eps(param(batch_var), eps)
         xhat = (x - param(batch_mean)) * inv_std
         gain = param(scale) * inv_std  # per channel (per activation if not spatial)
-        t_mean = _mean_over(tx, axes)
-        t_cov = _mean_over(xhat * tx, axes)
+        t_mean = jnp.mean(tx, axis=axes, keepdims=True)
+        t_cov = jnp.mean(xhat * tx, axis=axes, keepdims=True)
         # d xhat = inv_std * (dx - mean(dx) - xhat * mean(xhat * dx)); the per-channel terms
         # are combined before they meet the activation, so that the transpose reduces the
         # cotangent once for the bias-like terms and once (times xhat) for the scale-like ones.
-        scale_like = _spread(param(t_scale) - gain * t_cov, x, axes)
-        bias_like = _spread(param(t_bias) - gain * t_mean, x, axes)
-        t_y = gain * tx + xhat * scale_like + bias_like
+        t_y = gain * tx + xhat * (param(t_scale) - gain * t_cov) + (param(t_bias) - gain * t_mean)
         # d var = 2 mean((x - mean) dx) = 2 mean(xhat * dx) / inv_std.
         t_batch_var = 2 * t_cov / inv_std
         return (y, batch_mean, batch_var), (

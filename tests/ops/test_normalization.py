@@ -144,8 +144,7 @@ def test_batchnorm_running_statistics_carry_no_gradient():
     np.testing.assert_array_equal(np.asarray(gm), 0.0)
 
 
-# (5, 3, 7, 6): odd and even axes longer than two, where the statistics are products with ones
-# and the tangent's per-channel terms are spread by halves on CPU.
+# (5, 3, 7, 6): odd and even axes longer than two.
 @pytest.mark.parametrize("shape", [(3, 3, 2), (5, 3, 7, 6)])
 def test_batchnorm_training_gradients(shape):
     inputs = _bn_inputs(shape=shape)
