@@ -12,8 +12,10 @@ reported as an unexpected success, which fails the run, so the list stays honest
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import tempfile
 import warnings
 
@@ -23,8 +25,9 @@ from tests.conformance._backend import X64Backend
 from tests.conformance.expectations import expected_failures
 
 # The runner writes the light models' generated inputs under $ONNX_HOME; a private folder keeps
-# runs from reading each other's (or an older onnx's) files.
+# runs from reading each other's (or an older onnx's) files, and goes when the process ends.
 os.environ["ONNX_HOME"] = tempfile.mkdtemp(prefix="jonnx-onnx-home-")
+atexit.register(shutil.rmtree, os.environ["ONNX_HOME"], ignore_errors=True)
 
 with warnings.catch_warnings():
     # Generating the cases makes numpy warn about float overflow in onnx's own cast tests.
