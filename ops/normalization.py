@@ -44,11 +44,16 @@ def stash_dtype(x, stash_type) -> np.dtype:
     return np.dtype(jnp.promote_types(stash, dtype_of(x)))
 
 
-def moments(x, axes):
-    """Mean and population variance over ``axes`` (kept as size-1 dims)."""
-    mean = jnp.mean(x, axis=axes, keepdims=True)
+def _plain_mean(x, axes):
+    return jnp.mean(x, axis=axes, keepdims=True)
+
+
+def moments(x, axes, mean_over=_plain_mean):
+    """Mean and population variance over ``axes`` (kept as size-1 dims), the means taken by
+    ``mean_over(x, axes)``."""
+    mean = mean_over(x, axes)
     centered = x - mean
-    var = jnp.mean(centered * centered, axis=axes, keepdims=True)
+    var = mean_over(centered * centered, axes)
     return mean, var
 
 
@@ -102,9 +107,9 @@ def _mean_over(x, axes):
     halves (``ops._util.spread``) made that MobileNetV2 step 1.49x slower (docs/performance.md).
     """
     if jax.default_backend() != "cpu" or dtype_of(x) not in (np.float32, np.float64):
-        return jnp.mean(x, axis=axes, keepdims=True)
+        return _plain_mean(x, axes)
     if not all(isinstance(jnp.shape(x)[a], (int, np.integer)) for a in axes):  # symbolic sizes
-        return jnp.mean(x, axis=axes, keepdims=True)
+        return _plain_mean(x, axes)
     ones = jnp.ones([jnp.shape(x)[a] for a in axes], dtype_of(x))
     total = lax.dot_general(ones, x, ((tuple(range(len(axes))), axes), ((), ())))
     kept_shape = [1 if a in axes else n for a, n in enumerate(jnp.shape(x))]
@@ -113,10 +118,7 @@ def _mean_over(x, axes):
 
 def _bn_batch_stats(x, spatial: bool, channels_last: bool = False):
     """The batch's mean and population variance, shaped like the running statistics."""
-    axes = _bn_axes(x, spatial, channels_last)
-    mean = _mean_over(x, axes)
-    centered = x - mean
-    var = _mean_over(centered * centered, axes)
+    mean, var = moments(x, _bn_axes(x, spatial, channels_last), _mean_over)
     return jnp.squeeze(mean, 0), jnp.squeeze(var, 0)
 
 
