@@ -106,14 +106,14 @@ def _mean_over(x, axes):
     reductions: JAX's transpose puts the cotangent on the left, and spreading the tangent by
     halves (``ops._util.spread``) made that MobileNetV2 step 1.49x slower (docs/performance.md).
     """
-    if jax.default_backend() != "cpu" or dtype_of(x) not in (np.float32, np.float64):
+    shape = jnp.shape(x)
+    sizes = [shape[a] for a in axes]
+    static = all(isinstance(n, (int, np.integer)) for n in sizes)  # not a symbolic batch
+    if jax.default_backend() != "cpu" or dtype_of(x) not in (np.float32, np.float64) or not static:
         return _plain_mean(x, axes)
-    if not all(isinstance(jnp.shape(x)[a], (int, np.integer)) for a in axes):  # symbolic sizes
-        return _plain_mean(x, axes)
-    ones = jnp.ones([jnp.shape(x)[a] for a in axes], dtype_of(x))
-    total = lax.dot_general(ones, x, ((tuple(range(len(axes))), axes), ((), ())))
-    kept_shape = [1 if a in axes else n for a, n in enumerate(jnp.shape(x))]
-    return jnp.reshape(total, kept_shape) / math.prod(jnp.shape(x)[a] for a in axes)
+    total = lax.dot_general(jnp.ones(sizes, dtype_of(x)), x, ((tuple(range(len(axes))), axes), ((), ())))
+    kept_shape = [1 if a in axes else n for a, n in enumerate(shape)]
+    return jnp.reshape(total, kept_shape) / math.prod(sizes)
 
 
 def _bn_batch_stats(x, spatial: bool, channels_last: bool = False):
