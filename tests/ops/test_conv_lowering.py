@@ -83,6 +83,26 @@ def test_lowering_grads(case):
     check_op_grads("Conv", {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}, opset=22, **attrs)
 
 
+# NCHW 1x1 convolutions over maps of at least nn.PER_IMAGE_MIN_CELLS (784) output cells: a
+# product batched over the images (nn._per_image_product) instead of one einsum.
+PER_IMAGE_CASES = [
+    ((2, 3, 28, 29), (4, 3, 1, 1), {}),
+    ((3, 2, 1700), (3, 2, 1), {"strides": [2], "pads": [1, 0]}),  # strided, padded, 1-D
+]
+
+
+@pytest.mark.parametrize("case", PER_IMAGE_CASES, ids=lambda c: "x".join(map(str, c[0])))
+def test_per_image_products(case, monkeypatch):
+    xs, ws, attrs = case
+    calls = []
+    real = nn._per_image_product
+    monkeypatch.setattr(nn, "_per_image_product", lambda *args: calls.append(1) or real(*args))
+    inputs = {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}
+    assert_matches_reference("Conv", inputs, opset=22, rtol=1e-4, atol=1e-5, **attrs)
+    check_op_grads("Conv", inputs, opset=22, **attrs)
+    assert calls, "the per-image product was not used"
+
+
 @pytest.mark.parametrize("strides", [[1, 1], [1, 2]])
 def test_depthwise_second_derivatives(strides):
     # The depthwise lowering's custom JVP is written in plain JAX, so derivatives of every
