@@ -43,7 +43,6 @@ from typing import Any
 
 import jax
 import jax.extend.core as jax_core
-import jax.numpy as jnp
 import numpy as np
 
 _YNN_FUSION_FLAG = "xla_cpu_experimental_ynn_fusion_type"
@@ -141,14 +140,20 @@ def _dots(jaxpr: Any) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, b
                     yield from _dots(sub)
 
 
-@functools.cache
 def _probed_options(library_dots: bool) -> tuple[tuple[str, str], ...]:
-    options = {_YNN_FUSION_FLAG: _SAFE_YNN_FUSIONS[library_dots]}
+    return ((_YNN_FUSION_FLAG, _SAFE_YNN_FUSIONS[library_dots]),) if _knows_ynn_fusions() else ()
+
+
+@functools.cache
+def _knows_ynn_fusions() -> bool:
+    """Whether this jaxlib takes the YNNPACK fusion option with the values jonnx passes: one
+    trivial compilation with the longer value, whose fusion types include the other's."""
+    options = {_YNN_FUSION_FLAG: _SAFE_YNN_FUSIONS[True]}
     try:
-        jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.zeros(())).compile()
+        jax.jit(lambda x: x + 1, compiler_options=options).lower(jax.ShapeDtypeStruct((), np.float32)).compile()
     except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such option"
-        return ()
-    return tuple(options.items())
+        return False
+    return True
 
 
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -164,11 +169,16 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+def release_freed_memory() -> None:
+    """Return the memory freed so far to the system (glibc keeps it mapped otherwise)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def _trim_after_compile(event: str, duration: float, **_: Any) -> None:
     if event == _BACKEND_COMPILE_EVENT and duration >= _TRIM_AFTER_SECONDS:
-        trim = _malloc_trim()
-        if trim is not None:
-            trim(0)
+        release_freed_memory()
 
 
 @functools.cache

@@ -344,6 +344,23 @@ def test_kernel_layouts_the_pass_picks():
         assert sorted(model._prepared) == sorted(k for k, v in layouts.items() if v != "OIHW")
 
 
+def test_kernel_relayouts_on_the_host_equal_the_compiled_ones():
+    # The default call's kernel relayouts run once, by numpy on the CPU (no compilation);
+    # elsewhere, or for other weight-only nodes, by the compiled graph. Same values, bit for bit.
+    for make in (bottleneck, wide_3x3):
+        proto, _ = make()
+        model = jonnx.load(proto)
+        host = model._relayouts_on_host(model.params)
+        compiled = model._prepare(model.params)
+        if jax.default_backend() != "cpu":
+            assert host is None
+            continue
+        assert sorted(host) == sorted(compiled) == sorted(model._prepared_exports)
+        for name, value in compiled.items():
+            assert host[name].dtype == value.dtype and host[name].shape == value.shape
+            np.testing.assert_array_equal(np.asarray(host[name]), np.asarray(value))
+
+
 def test_kernel_layout_choice():
     cpu = jax.default_backend() == "cpu"
     assert nn.kernel_layout_for((512, 512, 3, 3), 1, (1, 1)) == ("IHWO" if cpu else "HWIO")
