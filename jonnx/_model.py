@@ -813,6 +813,8 @@ class Model:
         for node in nodes:
             x = np.asarray(env[node.inputs[0]] if node.inputs[0] in env else self._lookup(node.inputs[0], params))
             perm = node.attrs["perm"] or tuple(reversed(range(x.ndim)))
+            if sorted(perm) != list(range(x.ndim)):
+                return None  # the compiled path raises the op's own error, naming the node
             env[node.outputs[0]] = jax.device_put(np.ascontiguousarray(np.transpose(x, perm)))
         release_freed_memory()  # the host copies, before the first compilation needs the room
         return {n: env[n] for n in self._prepared_exports}

@@ -471,10 +471,10 @@ def _per_image_product(weights, xs, precision):
     As one product over the channels (the einsum) XLA computes (M, N, D1, ...), and the layers
     around it read that through transposed copies, in the gradient too: a MobileNetV2 training
     step (batch 8, 224x224) spent 40% of its time in such copies. On maps of at least
-    ``PER_IMAGE_MIN_CELLS`` cells this form is faster both ways (batch 8 and 32, forward
-    0.46-0.94 of the time, forward and gradient 0.12-0.65); on smaller ones the per-image
-    products are too thin (7x7, batch 8: forward 2.1-3.3x slower). docs/performance.md has the
-    table. The weights' broadcast over the batch is what a batched dot needs.
+    ``PER_IMAGE_MIN_CELLS`` cells this form took, by layer (batch 2-32), 0.12-0.67 of the time
+    forward and backward, 0.40-1.14 forward alone; on smaller maps the per-image products are
+    too thin (7x7, batch 8: forward 2.1-3.3x slower). docs/performance.md has the table. The
+    weights' broadcast over the batch is what a batched dot needs.
     """
     n, c = jnp.shape(xs)[:2]
     m = jnp.shape(weights)[0]
