@@ -361,6 +361,30 @@ def test_kernel_relayouts_on_the_host_equal_the_compiled_ones():
             np.testing.assert_array_equal(np.asarray(host[name]), np.asarray(value))
 
 
+@pytest.mark.parametrize("perm", [None, [1, 0], [0, 0]])
+def test_weight_transposes_of_the_graph_run_once(perm):
+    # A Transpose of a weight in the graph itself (exporters write them before MatMul) is a
+    # weight-only node too, done once; a perm that is not a permutation is the op's error.
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    attrs = {} if perm is None else {"perm": perm}
+    graph = oh.make_graph(
+        [oh.make_node("Transpose", ["w"], ["wt"], name="t", **attrs), oh.make_node("MatMul", ["x", "wt"], ["y"])],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "w")],
+    )
+    model = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    assert [model._call_graph.nodes[p].name for p in model._prepared_nodes] == ["t"]
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    if perm == [0, 0]:
+        with pytest.raises(jonnx.errors.NodeError, match="node 't'.*not a permutation"):
+            model(x)
+        return
+    np.testing.assert_allclose(np.asarray(model(x)[0]), x @ w.T, rtol=1e-5, atol=1e-6)
+
+
 def test_kernel_layout_choice():
     cpu = jax.default_backend() == "cpu"
     assert nn.kernel_layout_for((512, 512, 3, 3), 1, (1, 1)) == ("IHWO" if cpu else "HWIO")
