@@ -103,6 +103,22 @@ def test_per_image_products(case, monkeypatch):
     assert calls, "the per-image product was not used"
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        ((2, 3, 9, 8), (3, 1, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # MobileNetV2's 3x3/2
+        ((1, 2, 5, 6, 7), (2, 1, 2, 3, 2), {"strides": [2, 1, 3], "dilations": [1, 2, 1]}),
+        ((2, 2, 11), (2, 1, 4), {"strides": [3], "pads": [2, 1]}),
+    ],
+    ids=lambda c: "x".join(map(str, c[0])),
+)
+def test_strided_depthwise_gradients(case):
+    # The strided input tangent goes by phases (nn._strided_input_tangent): every phase and
+    # block offset, with unstrided axes among strided ones, against finite differences.
+    xs, ws, attrs = case
+    check_op_grads("Conv", {"x": rand(*xs), "w": rand(*ws)}, opset=22, group=xs[1], **attrs)
+
+
 @pytest.mark.parametrize("strides", [[1, 1], [1, 2]])
 def test_depthwise_second_derivatives(strides):
     # The depthwise lowering's custom JVP is written in plain JAX, so derivatives of every
