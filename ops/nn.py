@@ -576,6 +576,7 @@ def _strided_input_tangent(t_xp, taps, kernel, strides, dilations, out, channels
     sum's transpose is nine pads with interior padding into each of which XLA fuses the
     cotangent's producer (a BatchNorm backward): MobileNetV2's 3x3/2 over 96 channels at
     112x112, batch 8, took 84 ms so; its training step took 0.84-0.88 of the time by phases.
+    (Forward mode pays full-size placements here, as in :func:`_input_tangent`.)
     """
     nd = len(out)
     groups: dict[tuple, list] = {}
@@ -585,6 +586,9 @@ def _strided_input_tangent(t_xp, taps, kernel, strides, dilations, out, channels
         groups.setdefault(phase, []).append((i, tuple(f // s for f, s in zip(first, strides))))
     total = None
     for phase, members in groups.items():
+        # The phase's cells from its first to the last block a window of it reads; tap i's term
+        # lands at reach - q_i in zeros of (blocks + reach) cells, and cropping reach from the
+        # start leaves sum_i source[q_i : q_i + out] * tap_i.
         reach = tuple(max(q[a] for _, q in members) for a in range(nd))
         blocks = tuple(r + n for r, n in zip(reach, out))
         limit = _full((p + (b - 1) * s + 1 for p, b, s in zip(phase, blocks, strides)), None, channels_last)
