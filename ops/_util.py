@@ -24,7 +24,13 @@ __all__ = [
     "spread",
     "spread_product",
     "static_ints",
+    "static_sizes",
 ]
+
+
+def static_sizes(sizes: Any) -> bool:
+    """Whether every size is a plain int (none symbolic, as under ``jax.export``)."""
+    return all(isinstance(n, (int, np.integer)) for n in sizes)
 
 
 def spread(v: Any, shape: tuple, axis: int = 0) -> Any:

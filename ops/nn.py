@@ -30,7 +30,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import index_dtype, spread_product, static_ints
+from jonnx.ops._util import index_dtype, spread_product, static_ints, static_sizes
 
 # --------------------------------------------------------------------------- layout
 
@@ -397,7 +397,7 @@ def _taps(xp, kernel, strides, dilations, out, channels_last: bool = False, part
 def _static_unstrided(shape, strides) -> bool:
     """Whether windows of an array of ``shape`` can be cut (or placed) at opaque offsets:
     unit strides and static sizes."""
-    return all(s == 1 for s in strides) and all(isinstance(n, (int, np.integer)) for n in shape)
+    return all(s == 1 for s in strides) and static_sizes(shape)
 
 
 def _opaque_offsets(start: tuple[int, ...]) -> tuple:
@@ -461,7 +461,7 @@ def _conv_matmul(x, w, strides, dilations, lo, hi, precision, channels_last, lay
 
 def _cells(spatial) -> int:
     """The number of cells of a map of these sizes; 0 if one is symbolic (jax.export)."""
-    return math.prod(spatial) if all(isinstance(n, (int, np.integer)) for n in spatial) else 0
+    return math.prod(spatial) if static_sizes(spatial) else 0
 
 
 def _per_image_product(weights, xs, precision):
@@ -525,7 +525,7 @@ def _shifted_products_jvp(kernel, strides, dilations, out, channels_last, primal
     if not isinstance(t_xp, SymbolicZero):
         if _static_unstrided(jnp.shape(t_xp), strides):
             terms.append(_input_tangent(t_xp, taps, kernel, dilations, channels_last))
-        elif all(isinstance(n, (int, np.integer)) for n in jnp.shape(t_xp)):
+        elif static_sizes(jnp.shape(t_xp)):
             terms.append(_strided_input_tangent(t_xp, taps, kernel, strides, dilations, out, channels_last))
         else:
             terms.append(_tap_sum(_taps(t_xp, kernel, strides, dilations, out, channels_last), taps))

@@ -31,7 +31,7 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
-from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype
+from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype, static_sizes
 
 
 def rsqrt_eps(v, eps):
@@ -108,8 +108,7 @@ def _mean_over(x, axes):
     """
     shape = jnp.shape(x)
     sizes = [shape[a] for a in axes]
-    static = all(isinstance(n, (int, np.integer)) for n in sizes)  # not a symbolic batch
-    if jax.default_backend() != "cpu" or dtype_of(x) not in (np.float32, np.float64) or not static:
+    if jax.default_backend() != "cpu" or dtype_of(x) not in (np.float32, np.float64) or not static_sizes(sizes):
         return _plain_mean(x, axes)
     total = lax.dot_general(jnp.ones(sizes, dtype_of(x)), x, ((tuple(range(len(axes))), axes), ((), ())))
     kept_shape = [1 if a in axes else n for a, n in enumerate(shape)]
