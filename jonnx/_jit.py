@@ -4,8 +4,16 @@ XLA's CPU backend in jaxlib 0.10 miscompiles a dot whose operand is a broadcast 
 the dot, through YNNPACK, with the reduction after it (a mean, a softmax): the result is garbage
 or NaN. All-equal constants reach XLA as broadcasts, so a model whose MatMul/Gemm weights are
 ``ConstantOfShape`` fills (the light model zoo of the onnx test data) feeding a Softmax or a
-ReduceMean hits it. Limiting YNNPACK to fusions of one dot or one convolution avoids the bad
-fusion and keeps YNNPACK's kernels. Measured on the benchmark models: small_cnn unchanged,
+ReduceMean hits it. Limiting YNNPACK to fusions of one dot avoids the bad fusion and keeps
+YNNPACK's dot kernels.
+
+Convolutions are left to XLA's own emitter rather than YNNPACK's (jaxlib's default gives
+YNNPACK both): on the Intel Xeon the suite runs on it was the faster in nearly every case
+measured, alone (a 3x3 over 64 channels on 32x32 at batch 32 0.60x the time, a grouped one
+0.28-0.71x, ResNet-50's strided 3x3s at batch 1 0.62-0.87x, a 1-D convolution 1.08x) and in
+the models: ResNet-50 0.94x at batch 1 and 0.77x at batch 32, MobileNetV2 0.91x at batch 32
+(unchanged at batch 1, where its convolutions are jonnx's own lowerings), the ResNet-18
+training step 0.79x (docs/performance.md, "Which library runs the convolutions"). Measured on the benchmark models: small_cnn unchanged,
 tiny_transformer at batch 32 about 10-20% slower than with XLA's defaults (turning YNNPACK
 fusions off altogether costs 30-40% there). Other fusion sets that were tried (adding elementwise
 or dot fusions) still miscompile. The reproducer, in plain JAX, is in docs/known_issues.md.
@@ -28,8 +36,8 @@ YNNPACK's dot wins on few rows (BERT at batch 1: 1.34x slower without it, ResNet
 but it runs a batched dot (attention's 384 products of 128 x 64 x 128 at batch 32) on one core,
 at 67 GFLOP/s against 84 for XLA's own dot (Eigen, both cores), and on 4096 rows XLA's dot is
 5-10% faster too. With at least 90% of the float32 dot work on 1024 rows or more (counting a
-batched dot's batch), the call compiles with ``compiler_options(library_dots=False)``: YNNPACK
-keeps the convolutions only. BERT at batch 32 0.91x, MobileNetV2 0.97x, ResNet-50 0.985x; a
+batched dot's batch), the call compiles with ``compiler_options(library_dots=False)``, without
+YNNPACK. BERT at batch 32 0.91x, MobileNetV2 0.97x, ResNet-50 0.985x; a
 BERT at batch 8 and the ResNet-18 training step unchanged (docs/performance.md).
 """
 
@@ -46,10 +54,8 @@ import jax.extend.core as jax_core
 import numpy as np
 
 _YNN_FUSION_FLAG = "xla_cpu_experimental_ynn_fusion_type"
-_SAFE_YNN_FUSIONS = {
-    True: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION",
-    False: "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION",
-}
+# The YNNPACK fusions allowed, by library_dots: single dots, or none (convolutions never).
+_SAFE_YNN_FUSIONS = {True: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT", False: ""}
 # library_dots_for: a dot of at least this many rows (a batched dot's batch times its rows)
 # is "large", and XLA's own dot is used when large dots do at least this share of the work.
 LARGE_DOT_ROWS = 1024
@@ -59,8 +65,8 @@ LARGE_DOT_SHARE = 0.9
 def compiler_options(*, library_dots: bool = True) -> dict[str, str]:
     """The XLA compiler options jonnx compiles with, as a new dict.
 
-    ``library_dots=False`` leaves the dots to XLA's own emitter (YNNPACK keeps the
-    convolutions): faster where every dot is large (see :func:`library_dots_for`).
+    ``library_dots=False`` leaves the dots to XLA's own emitter too (convolutions always are):
+    faster where every dot is large (see :func:`library_dots_for`).
 
     Empty where the installed jaxlib does not know the option (a jaxlib without YNNPACK, or a
     newer one that renamed it): compiling with an unknown option is an error, so it is probed

@@ -140,6 +140,21 @@ def test_compiler_options_for_xla_dots_leave_dots_out_of_ynnpack():
     assert "ynn_fusion" not in compiled_text(xla)
 
 
+def test_compiler_options_leave_convolutions_to_xla():
+    # XLA's own convolutions were the faster on the CPUs measured (docs/performance.md).
+    if not jonnx.compiler_options():
+        pytest.skip("this jaxlib has no YNNPACK fusion option")
+    x = np.ones((1, 16, 16, 32), np.float32)
+    w = np.ones((3, 3, 32, 32), np.float32)
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    for options in (jonnx.compiler_options(), jonnx.compiler_options(library_dots=False)):
+        text = jax.jit(conv, compiler_options=options).lower(x, w).compile().as_text()
+        assert "convolution(" in text and "ynn_fusion" not in text
+
+
 def _choices(chooser: jonnx._jit.DotChoosingJit, rows: int) -> list[bool]:
     """The choices made for calls whose inputs held a (rows, 64) float32 array (a segment's key
     ends with its inputs' signature, predict's is that signature)."""
