@@ -5,7 +5,10 @@ the dot, through YNNPACK, with the reduction after it (a mean, a softmax): the r
 or NaN. All-equal constants reach XLA as broadcasts, so a model whose MatMul/Gemm weights are
 ``ConstantOfShape`` fills (the light model zoo of the onnx test data) feeding a Softmax or a
 ReduceMean hits it. Limiting YNNPACK to fusions of one dot avoids the bad fusion and keeps
-YNNPACK's dot kernels.
+YNNPACK's dot kernels. Measured on the benchmark models: small_cnn unchanged,
+tiny_transformer at batch 32 about 10-20% slower than with XLA's defaults (turning YNNPACK
+fusions off altogether costs 30-40% there). Other fusion sets that were tried (adding elementwise
+or dot fusions) still miscompile. The reproducer, in plain JAX, is in docs/known_issues.md.
 
 Convolutions are left to XLA's own emitter rather than YNNPACK's (jaxlib's default gives
 YNNPACK both): on the Intel Xeon the suite runs on it was the faster in nearly every case
@@ -13,10 +16,7 @@ measured, alone (a 3x3 over 64 channels on 32x32 at batch 32 0.60x the time, a g
 0.28-0.71x, ResNet-50's strided 3x3s at batch 1 0.62-0.87x, a 1-D convolution 1.08x) and in
 the models: ResNet-50 0.94x at batch 1 and 0.77x at batch 32, MobileNetV2 0.91x at batch 32
 (unchanged at batch 1, where its convolutions are jonnx's own lowerings), the ResNet-18
-training step 0.79x (docs/performance.md, "Which library runs the convolutions"). Measured on the benchmark models: small_cnn unchanged,
-tiny_transformer at batch 32 about 10-20% slower than with XLA's defaults (turning YNNPACK
-fusions off altogether costs 30-40% there). Other fusion sets that were tried (adding elementwise
-or dot fusions) still miscompile. The reproducer, in plain JAX, is in docs/known_issues.md.
+training step 0.79x (docs/performance.md, "Which library runs the convolutions").
 
 Compiling a large model makes XLA (LLVM) allocate and free hundreds of megabytes, which glibc
 keeps mapped; the first run then maps its temporaries on top. :func:`jit` therefore returns the

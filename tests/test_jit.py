@@ -141,7 +141,7 @@ def test_compiler_options_for_xla_dots_leave_dots_out_of_ynnpack():
 
 
 def test_compiler_options_leave_convolutions_to_xla():
-    # XLA's own convolutions were the faster on the CPUs measured (docs/performance.md).
+    # XLA's own convolutions were the faster on the CPU measured (docs/performance.md).
     if not jonnx.compiler_options():
         pytest.skip("this jaxlib has no YNNPACK fusion option")
     x = np.ones((1, 16, 16, 32), np.float32)
