@@ -57,6 +57,11 @@ def _full(spatial, fill, channels_last: bool) -> tuple:
     return (fill,) + spatial + (fill,) if channels_last else (fill, fill) + spatial
 
 
+def _with_spatial(shape, spatial, channels_last: bool) -> tuple:
+    """``shape`` with its spatial sizes replaced by ``spatial`` (batch and channels kept)."""
+    return tuple(n if e is None else e for n, e in zip(shape, _full(spatial, None, channels_last)))
+
+
 # --------------------------------------------------------------------------- geometry
 
 
@@ -385,8 +390,7 @@ def _taps(xp, kernel, strides, dilations, out, channels_last: bool = False, part
     for i, offsets in enumerate(itertools.product(*(range(k) for k in kernel))):
         first = tuple(o * d for o, d in zip(offsets, dilations))
         start = _full(first, 0, channels_last)
-        ends = _full((f + (n - 1) * s + 1 for f, n, s in zip(first, out, strides)), None, channels_last)
-        limit = tuple(size if e is None else e for size, e in zip(shape, ends))
+        limit = _with_spatial(shape, (f + (n - 1) * s + 1 for f, n, s in zip(first, out, strides)), channels_last)
         source = xp if parts is None else parts[i]
         if opaque:
             yield _opaque_window(source, start, tuple(int(n) for n in limit))
@@ -591,8 +595,9 @@ def _strided_input_tangent(t_xp, taps, kernel, strides, dilations, out, channels
         # start leaves sum_i source[q_i : q_i + out] * tap_i.
         reach = tuple(max(q[a] for _, q in members) for a in range(nd))
         blocks = tuple(r + n for r, n in zip(reach, out))
-        limit = _full((p + (b - 1) * s + 1 for p, b, s in zip(phase, blocks, strides)), None, channels_last)
-        limit = tuple(n if e is None else e for n, e in zip(jnp.shape(t_xp), limit))
+        limit = _with_spatial(
+            jnp.shape(t_xp), (p + (b - 1) * s + 1 for p, b, s in zip(phase, blocks, strides)), channels_last
+        )
         source = lax.slice(t_xp, _full(phase, 0, channels_last), limit, _full(strides, 1, channels_last))
         full = tuple(n + e for n, e in zip(jnp.shape(source), _full(reach, 0, channels_last)))
         placed = _tap_sum(
@@ -601,10 +606,8 @@ def _strided_input_tangent(t_xp, taps, kernel, strides, dilations, out, channels
             lambda start, tap, source=source, full=full: _opaque_place(source * tap, start, full),
         )
         start = _full(reach, 0, channels_last)
-        size = _full(out, None, channels_last)  # the output's spatial sizes, the rest as the source's
-        term = lax.slice(
-            placed, start, tuple(a + (n if e is None else e) for a, n, e in zip(start, jnp.shape(source), size))
-        )
+        size = _with_spatial(jnp.shape(source), out, channels_last)
+        term = lax.slice(placed, start, tuple(a + n for a, n in zip(start, size)))
         total = term if total is None else total + term
     return total
 
@@ -875,7 +878,7 @@ def conv_transpose_lowering(x_shape, w_shape, strides, dtype, channels_last: boo
         return "xla"
     if dtype not in (jnp.float32, jnp.float64) or all(s == 1 for s in strides):
         return "xla"
-    if not all(isinstance(d, (int, np.integer)) for d in _spatial(x_shape, channels_last)):
+    if not static_sizes(_spatial(x_shape, channels_last)):
         return "xla"
     if math.prod(w_shape[2:]) > TRANSPOSE_PHASES_GROWTH * math.prod(strides):
         return "xla"
@@ -1091,7 +1094,7 @@ def _max_pool(x, attrs, ctx, with_indices: bool, channels_last: bool = False):
         jax.default_backend() == "cpu"
         and jnp.issubdtype(jnp.result_type(x), jnp.floating)
         and math.prod(kernel) <= _MAX_WINDOW_TAPS
-        and all(isinstance(d, (int, np.integer)) for d in jnp.shape(x))
+        and static_sizes(jnp.shape(x))
         and math.prod(jnp.shape(x)) < 2**31
     ):
         y = _max_window(x, kernel, strides, lo, hi, extra, channels_last)
