@@ -125,6 +125,17 @@ class DotChoosingJit:
         return (self.default if library else self._xla_dots)(*args)
 
 
+def tracing_into_jaxpr() -> bool:
+    """Whether the calling code is being traced into a jaxpr (under ``jax.jit``, ``lax.scan``,
+    ``jax.checkpoint``...), where JAX refuses a nested jit with compiler options.
+
+    There an operation on constants is staged too and gives a tracer; eagerly, also under
+    ``jax.grad`` or ``jax.vmap`` alone, it gives a value. It runs that operation (about 50
+    microseconds), so callers ask only when they hold tracers.
+    """
+    return isinstance(jax.lax.add(np.float32(0), np.float32(0)), jax.core.Tracer)
+
+
 def signature(tree: Any) -> tuple:
     """Shapes and dtypes of a tree's leaves: what a compilation of them depends on."""
     return tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in jax.tree_util.tree_leaves(tree))

@@ -30,7 +30,7 @@ from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
 from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph, run_main_nodes, run_nodes
 from jonnx._ir import Graph, ValueInfo
-from jonnx._jit import DotChoosingJit, jit, release_freed_memory, signature
+from jonnx._jit import DotChoosingJit, jit, release_freed_memory, signature, tracing_into_jaxpr
 from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
 from jonnx._segments import SegmentPlan, plan_segments, weight_only_nodes
@@ -664,12 +664,16 @@ class Model:
         and ZipMap's lists of dicts are returned as host values.
 
         ``params`` (names left out keep the model's own values) makes the call differentiable:
-        ``jax.grad(lambda p: loss(model(x, params=p)))`` works, outside ``jax.jit``, also for a
+        ``jax.grad(lambda p: loss(model(x, params=p)))`` works, outside ``jax.jit`` also for a
         segmented model. Each segment is differentiated as a compiled function; a host node
         reads the concrete values under the gradient's tracers to decide its indices, and what
         it gathers by them (Compress's data) stays differentiable, so gradients reach the
         params through the Gather/Compress that follow NonMaxSuppression, NonZero, Unique or a
         computed TopK ``k`` (docs/dynamic_shapes.md).
+
+        Under the caller's ``jax.jit`` (or ``lax.scan``, ``jax.checkpoint``) the call is traced
+        into that jit as :meth:`apply` would be (``jonnx.jit`` adds jonnx's compiler options);
+        a model with host nodes is refused there (below).
 
         Raises:
             jonnx.errors.StaticValueError: called on traced inputs (under ``jax.vmap`` or
@@ -715,11 +719,18 @@ class Model:
                 else:
                     dynamic[name] = value
             static = tuple(static)
+            inline = False
             if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((given, dynamic))):
-                results = self._differentiable_segment(index, params, dynamic, static, key)
+                # Under the caller's jit (or scan, checkpoint) the segment is traced into it: a
+                # jit with compiler options cannot be nested. The caller's jit then decides the
+                # options (jonnx.jit gives jonnx's) and, in checked mode, the checks are the
+                # caller's to functionalize, as with apply.
+                inline = tracing_into_jaxpr()
+                segment = self._segment_impl if inline else self._differentiable_segment
+                results = segment(index, params, dynamic, static, key)
             else:
                 results = segments(index, params, dynamic, static, key)
-            if self.checked:
+            if self.checked and not inline:
                 error, results = results
                 message = error.get()
                 if message is not None:
@@ -789,13 +800,17 @@ class Model:
         """
         if not self._prepared_exports:
             return {}
+        # Concrete weights are prepared by the compiled function even when the call is traced
+        # into the caller's jit (compile-time evaluation: that jit cannot nest jonnx's).
         if params is self._params:
             if self._prepared is None:
-                self._prepared = self._relayouts_on_host(params) or self._prepare(params)
+                with jax.ensure_compile_time_eval():
+                    self._prepared = self._relayouts_on_host(params) or self._prepare(params)
             return self._prepared
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(params)):
             return self._prepare_impl(params)
-        return self._prepare(params)
+        with jax.ensure_compile_time_eval():
+            return self._prepare(params)
 
     def _relayouts_on_host(self, params: Mapping[str, Any]) -> dict[str, jax.Array] | None:
         """The prepared weights by numpy, where every weight-only node is a Transpose (the

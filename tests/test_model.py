@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ import jonnx
 from jonnx import errors
 
 TEST_DOMAIN = "jonnx.tests.model"
+MODELS = pathlib.Path(__file__).resolve().parents[1] / "examples" / "models"
 
 
 @jonnx.register("ScaleBy", since=1, domain=TEST_DOMAIN, static_inputs=(1,))
@@ -163,6 +166,29 @@ def test_vmap_over_inputs_and_over_params():
     ws = jnp.stack([m.params["w"] * k for k in range(3)])
     ensemble = jax.vmap(lambda w: m.apply({"w": w}, xs[0])[0])(ws)
     np.testing.assert_allclose(np.asarray(ensemble[2]), 2 * want[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("optimize", [True, {"fold_batchnorm": True}, {"constant_weights": True}])
+def test_call_under_the_callers_jit(optimize):
+    # The call's own compiled segments carry XLA compiler options, which JAX refuses on a jit
+    # nested in another: under the caller's jit the call is traced into it instead. The folded
+    # BatchNorm weights of the second case are first prepared during that trace.
+    import onnxruntime as ort
+
+    path = MODELS / "small_cnn.onnx"
+    x = np.random.default_rng(2).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"image": x})[0]
+    model = jonnx.load(path, optimize=optimize)
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda x: model(x))(x)[0]), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(model(x)[0]), want, rtol=1e-4, atol=1e-5)
+
+    def loss(p):
+        return jnp.sum(model(x, params=p)[0] ** 2)
+
+    eager, traced = jax.grad(loss)(model.params), jax.jit(jax.grad(loss))(model.params)
+    for name in eager:
+        np.testing.assert_allclose(np.asarray(traced[name]), np.asarray(eager[name]), rtol=1e-4, atol=1e-5)
 
 
 def test_grad_matches_finite_differences():
