@@ -1,7 +1,7 @@
 """The channels_last pass (jonnx/optimize/layout.py): CNN chains run N(D)HWC, results unchanged.
 
 Each graph runs with only the layout pass on against ``optimize=False`` (outputs, running
-statistics and gradients, train on and off: ``test_optimize._compare``) and against
+statistics and gradients, train on and off: ``tests._on_off.compare_on_off``) and against
 onnxruntime, and each test checks that the pass rewrote what it should and kept the
 activation transposes to the boundaries, so none can pass vacuously.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import pathlib
 
 import jax
-import jax.numpy as jnp
 import jax.test_util
 import numpy as np
 import onnx
@@ -22,52 +21,13 @@ import pytest
 import jonnx
 from jonnx.ops import nn
 from jonnx.ops.channels_last import DOMAIN
+from tests._on_off import compare_on_off
 from tests.ops.test_conv_lowering import CASES as CONV_CASES
 from tests.test_optimize import MODELS, _model, rand
 
 EXPORTS = pathlib.Path(__file__).resolve().parent / "models" / "exports"
 F = onnx.TensorProto.FLOAT
 ON = {"channels_last": True, "fold_batchnorm": False, "fuse_matmuls": False, "dead_nodes": False}
-
-
-def _compare(proto, feeds, switches):
-    """Outputs, new running statistics and gradients with ``switches`` against
-    ``optimize=False``, train off and on, each run compiled (eager op-by-op runs of the conv
-    lowerings would spend the test's time compiling small pieces)."""
-    on = jonnx.load(proto, optimize=switches)
-    off = jonnx.load(proto, optimize=False)
-    key = jax.random.key(3)
-    for a, b in zip(on(**feeds, key=key), off(**feeds, key=key)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
-    for train in (False, None, True):  # None: a graph's training-mode BatchNorm as the graph says
-        results = []
-        for model in (on, off):
-
-            def loss(params, model=model, train=train):
-                outs, state = model.apply_with_state(params, **feeds, train=train, key=key)
-                # Linear in the outputs with a fixed, uneven cotangent: no amplified rounding.
-                value = sum(
-                    jnp.sum(o * jnp.cos(jnp.arange(o.size).reshape(o.shape)))
-                    for o in outs
-                    if jnp.issubdtype(o.dtype, jnp.floating)
-                )
-                return value, (outs, state)
-
-            results.append(jax.jit(jax.value_and_grad(loss, has_aux=True))(model.params))
-        (_, got), g_on = results[0]
-        (_, want), g_off = results[1]
-        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
-        for name in g_off:
-            scale = float(np.max(np.abs(np.asarray(g_off[name])), initial=1.0))
-            np.testing.assert_allclose(
-                np.asarray(g_on[name]),
-                np.asarray(g_off[name]),
-                rtol=1e-5,
-                atol=1e-5 * scale,
-                err_msg=f"gradient of {name} (train={train})",
-            )
-    return on
 
 
 def _bn(prefix, c, inits, **attrs):
@@ -308,7 +268,7 @@ def _activation_transposes(graph):
 @pytest.mark.parametrize("name", list(BUILT))
 def test_layout_on_equals_off_and_onnxruntime(name):
     proto, feeds = BUILT[name]()
-    on = _compare(proto, feeds, ON)
+    on = compare_on_off(proto, feeds, ON)
     graph = on._graph_for(None)
     domains = {n.op_type for n in graph.nodes if n.domain == DOMAIN}
     assert "Conv" in domains
@@ -436,7 +396,7 @@ def test_maxpool_indices_stay_channels_first():
     ]
     proto = _model(nodes, *_io((1, 2, 6, 6), ("out", "idx")), inits)
     feeds = {"x": rand(1, 2, 6, 6)}
-    on = _compare(proto, feeds, ON)
+    on = compare_on_off(proto, feeds, ON)
     assert [n.op_type for n in on._graph_for(None).nodes if n.domain == DOMAIN] == ["Conv"]
 
 
@@ -456,7 +416,7 @@ def test_bundled_models(path, feeds):
         for v in model.graph.inputs:
             shape = [2 if not isinstance(d, int) else d for d in v.shape]
             feeds[v.name] = rand(*shape)
-    on = _compare(proto, feeds, ON)
+    on = compare_on_off(proto, feeds, ON)
     assert any(n.domain == DOMAIN for n in on._graph_for(None).nodes)
 
 

@@ -21,6 +21,7 @@ import pytest
 import jonnx
 from jonnx import optimize
 from jonnx.ops import nn
+from tests._on_off import assert_gradients_close, compare_on_off, value_and_grad
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "examples" / "models"
 RNG = np.random.default_rng(0)
@@ -154,45 +155,6 @@ REWRITES = {
 }
 
 
-def _loss(model, feeds, train, key):
-    def loss(params):
-        out = model.apply(params, **feeds, train=train, key=key)
-        outs = out[0] if train else out
-        # Linear in the outputs with a fixed, uneven cotangent: no amplified rounding.
-        return sum(
-            jnp.sum(o * jnp.cos(jnp.arange(o.size).reshape(o.shape)))
-            for o in outs
-            if jnp.issubdtype(o.dtype, jnp.floating)
-        )
-
-    return loss
-
-
-def _compare(proto, feeds, switches):
-    on = jonnx.load(proto, optimize=switches)
-    off = jonnx.load(proto, optimize=False)
-    key = jax.random.key(3)
-    for a, b in zip(on(**feeds, key=key), off(**feeds, key=key)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
-    for train in (False, True):
-        got = on.apply_with_state(on.params, **feeds, train=train, key=key)
-        want = off.apply_with_state(off.params, **feeds, train=train, key=key)
-        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
-        g_on = jax.grad(_loss(on, feeds, train, key))(on.params)
-        g_off = jax.grad(_loss(off, feeds, train, key))(off.params)
-        for name in g_off:
-            scale = float(np.max(np.abs(np.asarray(g_off[name])), initial=1.0))
-            np.testing.assert_allclose(
-                np.asarray(g_on[name]),
-                np.asarray(g_off[name]),
-                rtol=1e-4,
-                atol=1e-4 * scale,
-                err_msg=f"gradient of {name} (train={train})",
-            )
-    return on
-
-
 # Each pass alone on the graphs it rewrites and one it does not; all passes on every graph.
 COMBOS = [(p, g) for p in (*optimize.PASSES, "constant_weights") for g in REWRITES.get(p, ["small_cnn"]) + ["qkv"]]
 COMBOS += [("all", g) for g in (*BUILT, *BUNDLED)]
@@ -206,7 +168,7 @@ def test_pass_on_equals_off(pass_name, name):
         if pass_name == "all"
         else {p: p == pass_name for p in (*optimize.PASSES, "constant_weights")}
     )
-    model = _compare(proto, feeds, switches)
+    model = compare_on_off(proto, feeds, switches, trains=(False, True), grad_tol=1e-4)
     if name in REWRITES.get(pass_name, ()):
         assert len(model._graph_for(False).nodes) != len(model.graph.nodes) or {
             n.op_type for n in model._graph_for(False).nodes
@@ -295,21 +257,11 @@ def test_training_gradients_equal_the_plain_graph(monkeypatch):
     proto, feeds = BUNDLED["small_cnn"]()
     key = jax.random.key(3)
     fast = jonnx.load(proto)
-    g_fast = jax.grad(_loss(fast, feeds, True, key))(fast.params)
+    _, g_fast = value_and_grad(fast, feeds, True, key)
     monkeypatch.setattr(nn, "CONV_LOWERING", "xla")
     plain = jonnx.load(proto, optimize=False)
-    g_plain = jax.grad(_loss(plain, feeds, True, key))(plain.params)
-    assert set(g_fast) == set(g_plain)
-    for name in g_plain:
-        want = np.asarray(g_plain[name])
-        scale = float(np.max(np.abs(want), initial=1.0))
-        np.testing.assert_allclose(
-            np.asarray(g_fast[name]),
-            want,
-            rtol=1e-5,
-            atol=1e-5 * scale,
-            err_msg=f"gradient of {name}",
-        )
+    _, g_plain = value_and_grad(plain, feeds, True, key)
+    assert_gradients_close(g_fast, g_plain, 1e-5)
 
 
 def test_weight_only_nodes_run_once_in_the_default_call():

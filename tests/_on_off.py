@@ -1,0 +1,68 @@
+"""A model with some optimization passes on against the same graph with none: the same outputs,
+running statistics and gradients (tests/test_optimize.py, tests/test_layout.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jonnx
+
+
+def loss_of(model, feeds, train, key):
+    """``params -> (loss, (outputs, state))`` for ``jax.value_and_grad(..., has_aux=True)``.
+
+    The loss is linear in the float outputs with a fixed, uneven cotangent, so no rounding is
+    amplified in the gradients."""
+
+    def loss(params):
+        outs, state = model.apply_with_state(params, **feeds, train=train, key=key)
+        value = sum(
+            jnp.sum(o * jnp.cos(jnp.arange(o.size).reshape(o.shape)))
+            for o in outs
+            if jnp.issubdtype(o.dtype, jnp.floating)
+        )
+        return value, (outs, state)
+
+    return loss
+
+
+def value_and_grad(model, feeds, train, key):
+    """``((loss, (outputs, state)), gradients)`` at ``model.params``, compiled: an eager run
+    would compile each small op (and each conv lowering's pieces) on its own, far slower."""
+    return jax.jit(jax.value_and_grad(loss_of(model, feeds, train, key), has_aux=True))(model.params)
+
+
+def assert_gradients_close(got, want, tol, what=""):
+    """Each parameter's gradient within ``tol`` relative, or ``tol`` times its largest entry."""
+    assert set(got) == set(want)
+    for name in want:
+        scale = float(np.max(np.abs(np.asarray(want[name])), initial=1.0))
+        np.testing.assert_allclose(
+            np.asarray(got[name]),
+            np.asarray(want[name]),
+            rtol=tol,
+            atol=tol * scale,
+            err_msg=f"gradient of {name}{what}",
+        )
+
+
+def compare_on_off(proto, feeds, switches, *, trains=(False, None, True), grad_tol=1e-5):
+    """Load ``proto`` with ``optimize=switches`` and with ``optimize=False``; assert equal
+    default-call outputs, and for each ``train`` (None: training-mode nodes as the graph says)
+    equal outputs, running statistics and gradients. Returns the optimized model."""
+    on = jonnx.load(proto, optimize=switches)
+    off = jonnx.load(proto, optimize=False)
+    key = jax.random.key(3)
+    for a, b in zip(on(**feeds, key=key), off(**feeds, key=key)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+    for train in trains:
+        (_, got), g_on = value_and_grad(on, feeds, train, key)
+        (_, want), g_off = value_and_grad(off, feeds, train, key)
+        got, want = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+        assert_gradients_close(g_on, g_off, grad_tol, f" (train={train})")
+    return on
