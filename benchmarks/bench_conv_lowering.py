@@ -8,9 +8,13 @@ shape, in both layouts:
 - ``xla``: ``lax.conv_general_dilated`` (NCHW/OIHW, or NHWC/HWIO; ``xla-ihwo`` NHWC with the
   weights I(D)HWO, where the layout pass lays them out so: ``nn.kernel_layout_for``);
 - ``matmul`` (1x1 kernels), ``depthwise`` (group = channels), ``im2col`` (group 1) and, NHWC
-  only, ``tap_products`` (group 1, stride 1, k > 1, I(D)HWO weights): the private lowering
-  functions of ops/nn.py, called directly.
+  only, ``tap_products`` (group 1, stride 1, k > 1, I(D)HWO weights) and ``channel_taps``
+  (group 1, at most 3 input channels, or ``nn.TAPS_1X1_CHANNELS`` for 1x1 kernels): the private
+  lowering functions of ops/nn.py, called directly.
 
+Every candidate is compiled with ``jonnx.jit``, as the models are: XLA's own convolution
+emitter, dots in YNNPACK (a model whose dots are nearly all large compiles without YNNPACK,
+``jonnx._jit.library_dots_for``; ``jax.jit``'s defaults would hand the convolutions to YNNPACK).
 ``fwd`` times the convolution alone, ``fwd+bwd`` a ``jax.vjp`` of it (the forward and the
 gradients for the input and the weights: a training step's share). The weights are arguments
 (as in training, and in inference once prepared weights are cached), already in the layout each
@@ -44,6 +48,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import nets
 
+import jonnx
 import jonnx.ops.nn as nn
 
 
@@ -143,6 +148,8 @@ def candidates(shape: Shape, layout: str) -> dict[str, tuple[callable, str]]:
         if nhwc and shape.stride == 1:
             kinds.append("tap_products")
             out["xla-ihwo"] = (xla("IHWO"), "IHWO")
+    if nhwc and shape.group == 1 and shape.c_in <= (nn.TAPS_1X1_CHANNELS if shape.k == 1 else 3):
+        kinds.append("channel_taps")
     for kind in kinds:
         fn = nn._LOWERINGS[kind]
         reads = "IHWO" if kind == "tap_products" else "HWIO" if nhwc else "OIHW"
@@ -184,18 +191,18 @@ def bench(shape: Shape, batch: int, layout: str, mode: str, repeats: int) -> dic
     ref = None
     for name, (f, reads) in fns.items():
         w = jnp.asarray(w_oihw.transpose(nn.kernel_permutation(reads, 4)))
-        y = jax.jit(f)(x, w)
+        y = jonnx.jit(f)(x, w)
         # Every candidate must compute the same convolution (this checks the NHWC copies too).
         ref = y if ref is None else ref
         err = float(jnp.max(jnp.abs(y - ref)) / (jnp.max(jnp.abs(ref)) + 1e-12))
         if err > 1e-4:
             raise AssertionError(f"{shape.label()} {layout}: {name} differs from xla by {err:.1e}")
         if mode == "fwd":
-            jitted = jax.jit(f)
+            jitted = jonnx.jit(f)
             calls[name] = lambda jitted=jitted, w=w: jitted(x, w).block_until_ready()
         else:
             g = jnp.ones_like(y)
-            jitted = jax.jit(lambda x, w, g, f=f: jax.vjp(f, x, w)[1](g))
+            jitted = jonnx.jit(lambda x, w, g, f=f: jax.vjp(f, x, w)[1](g))
             calls[name] = lambda jitted=jitted, w=w, g=g: jax.block_until_ready(jitted(x, w, g))
         calls[name]()  # compile
     times = {k: [] for k in calls}
