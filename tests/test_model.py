@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnxruntime as ort
 import pytest
 
 import jonnx
@@ -173,8 +174,6 @@ def test_call_under_the_callers_jit(optimize):
     # The call's own compiled segments carry XLA compiler options, which JAX refuses on a jit
     # nested in another: under the caller's jit the call is traced into it instead. The folded
     # BatchNorm weights of the second case are first prepared during that trace.
-    import onnxruntime as ort
-
     path = MODELS / "small_cnn.onnx"
     x = np.random.default_rng(2).standard_normal((2, 3, 16, 16)).astype(np.float32)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
