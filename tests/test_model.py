@@ -182,12 +182,13 @@ def test_call_under_the_callers_jit(optimize):
     np.testing.assert_allclose(np.asarray(jax.jit(lambda x: model(x))(x)[0]), want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(model(x)[0]), want, rtol=1e-4, atol=1e-5)
 
-    def loss(p):
-        return jnp.sum(model(x, params=p)[0] ** 2)
-
-    eager, traced = jax.grad(loss)(model.params), jax.jit(jax.grad(loss))(model.params)
-    for name in eager:
-        np.testing.assert_allclose(np.asarray(traced[name]), np.asarray(eager[name]), rtol=1e-4, atol=1e-5)
+    # The gradient through the traced call, against apply's (checked against finite
+    # differences in test_grad_matches_finite_differences and tests/test_gradients.py).
+    traced = jax.jit(jax.grad(lambda p: jnp.sum(model(x, params=p)[0] ** 2)))(model.params)
+    want = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(p, x)[0] ** 2)))(model.params)
+    assert set(traced) == set(want)
+    for name in want:
+        np.testing.assert_allclose(np.asarray(traced[name]), np.asarray(want[name]), rtol=1e-4, atol=1e-5)
 
 
 def test_grad_matches_finite_differences():
