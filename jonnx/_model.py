@@ -706,6 +706,7 @@ class Model:
         options = RunOptions(
             key=key, state=frozenset(self._state), memory_limit=self.memory_limit, checked=self.checked
         )
+        staged: bool | None = None  # whether the call is traced into the caller's jit, once known
         for index, stage in enumerate(self.segment_plan.stages):
             if stage.host_nodes:
                 self._run_host(stage.host_nodes, env, params, options)
@@ -719,18 +720,17 @@ class Model:
                 else:
                     dynamic[name] = value
             static = tuple(static)
-            inline = False
             if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((given, dynamic))):
                 # Under the caller's jit (or scan, checkpoint) the segment is traced into it: a
                 # jit with compiler options cannot be nested. The caller's jit then decides the
                 # options (jonnx.jit gives jonnx's) and, in checked mode, the checks are the
-                # caller's to functionalize, as with apply.
-                inline = tracing_into_jaxpr()
-                segment = self._segment_impl if inline else self._differentiable_segment
+                # caller's to functionalize, as with apply. Asked once per call.
+                staged = tracing_into_jaxpr() if staged is None else staged
+                segment = self._segment_impl if staged else self._differentiable_segment
                 results = segment(index, params, dynamic, static, key)
             else:
                 results = segments(index, params, dynamic, static, key)
-            if self.checked and not inline:
+            if self.checked and not staged:
                 error, results = results
                 message = error.get()
                 if message is not None:
