@@ -39,6 +39,7 @@ import tempfile
 import time
 
 import numpy as np
+import onnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -209,8 +210,10 @@ def _cross_entropy(logits, labels):
     return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
 
 
-def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
-    """ResNet-18 SGD-momentum step (batch 32, 64x64, BN in training mode): jonnx, hand-written lax.conv, torch."""
+def resnet18_steps() -> tuple[dict, np.ndarray, np.ndarray, onnx.ModelProto]:
+    """The ResNet-18 SGD-momentum steps (batch 32, 64x64, BN in training mode), jonnx's and the
+    hand-written ``lax.conv`` one: ``({name: (jitted step, carry)}, x, labels, proto)``, where
+    ``step(*carry, x, labels)`` returns the new carry followed by the loss."""
     import jax
     import jax.numpy as jnp
 
@@ -239,14 +242,19 @@ def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
 
         return step
 
-    runs = {}
+    steps = {}
     for name, loss, params, state, jit in [
         ("jonnx", jonnx_loss, model.params, model.state, jonnx.jit),
         ("hand", hand_loss, hand_params, hand_state, jax.jit),
     ]:
-        step = make_step(loss, jit)
-        carry = [params, jax.tree_util.tree_map(jnp.zeros_like, params), state]
-        runs[name] = _first_step(step, carry, x, labels)
+        steps[name] = (make_step(loss, jit), [params, jax.tree_util.tree_map(jnp.zeros_like, params), state])
+    return steps, x, labels, proto
+
+
+def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
+    """ResNet-18 SGD-momentum step (batch 32, 64x64, BN in training mode): jonnx, hand-written lax.conv, torch."""
+    steps, x, labels, proto = resnet18_steps()
+    runs = {name: _first_step(step, carry, x, labels) for name, (step, carry) in steps.items()}
     arrays = dict(x=x, labels=labels, **hand_jax.torch_resnet_weights(proto)) if torch_python else {}
     med, torch = _time_steps(runs, repeats, torch_python, "torch_resnet18_step.py", arrays)
     j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
@@ -266,7 +274,9 @@ def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
 BERT_BATCH, BERT_CLASSES = 8, 2
 
 
-def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
+def bert_steps() -> tuple[dict, np.ndarray, np.ndarray, dict, onnx.ModelProto]:
+    """The BERT fine-tuning steps, jonnx's and the hand-written one, as :func:`resnet18_steps`
+    gives them, plus the classification head's weights: ``(steps, x, labels, head, proto)``."""
     import jax
     import optax
 
@@ -295,7 +305,7 @@ def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
         return _cross_entropy(classify(hand_forward(params, x), params), labels)
 
     optimizer = optax.adamw(1e-4, weight_decay=0.01)
-    runs = {}
+    steps = {}
     for name, loss, jit in [("jonnx", jonnx_loss, jonnx.jit), ("hand", hand_loss, jax.jit)]:
 
         @jit
@@ -304,8 +314,13 @@ def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, value
 
-        carry = [jax.tree_util.tree_map(jax.numpy.asarray, trained), optimizer.init(trained)]
-        runs[name] = _first_step(step, carry, x, labels)
+        steps[name] = (step, [jax.tree_util.tree_map(jax.numpy.asarray, trained), optimizer.init(trained)])
+    return steps, x, labels, head, proto
+
+
+def bench_train_bert(repeats: int, torch_python: str | None = None) -> None:
+    steps, x, labels, head, proto = bert_steps()
+    runs = {name: _first_step(step, carry, x, labels) for name, (step, carry) in steps.items()}
     arrays = dict(x=x, labels=labels, **hand_jax.torch_bert_weights(proto), **head) if torch_python else {}
     med, torch = _time_steps(runs, repeats, torch_python, "torch_bert_step.py", arrays)
     j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
