@@ -119,8 +119,9 @@ def _covered(intervals: list[tuple[int, int]]) -> int:
 
 
 def _hlo_index(hlo: str) -> tuple[dict, dict]:
-    """From the compiled HLO: each instruction's ``(shape, op, JAX op name)``, and each dot's (or
-    dot fusion's) ``(flops, output dims, left operand dims)``."""
+    """From the compiled HLO: each instruction's ``(shape, op, JAX op name, rest of its line)``,
+    and each dot thunk's (a dot, or a fusion around one) ``(flops, output dims, left operand
+    dims)``."""
     shapes, info = {}, {}
     for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = (\w+\[[\d,]*\])\S* (\w[\w-]*)\((.*)$", hlo, re.M):
         name, shape, op, rest = m.groups()
@@ -138,8 +139,18 @@ def _hlo_index(hlo: str) -> tuple[dict, dict]:
         k = math.prod(lhs[int(i)] for i in contract.group(1).split(",") if i)
         return 2 * math.prod(out) * k, out, lhs
 
+    # Instructions inside fused computations are not thunks: their fusion is.
+    fused = {
+        called
+        for _, op, _, rest in info.values()
+        if op == "fusion"
+        for called in re.findall(r"calls=%([\w.\-]+)", rest)
+    }
+    inside = {n for c in fused for n in re.findall(r"%([\w.\-]+) = ", bodies.get(c, ""))}
     dots = {}
     for name, (_, op, _, rest) in info.items():
+        if name in inside:
+            continue
         if op == "dot":
             dots[name] = flops(name, rest)
         elif op == "fusion" and (called := re.search(r"calls=%([\w.\-]+)", rest)):
@@ -188,8 +199,6 @@ def main() -> None:
 
     groups = collections.defaultdict(lambda: [0, 0, 0])
     for name, (fl, out, lhs) in dots.items():
-        if name not in by_name:  # a dot inside a fusion: the fusion is the thunk
-            continue
         group = groups[(tuple(out), tuple(lhs))]
         group[0] += by_name.get(name, 0)
         group[1] += fl * args.calls

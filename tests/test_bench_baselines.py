@@ -60,3 +60,27 @@ def test_hand_written_network_rejects_a_net_it_does_not_follow():
     strides.ints[:] = [2, 2]
     with pytest.raises(ValueError, match="expects"):
         hand_jax.inference(proto)(np.zeros((1, 3, 32, 32), np.float32))
+
+
+def test_thunk_profiler_reads_each_dot_from_the_compiled_hlo():
+    # profile_thunks.py divides a dot thunk's flops by its time: the flops must be the dot's
+    # own (2 M K N), counted once (not again for the dot inside a fusion), whichever library
+    # XLA gives the dot to.
+    import jax
+    import profile_thunks
+
+    import jonnx
+
+    a, b = np.ones((64, 48), np.float32), np.ones((48, 80), np.float32)
+    for library in (True, False):
+        fn = jax.jit(lambda a, b: jax.numpy.tanh(a @ b), compiler_options=jonnx.compiler_options(library_dots=library))
+        info, dots = profile_thunks._hlo_index(fn.lower(a, b).compile().as_text())
+        assert list(dots.values()) == [(2 * 64 * 48 * 80, [64, 80], [64, 48])]
+        assert info[next(iter(dots))][1] == ("fusion" if library else "dot")
+
+
+def test_thunk_profiler_counts_overlapping_time_once():
+    import profile_thunks
+
+    assert profile_thunks._covered([(0, 10), (5, 15), (20, 30), (22, 25)]) == 25
+    assert profile_thunks._covered([]) == 0
