@@ -1,13 +1,15 @@
 """Where a compiled call spends its time: XLA CPU thunks by kind, the dots by shape, the top thunks.
 
 Profiles one of the acceptance benchmark's computations (bench_acceptance.py builds them):
-jonnx's inference call of a model at a batch size (compiled as ``Model(*inputs)`` compiles it:
-``Model.apply`` under ``jonnx.jit``, with the dot library ``library_dots_for`` picks), or a
+jonnx's default call of a model at a batch size (``jonnx.load(proto)`` then ``model(x)``), or a
 training step (``--train resnet18|bert``: jonnx's, or ``--hand`` the hand-written one). It runs a
 few warm calls, records ``--calls`` more with ``jax.profiler``, and reads the trace back
-(``jax.profiler.ProfileData``) against the compiled HLO, to print per call:
+(``jax.profiler.ProfileData``) against the compiled HLO (XLA dumps it to a temporary folder), to
+print per call:
 
-- wall time, and the time some thunk was running (the rest is dispatch and gaps);
+- wall time; the thunks' trace events summed; the time within the calls when no thunk was
+  running, credited to the thunk that ended last before it (XLA's own dots and convolutions
+  hand their work to the thread pool and return, so their events cover only the hand-off);
 - thunk time by kind (the HLO name without its number: ``ynn_fusion`` are YNNPACK's dots,
   ``dot``/``dot_general`` XLA's own, ``*_fusion`` elementwise and layout work,
   ``wrapped_reduce*`` reductions), each with its share;
@@ -15,9 +17,7 @@ few warm calls, records ``--calls`` more with ``jax.profiler``, and reads the tr
 - the slowest thunks with their shape and the JAX operation they came from.
 
 Thunks of independent work run concurrently on XLA's threads, so on more than one core the
-per-thunk times overlap and add up to more than the wall time, and XLA's own dots, which hand
-their work to the thread pool, can show only part of theirs (GFLOP/s above the machine's peak
-are that). ``--one-core`` pins the process to one CPU before JAX starts (XLA's pool follows the
+per-thunk times overlap and add up to more than the wall time. ``--one-core`` pins the process to one CPU before JAX starts (XLA's pool follows the
 affinity): the thunks then run one at a time and their times add up to the call.
 
 Usage: ``python benchmarks/profile_thunks.py (--model bert --batch 1 | --train bert [--hand])
@@ -31,6 +31,7 @@ import collections
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -50,27 +51,22 @@ def _parse_args() -> argparse.Namespace:
 
 
 def _computation(args: argparse.Namespace):
-    """``(run, compiled HLO text, label)``: ``run()`` makes one call and waits for it."""
+    """``(run, label)``: ``run()`` makes one call of what is profiled and waits for it."""
     import bench_acceptance
     import jax
     import numpy as np
 
     import jonnx
-    from jonnx import _jit
 
     if args.model:
         build, shape = bench_acceptance.MODELS[args.model]
         model = jonnx.load(build())
         x = np.random.default_rng(0).standard_normal((args.batch, *shape)).astype(np.float32)
-        library = _jit.library_dots_for(jax.make_jaxpr(model.apply)(model.params, x).jaxpr)
-        fn = jonnx.jit(model.apply, compiler_options=_jit.compiler_options(library_dots=library))
 
         def run():
-            jax.block_until_ready(fn(model.params, x))
+            jax.block_until_ready(model(x))
 
-        hlo = fn.lower(model.params, x).compile().as_text()
-        dots = "YNNPACK's" if library else "XLA's own"
-        return run, hlo, f"{args.model} batch {args.batch} inference ({dots} dots)"
+        return run, f"{args.model} batch {args.batch}, the default call"
     build = {"resnet18": bench_acceptance.resnet18_steps, "bert": bench_acceptance.bert_steps}[args.train]
     steps, x, labels = build()[:3]
     step, carry = steps["hand" if args.hand else "jonnx"]
@@ -79,43 +75,65 @@ def _computation(args: argparse.Namespace):
         carry[:] = step(*carry, x, labels)[: len(carry)]
         jax.block_until_ready(carry)
 
-    hlo = step.lower(*carry, x, labels).compile().as_text()
-    return run, hlo, f"{args.train} training step ({'hand-written' if args.hand else 'jonnx'})"
+    return run, f"{args.train} training step ({'hand-written' if args.hand else 'jonnx'})"
+
+
+def _profiled_hlo(dump_dir: str, thunk_names: set[str]) -> str:
+    """The compiled HLO, among those XLA dumped, whose instructions the traced thunks are (the
+    one naming the most of them: names repeat across modules, not within one)."""
+    import glob
+
+    best, hits = "", -1
+    for path in glob.glob(f"{dump_dir}/*after_optimizations.txt"):
+        with open(path) as f:
+            text = f.read()
+        named = set(re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = ", text, re.M))
+        if len(named & thunk_names) > hits:
+            best, hits = text, len(named & thunk_names)
+    return best
 
 
 # Trace events that are the executor's or the thread pool's bookkeeping, not a thunk's work.
 _BOOKKEEPING = ("ThunkExecutor", "ThreadpoolListener", "SlinkyThreadPool", "end: ", "H2D", "D2H")
 
 
-def _thunk_events(trace_dir: str) -> list[tuple[int, int, str]]:
-    """``(start ns, end ns, thunk name)`` of every thunk run on XLA's threads in the trace."""
+_CALL = "profile_thunks.call"  # the annotation around each profiled call
+
+
+def _thunk_events(trace_dir: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, int]]]:
+    """``(start ns, end ns, thunk name)`` of every thunk run on XLA's threads in the trace,
+    and ``(start ns, end ns)`` of each profiled call."""
     import glob
 
     import jax
 
     (path,) = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
-    events = []
+    events, calls = [], []
     for plane in jax.profiler.ProfileData.from_file(path).planes:
         for line in plane.lines:
-            if not line.name.startswith("tf_XLA"):
-                continue
             for ev in line.events:
-                if not ev.name.startswith(_BOOKKEEPING):
+                if ev.name == _CALL:
+                    calls.append((ev.start_ns, ev.start_ns + ev.duration_ns))
+                elif line.name.startswith("tf_XLA") and not ev.name.startswith(_BOOKKEEPING):
                     events.append((ev.start_ns, ev.start_ns + ev.duration_ns, ev.name))
-    return events
+    return events, calls
 
 
-def _covered(intervals: list[tuple[int, int]]) -> int:
-    """Nanoseconds covered by the union of the intervals."""
-    total, end = 0, None
-    for s, e in sorted(intervals):
-        if end is None or s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
+def _idle_after(events: list[tuple[int, int, str]], calls: list[tuple[int, int]]) -> dict[str, int]:
+    """Nanoseconds within the calls when no thunk was running, credited to the thunk that
+    ended last before each gap: XLA's own dots and convolutions hand their work to the thread
+    pool and return, so their events cover only the hand-off and what follows until the next
+    thunk starts is theirs (after other thunks it is the executor's own time)."""
+    idle = collections.defaultdict(int)
+    for call_start, call_end in calls:
+        inside = sorted(e for e in events if call_start <= e[0] < call_end)
+        latest = None  # the running event that ends last
+        for start, end, name in inside:
+            if latest is not None and start > latest[1]:
+                idle[latest[2]] += start - latest[1]
+            if latest is None or end > latest[1]:
+                latest = (start, end, name)
+    return idle
 
 
 def _hlo_index(hlo: str) -> tuple[dict, dict]:
@@ -164,30 +182,43 @@ def main() -> None:
     args = _parse_args()
     if args.one_core:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    # XLA writes each compiled module's HLO here, where the thunks' names are looked up (the
+    # default call compiles inside the model, out of reach of .lower()).
+    dump_dir = tempfile.mkdtemp(prefix="jonnx-hlo-")
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
     import jax
 
-    run, hlo, label = _computation(args)
-    for _ in range(3):
-        run()
-    with tempfile.TemporaryDirectory() as trace_dir:
-        jax.profiler.start_trace(trace_dir)
-        start = time.perf_counter()
-        for _ in range(args.calls):
+    try:
+        run, label = _computation(args)
+        for _ in range(3):
             run()
-        wall = (time.perf_counter() - start) / args.calls
-        jax.profiler.stop_trace()
-        events = _thunk_events(trace_dir)
-    if not events:
-        sys.exit("no XLA thunk events in the trace (not the CPU backend?)")
+        with tempfile.TemporaryDirectory() as trace_dir:
+            jax.profiler.start_trace(trace_dir)
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                with jax.profiler.TraceAnnotation(_CALL):
+                    run()
+            wall = (time.perf_counter() - start) / args.calls
+            jax.profiler.stop_trace()
+            events, calls = _thunk_events(trace_dir)
+        if not events:
+            sys.exit("no XLA thunk events in the trace (not the CPU backend?)")
+        hlo = _profiled_hlo(dump_dir, {name for _, _, name in events})
+    finally:
+        shutil.rmtree(dump_dir, ignore_errors=True)
+    dot_library = "YNNPACK's dots" if "__ynn_fusion" in hlo else "XLA's own dots"
     info, dots = _hlo_index(hlo)
     per_call = 1e6 * args.calls  # ns summed over the calls -> ms per call
-    by_name = collections.defaultdict(int)
+    own = collections.defaultdict(int)
     for s, e, name in events:
-        by_name[name] += e - s
+        own[name] += e - s
+    idle = _idle_after(events, calls)
+    by_name = {name: own[name] + idle.get(name, 0) for name in own}
     cores = len(os.sched_getaffinity(0))
-    print(f"{label}: {wall * 1e3:.1f} ms per call with the profiler on, {cores} core(s)")
-    print(f"  some thunk running: {_covered([(s, e) for s, e, _ in events]) / per_call:.1f} ms per call")
-    print(f"  thunk time summed over threads: {sum(by_name.values()) / per_call:.1f} ms per call")
+    print(f"{label} ({dot_library}): {wall * 1e3:.1f} ms per call with the profiler on, {cores} core(s)")
+    print(f"  thunk events, summed over threads: {sum(own.values()) / per_call:.1f} ms per call")
+    print(f"  no thunk running, credited to the thunk before: {sum(idle.values()) / per_call:.1f} ms per call")
+    print("  (the times below are events plus that credit)")
 
     kinds = collections.defaultdict(int)
     for name, ns in by_name.items():
