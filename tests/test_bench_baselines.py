@@ -87,3 +87,22 @@ def test_thunk_profiler_credits_idle_time_to_the_thunk_that_ended_last():
     events = [(0, 10, "a"), (5, 15, "b"), (20, 30, "c"), (22, 25, "d"), (40, 50, "e"), (100, 110, "f"), (150, 160, "g")]
     idle = profile_thunks._idle_after(events, calls=[(0, 60), (100, 200)])
     assert idle == {"b": 5, "c": 10, "f": 40}
+
+
+def test_dot_floor_counts_each_float32_product_of_a_computation():
+    # bench_dot_floor.py times each product the computation makes, as often as it makes it:
+    # a product in a nested jit and a batched one included, an int32 one left out.
+    import bench_dot_floor
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, w, q):
+        h = jax.jit(lambda x, w: x @ w)(x, w)
+        scores = jnp.einsum("bqd,bkd->bqk", q, q)
+        return h @ w.T, scores, jnp.ones((3, 4), jnp.int32) @ jnp.ones((4, 5), jnp.int32)
+
+    x, w, q = np.ones((6, 4), np.float32), np.ones((4, 4), np.float32), np.ones((2, 3, 8), np.float32)
+    products = bench_dot_floor._products(jax.make_jaxpr(f)(x, w, q))
+    # x @ w and h @ w.T are the same product (JAX transposes w first): counted twice.
+    found = {bench_dot_floor._describe(p): (count, bench_dot_floor._flops(p)) for p, count in products.items()}
+    assert found == {"6 x 4 x 4": (2, 2 * 6 * 4 * 4), "2 x 3 x 8 x 3": (1, 2 * 2 * 3 * 3 * 8)}
