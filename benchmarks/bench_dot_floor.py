@@ -129,7 +129,9 @@ def bench_inference(name: str, batch: int, repeats: int) -> None:
     proto = build()
     model = jonnx.load(proto)
     x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
-    products = _products(jax.make_jaxpr(model.apply)(model.params, x))
+    # The default call's products: traced as a caller's jit traces it (the call graph, with
+    # its layout pass and prepared weights, as Model(*inputs) compiles it).
+    products = _products(jax.make_jaxpr(lambda x: model(x))(x))
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     feed = {session.get_inputs()[0].name: x}
     model(x)[0].block_until_ready()
