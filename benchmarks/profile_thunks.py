@@ -17,8 +17,9 @@ print per call:
 - the slowest thunks with their shape and the JAX operation they came from.
 
 Thunks of independent work run concurrently on XLA's threads, so on more than one core the
-per-thunk times overlap and add up to more than the wall time. ``--one-core`` pins the process to one CPU before JAX starts (XLA's pool follows the
-affinity): the thunks then run one at a time and their times add up to the call.
+per-thunk times overlap and add up to more than the wall time. ``--one-core`` pins the process
+to one CPU before JAX starts (XLA's pool follows the affinity): the thunks then run one at a
+time and their times add up to the call.
 
 Usage: ``python benchmarks/profile_thunks.py (--model bert --batch 1 | --train bert [--hand])
 [--one-core] [--calls 3] [--top 25]``
@@ -40,6 +41,8 @@ import time
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group(required=True)
+    # bench_acceptance.MODELS's names: that module imports JAX, which must wait for the
+    # affinity and XLA_FLAGS set in main().
     what.add_argument("--model", choices=["resnet50", "mobilenet_v2", "bert", "bert_int8"])
     what.add_argument("--train", choices=["resnet18", "bert"])
     parser.add_argument("--batch", type=int, default=1, help="inference batch size (with --model)")
