@@ -728,8 +728,21 @@ class Model:
                 staged = tracing_into_jaxpr() if staged is None else staged
                 segment = self._segment_impl if staged else self._differentiable_segment
                 results = segment(index, params, dynamic, static, key)
+            elif staged:
+                results = self._segment_impl(index, params, dynamic, static, key)
             else:
-                results = segments(index, params, dynamic, static, key)
+                try:
+                    results = segments(index, params, dynamic, static, key)
+                except ValueError:
+                    # Concrete values inside the caller's jit (a closure over numpy arrays):
+                    # JAX refuses the compiled segment's options there. Asked only on this
+                    # error, so plain calls pay nothing; then traced inline, as above.
+                    if not tracing_into_jaxpr():
+                        raise
+                    if self.segment_plan.host_nodes:
+                        raise self._host_nodes_error("inside jax.jit") from None
+                    staged = True
+                    results = self._segment_impl(index, params, dynamic, static, key)
             if self.checked and not staged:
                 error, results = results
                 message = error.get()
@@ -751,16 +764,8 @@ class Model:
         ]
         if not traced:
             return
-        host = [self._call_graph.nodes[p] for p in self.segment_plan.host_nodes]
-        if host:
-            what = ", ".join(f"{n.op_type} node {n.name!r}" for n in host[:5])
-            raise errors.StaticValueError(
-                f"calling the model on traced values {traced} (under jax.vmap or jax.jit) "
-                f"cannot run its host nodes ({what}): their output shapes depend on input values. "
-                "Call the model on concrete arrays (it compiles its segments itself; jax.grad "
-                "outside jax.jit works, with params=), loop in Python, "
-                "or use Model.apply with jonnx.load(..., size_bounds=...) where the op supports it"
-            )
+        if self.segment_plan.host_nodes:
+            raise self._host_nodes_error(f"on traced values {traced} (under jax.vmap or jax.jit)")
         segment_static = {n for s in self.segment_plan.stages for n in s.static}
         static = [n for n in traced if n in segment_static]
         if static:
@@ -768,6 +773,17 @@ class Model:
                 f"inputs {static} must be known at trace time (they feed a shape, a count or "
                 "strings), but they are traced here: pass them as concrete numpy arrays"
             )
+
+    def _host_nodes_error(self, where: str) -> errors.StaticValueError:
+        host = [self._call_graph.nodes[p] for p in self.segment_plan.host_nodes]
+        what = ", ".join(f"{n.op_type} node {n.name!r}" for n in host[:5])
+        return errors.StaticValueError(
+            f"calling the model {where} cannot run its host nodes ({what}): their output shapes "
+            "depend on input values. Call the model on concrete arrays outside jax.jit (it "
+            "compiles its segments itself; jax.grad outside jax.jit works, with params=), loop "
+            "in Python, or use Model.apply with jonnx.load(..., size_bounds=...) where the op "
+            "supports it"
+        )
 
     def _run_host(
         self, positions: tuple[int, ...], env: dict[str, Any], params: Mapping[str, Any], options: RunOptions

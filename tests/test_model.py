@@ -180,6 +180,8 @@ def test_call_under_the_callers_jit(optimize):
     want = session.run(None, {"image": x})[0]
     model = jonnx.load(path, optimize=optimize)
     np.testing.assert_allclose(np.asarray(jax.jit(lambda x: model(x))(x)[0]), want, rtol=1e-4, atol=1e-5)
+    # Concrete inputs inside the caller's jit (a closure over a numpy array) too.
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda: model(x))()[0]), want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(model(x)[0]), want, rtol=1e-4, atol=1e-5)
 
     # The gradient through the traced call, against apply's (checked against finite

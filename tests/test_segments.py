@@ -297,6 +297,14 @@ def test_vmap_over_a_segmented_model_names_the_host_node():
         jax.vmap(model)(images)
 
 
+def test_a_segmented_model_inside_jit_names_the_host_node():
+    # Concrete images closed over by the caller's jit: the host node still cannot run there.
+    model = jonnx.load(_detector())
+    image = np.zeros((1, 3, 8, 8), np.float32)
+    with pytest.raises(errors.StaticValueError, match="inside jax.jit.*NonMaxSuppression"):
+        jax.jit(lambda: model(image))()
+
+
 def _zipmap_model(labels) -> onnx.ModelProto:
     n = len(labels)
     key = "classlabels_strings" if isinstance(labels[0], str) else "classlabels_int64s"
