@@ -25,10 +25,8 @@ from __future__ import annotations
 import argparse
 import collections
 import math
-import os
 import pathlib
 import sys
-import tempfile
 
 import numpy as np
 
@@ -145,21 +143,13 @@ def bench_inference(name: str, batch: int, repeats: int) -> None:
 
 
 def bench_train_bert(repeats: int, torch_python: str) -> None:
-
     steps, x, labels, head, proto = bench_acceptance.bert_steps()
     step, carry = steps["jonnx"]
     products = _products(step.trace(*carry, x, labels).jaxpr)
-    run = bench_acceptance._first_step(step, carry, x, labels)[0]
+    runs = {"jonnx": bench_acceptance._first_step(step, carry, x, labels)}
+    runs.update({key: (call,) for key, call in _product_calls(products).items()})
     arrays = dict(x=x, labels=labels, **hand_jax.torch_bert_weights(proto), **head)
-    with tempfile.TemporaryDirectory() as tmp:
-        weights = os.path.join(tmp, "weights.npz")
-        np.savez(weights, **arrays)
-        torch = bench_acceptance._TorchSteps("torch_bert_step.py", torch_python, weights)
-        try:
-            fns = {"jonnx": run, **torch.step_fns(), **_product_calls(products)}
-            med = bench_acceptance._alternate(fns, repeats)
-        finally:
-            torch.close()
+    med, _ = bench_acceptance._time_steps(runs, repeats, torch_python, "torch_bert_step.py", arrays)
     _report(f"bert fine-tuning step, batch {bench_acceptance.BERT_BATCH}", products, med, "torch eager", TRAIN_TARGET)
 
 

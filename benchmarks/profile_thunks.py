@@ -90,9 +90,9 @@ def _profiled_hlo(dump_dir: str, thunk_names: set[str]) -> str:
     for path in glob.glob(f"{dump_dir}/*after_optimizations.txt"):
         with open(path) as f:
             text = f.read()
-        named = set(re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = ", text, re.M))
-        if len(named & thunk_names) > hits:
-            best, hits = text, len(named & thunk_names)
+        found = len(thunk_names & set(re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = ", text, re.M)))
+        if found > hits:
+            best, hits = text, found
     return best
 
 
@@ -175,7 +175,7 @@ def _hlo_index(hlo: str) -> tuple[dict, dict]:
         if op == "dot":
             dots[name] = flops(name, rest)
         elif op == "fusion" and (called := re.search(r"calls=%([\w.\-]+)", rest)):
-            inner = [n for n in re.findall(r"%([\w.\-]+) = \S+ dot\(", bodies.get(called.group(1), ""))]
+            inner = re.findall(r"%([\w.\-]+) = \S+ dot\(", bodies.get(called.group(1), ""))
             if inner:
                 dots[name] = flops(inner[0], info[inner[0]][3])
     return info, {k: v for k, v in dots.items() if v}
