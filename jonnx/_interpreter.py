@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jonnx import errors
+from jonnx import _host_fold as host_fold, errors
 from jonnx._ir import Graph, Node
 from jonnx._progress import Progress
 from jonnx._registry import OpContext, promote_floats
@@ -261,6 +261,9 @@ def _run_node(
                     # ops (NonZero, NMS, ...) run in numpy on every segmented call, make
                     # outputs no larger than their inputs, and cannot run abstractly.
                     _check_memory(node, _predict(node, args, ctx), options.memory_limit)
+                folded = host_fold.fold(lambda: op.fn(args, node.attrs, ctx))
+                if folded is not None:
+                    return folded
                 with jax.ensure_compile_time_eval():
                     return _to_numpy(op.fn(args, node.attrs, ctx))
         outputs = op.fn(args, node.attrs, ctx)

@@ -1,0 +1,254 @@
+"""Folding a node on concrete inputs in numpy, without compiling anything.
+
+A node whose inputs are all known at trace time is evaluated then (DESIGN.md, step 5). Run
+eagerly in JAX, every primitive of it compiles its own small XLA computation the first time it
+meets a shape (25-50 ms each here): a transformers export's shape and mask arithmetic made 37
+such compilations, 0.9 of the 2.0 s its load and first call took, and a model whose weights
+are ``ConstantOfShape`` fills over a hundred. :func:`fold` instead traces the node to a jaxpr
+(no compilation) and evaluates it with numpy, for the primitives whose numpy meaning is
+exactly XLA's (integer arithmetic, comparisons, IEEE adds and multiplies, shape moves). Any
+other primitive, or any result whose shape or dtype is not the jaxpr's, gives None, and the
+caller runs the node eagerly in JAX as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core as jax_core
+
+__all__ = ["fold"]
+
+
+class _Unsupported(Exception):
+    """A primitive (or a case of one) without an exact numpy evaluation here."""
+
+
+def fold(fn: Callable[[], Any]) -> Any | None:
+    """``fn()`` (a node on closed-over numpy inputs) evaluated in numpy, or None.
+
+    The outputs keep ``fn``'s structure (a tuple, None entries, lists) with numpy arrays as
+    leaves. None when ``fn`` cannot be traced abstractly (it needs a value at trace time, or
+    returns something that is not an array) or uses a primitive this module does not evaluate;
+    its errors are left for the eager run to raise.
+    """
+    try:
+        closed, shapes = jax.make_jaxpr(lambda: _arrays_only(fn()), return_shape=True)()
+    except Exception:  # noqa: BLE001 -- the eager run raises the op's own error, if any
+        return None
+    try:
+        with np.errstate(all="ignore"):  # XLA wraps and overflows silently too
+            leaves = _evaluate(closed.jaxpr, closed.consts, [])
+    except Exception:  # noqa: BLE001 -- _Unsupported, or numpy refusing (the max of nothing)
+        return None
+    arrays = [np.array(x) for x in leaves]  # owned, writable, as np.asarray of a jax.Array
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes), arrays)
+
+
+def _arrays_only(outputs: Any) -> Any:
+    """``outputs`` if each is an array (or None, or a list of them): a map of Python values
+    (ZipMap's rows) stays as the op made it."""
+    for leaf in jax.tree_util.tree_leaves(outputs, is_leaf=lambda x: isinstance(x, dict)):
+        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+            raise _Unsupported(f"a {type(leaf).__name__} output")
+    return outputs
+
+
+def _evaluate(jaxpr: Any, consts: Any, args: list) -> list:
+    env: dict[Any, np.ndarray] = {}
+
+    def read(var: Any) -> np.ndarray:
+        if isinstance(var, jax_core.Literal):
+            return np.asarray(var.val, var.aval.dtype)
+        return env[var]
+
+    for var, value in zip(jaxpr.constvars, consts):
+        env[var] = np.asarray(value)
+    for var, value in zip(jaxpr.invars, args):
+        env[var] = value
+    for eqn in jaxpr.eqns:
+        inputs = [read(v) for v in eqn.invars]
+        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if eqn.primitive.name in _CALLS and inner is not None:
+            outputs = _evaluate(inner.jaxpr, inner.consts, inputs)
+        else:
+            rule = _RULES.get(eqn.primitive.name)
+            if rule is None:
+                raise _Unsupported(eqn.primitive.name)
+            _no_subnormals(inputs)
+            result = rule(inputs, **eqn.params)
+            outputs = list(result) if eqn.primitive.multiple_results else [result]
+        for var, value in zip(eqn.outvars, outputs):
+            value = np.asarray(value)
+            if value.shape != var.aval.shape or value.dtype != var.aval.dtype:
+                raise _Unsupported(f"{eqn.primitive.name} gave {value.dtype}{list(value.shape)}")
+            _no_subnormals([value])
+            env[var] = value
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _no_subnormals(values: list) -> None:
+    """XLA on CPU may treat subnormal floats as zero (a subnormal cast to bool was False), where
+    numpy keeps them: leave any such value to XLA."""
+    for x in values:
+        if x.dtype.kind == "f" and x.size:
+            magnitude = np.abs(x)
+            if np.any((magnitude > 0) & (magnitude < np.finfo(x.dtype).tiny)):
+                raise _Unsupported("subnormal floats")
+
+
+# Primitives that only call a jaxpr of their own (jnp functions are wrapped in jit).
+_CALLS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
+
+# numpy's own dtypes, which it rounds and wraps as XLA does (bfloat16 and the 8-bit floats
+# come from ml_dtypes, of kind "V").
+_PLAIN_KINDS = "biuf"
+
+
+def _plain(dtype: np.dtype) -> bool:
+    return dtype.kind in _PLAIN_KINDS
+
+
+def _exact(fn: Callable, kinds: str = _PLAIN_KINDS) -> Callable:
+    """An elementwise numpy function, for operands of the given kinds only."""
+
+    def rule(inputs: list, **_: Any) -> np.ndarray:
+        if not all(x.dtype.kind in kinds for x in inputs):
+            raise _Unsupported(fn.__name__)
+        return fn(*inputs)
+
+    return rule
+
+
+def _convert(inputs: list, new_dtype: Any, **_: Any) -> np.ndarray:
+    (x,) = inputs
+    to = np.dtype(new_dtype)
+    if not (_plain(x.dtype) and _plain(to)):
+        raise _Unsupported("convert_element_type")
+    if x.dtype.kind == "f" and to.kind in "iu":
+        # XLA's float -> int of NaN or out-of-range values is not numpy's.
+        info = np.iinfo(to)
+        if not np.all(np.isfinite(x)) or np.any(np.trunc(x) < info.min) or np.any(np.trunc(x) > info.max):
+            raise _Unsupported("convert_element_type out of range")
+    return x.astype(to)
+
+
+def _broadcast_in_dim(inputs: list, shape: tuple, broadcast_dimensions: tuple, **_: Any) -> np.ndarray:
+    if len(inputs) != 1:  # dynamic shapes
+        raise _Unsupported("broadcast_in_dim")
+    (x,) = inputs
+    expanded = [1] * len(shape)
+    for axis, dim in zip(broadcast_dimensions, x.shape):
+        expanded[axis] = dim
+    return np.broadcast_to(x.reshape(expanded), shape)
+
+
+def _reshape(inputs: list, new_sizes: tuple, dimensions: Any, **_: Any) -> np.ndarray:
+    if dimensions is not None or len(inputs) != 1:
+        raise _Unsupported("reshape")
+    return inputs[0].reshape(new_sizes)
+
+
+def _iota(inputs: list, dtype: Any, shape: tuple, dimension: int, **_: Any) -> np.ndarray:
+    if inputs or not _plain(np.dtype(dtype)):
+        raise _Unsupported("iota")
+    line = np.arange(shape[dimension], dtype=dtype).reshape([-1 if a == dimension else 1 for a in range(len(shape))])
+    return np.broadcast_to(line, shape)
+
+
+def _slice(inputs: list, start_indices: tuple, limit_indices: tuple, strides: Any, **_: Any) -> np.ndarray:
+    strides = strides or (1,) * len(start_indices)
+    return inputs[0][tuple(slice(a, b, s) for a, b, s in zip(start_indices, limit_indices, strides))]
+
+
+def _select_n(inputs: list, **_: Any) -> np.ndarray:
+    which, *cases = inputs
+    return np.choose(which.astype(np.intp), cases)
+
+
+def _integer_reduction(fn: Callable) -> Callable:
+    def rule(inputs: list, axes: tuple, **_: Any) -> np.ndarray:
+        (x,) = inputs
+        if x.dtype.kind not in "biu":  # a float sum's order is XLA's own
+            raise _Unsupported(fn.__name__)
+        return fn(x, axis=tuple(axes)).astype(x.dtype)
+
+    return rule
+
+
+def _gather(inputs: list, dimension_numbers: Any, slice_sizes: tuple, mode: Any, **_: Any) -> np.ndarray:
+    """The two gathers jnp indexing makes: ``jnp.take`` along one axis (ONNX Gather on shapes
+    and small tables), and one element per index vector over every axis (GatherElements)."""
+    operand, indices = inputs
+    dn = dimension_numbers
+    if dn.operand_batching_dims or not indices.ndim:
+        raise _Unsupported("gather")
+    index = indices.astype(np.int64)
+    limits = np.asarray([operand.shape[a] for a in dn.start_index_map], np.int64)
+    if "CLIP" in str(mode):
+        index = np.clip(index, 0, limits - 1)
+    elif np.any((index < 0) | (index >= limits)):  # filled or undefined: XLA's business
+        raise _Unsupported("gather out of range")
+    batch = indices.ndim - 1
+    if len(dn.start_index_map) == 1 and indices.shape[-1] == 1:
+        (axis,) = dn.start_index_map
+        full = tuple(1 if a == axis else n for a, n in enumerate(operand.shape))
+        offsets = tuple(range(axis)) + tuple(range(axis + batch, operand.ndim - 1 + batch))
+        if (
+            tuple(dn.collapsed_slice_dims) == (axis,)
+            and tuple(slice_sizes) == full
+            and tuple(dn.offset_dims) == offsets
+        ):
+            return np.take(operand, index[..., 0], axis=axis)
+    every = tuple(range(operand.ndim))
+    if (
+        tuple(dn.start_index_map) == every
+        and tuple(dn.collapsed_slice_dims) == every
+        and not dn.offset_dims
+        and all(n == 1 for n in slice_sizes)
+    ):
+        return operand[tuple(index[..., a] for a in every)]
+    raise _Unsupported("gather")
+
+
+_INTEGERS = "biu"
+_RULES: dict[str, Callable] = {
+    "add": _exact(np.add, "iuf"),
+    "sub": _exact(np.subtract, "iuf"),
+    "mul": _exact(np.multiply, "iuf"),
+    "neg": _exact(np.negative, "iuf"),
+    "abs": _exact(np.abs, "iu"),
+    "max": _exact(np.maximum, _INTEGERS),  # floats: signed zeros and NaNs are XLA's own
+    "min": _exact(np.minimum, _INTEGERS),
+    "eq": _exact(np.equal),
+    "ne": _exact(np.not_equal),
+    "lt": _exact(np.less),
+    "le": _exact(np.less_equal),
+    "gt": _exact(np.greater),
+    "ge": _exact(np.greater_equal),
+    "and": _exact(np.bitwise_and, _INTEGERS),
+    "or": _exact(np.bitwise_or, _INTEGERS),
+    "xor": _exact(np.bitwise_xor, _INTEGERS),
+    "not": _exact(np.invert, _INTEGERS),
+    "select_n": _select_n,
+    "convert_element_type": _convert,
+    "broadcast_in_dim": _broadcast_in_dim,
+    "reshape": _reshape,
+    "squeeze": lambda inputs, dimensions, **_: np.squeeze(inputs[0], axis=tuple(dimensions)),
+    "expand_dims": lambda inputs, dimensions, **_: np.expand_dims(inputs[0], tuple(dimensions)),
+    "transpose": lambda inputs, permutation, **_: np.transpose(inputs[0], permutation),
+    "rev": lambda inputs, dimensions, **_: np.flip(inputs[0], tuple(dimensions)),
+    "concatenate": lambda inputs, dimension, **_: np.concatenate(inputs, axis=dimension),
+    "iota": _iota,
+    "slice": _slice,
+    "copy": lambda inputs, **_: inputs[0],
+    "copy_p": lambda inputs, **_: inputs[0],
+    "reduce_sum": _integer_reduction(np.sum),
+    "reduce_prod": _integer_reduction(np.prod),
+    "reduce_max": _integer_reduction(np.max),
+    "reduce_min": _integer_reduction(np.min),
+    "gather": _gather,
+}
