@@ -2,13 +2,13 @@
 
 A node whose inputs are all known at trace time is evaluated then (DESIGN.md, step 5). Run
 eagerly in JAX, every primitive of it compiles its own small XLA computation the first time it
-meets a shape (25-50 ms each here): a transformers export's shape and mask arithmetic made 37
-such compilations, 0.9 of the 2.0 s its load and first call took, and a model whose weights
-are ``ConstantOfShape`` fills over a hundred. :func:`fold` instead traces the node to a jaxpr
-(no compilation) and evaluates it with numpy, for the primitives whose numpy meaning is
-exactly XLA's (integer arithmetic, comparisons, IEEE adds and multiplies, shape moves). Any
-other primitive, or any result whose shape or dtype is not the jaxpr's, gives None, and the
-caller runs the node eagerly in JAX as before.
+meets a shape (25-50 ms each here): a transformers export's shape and mask arithmetic made 35
+such compilations, over half of its load and first call, and a model whose weights are
+``ConstantOfShape`` fills over a hundred (docs/performance.md, "Folding without compiling").
+:func:`fold` instead traces the node to a jaxpr (no compilation) and evaluates it with numpy,
+for the primitives whose numpy meaning is exactly XLA's (integer arithmetic, comparisons, IEEE
+adds and multiplies, shape moves). Any other primitive or case, or any result whose shape or
+dtype is not the jaxpr's, gives None, and the caller runs the node eagerly in JAX as before.
 """
 
 from __future__ import annotations
@@ -27,18 +27,22 @@ class _Unsupported(Exception):
     """A primitive (or a case of one) without an exact numpy evaluation here."""
 
 
-def fold(fn: Callable[[], Any]) -> Any | None:
+def fold(fn: Callable[[], Any], check: Callable[[Any], None] | None = None) -> Any | None:
     """``fn()`` (a node on closed-over numpy inputs) evaluated in numpy, or None.
 
     The outputs keep ``fn``'s structure (a tuple, None entries, lists) with numpy arrays as
     leaves. None when ``fn`` cannot be traced abstractly (it needs a value at trace time, or
     returns something that is not an array) or uses a primitive this module does not evaluate;
-    its errors are left for the eager run to raise.
+    its errors are left for the eager run to raise. ``check``, given the outputs' shapes and
+    dtypes (``jax.ShapeDtypeStruct`` leaves) before anything is computed, may raise to refuse
+    them (the model's memory limit).
     """
     try:
         closed, shapes = jax.make_jaxpr(lambda: _arrays_only(fn()), return_shape=True)()
     except Exception:  # noqa: BLE001 -- the eager run raises the op's own error, if any
         return None
+    if check is not None:
+        check(shapes)
     try:
         with np.errstate(all="ignore"):  # XLA wraps and overflows silently too
             leaves = _evaluate(closed.jaxpr, closed.consts, [])

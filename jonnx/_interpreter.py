@@ -254,16 +254,23 @@ def _run_node(
     try:
         if fold:
             with jax.enable_x64(True):
+                check = None
                 if options.memory_limit is not None and args and not op.runs_on_host(node.attrs):
                     # Folding allocates now: learn the output sizes first, abstractly. A node
                     # without inputs (Constant) only hands over what its attributes already
                     # hold; random ops, which size from attributes, are never folded. Host
                     # ops (NonZero, NMS, ...) run in numpy on every segmented call, make
                     # outputs no larger than their inputs, and cannot run abstractly.
-                    _check_memory(node, _predict(node, args, ctx), options.memory_limit)
-                folded = host_fold.fold(lambda: op.fn(args, node.attrs, ctx))
+                    def check(predicted: Any) -> None:
+                        _check_memory(node, predicted, options.memory_limit)
+
+                # In numpy where it can (jonnx/_host_fold.py: no compilation), which learns
+                # the output sizes from its trace before computing; else eagerly in JAX.
+                folded = host_fold.fold(lambda: op.fn(args, node.attrs, ctx), check)
                 if folded is not None:
                     return folded
+                if check is not None:
+                    check(_predict(node, args, ctx))
                 with jax.ensure_compile_time_eval():
                     return _to_numpy(op.fn(args, node.attrs, ctx))
         outputs = op.fn(args, node.attrs, ctx)

@@ -104,8 +104,8 @@ def test_a_model_s_constant_subgraph_folds_on_the_host(monkeypatch):
     calls = []
     fold = _host_fold.fold
 
-    def recording(fn):
-        calls.append(fold(fn))
+    def recording(fn, check=None):
+        calls.append(fold(fn, check))
         return calls[-1]
 
     monkeypatch.setattr(_host_fold, "fold", recording)
@@ -137,3 +137,16 @@ def test_a_model_s_constant_subgraph_folds_on_the_host(monkeypatch):
     (y,) = model(x)
     np.testing.assert_array_equal(np.asarray(y), x.reshape(6, 4) + 1.5)
     assert len(calls) == 4 and all(c is not None for c in calls), calls
+
+
+def test_the_check_sees_the_output_shapes_before_anything_is_computed():
+    seen = []
+
+    def refuse(shapes):
+        seen.append(shapes)
+        raise MemoryError("too big")
+
+    with jax.enable_x64(True), pytest.raises(MemoryError):
+        _host_fold.fold(lambda: (jnp.broadcast_to(I32[:, :1], (2, 1000)), None), refuse)
+    ((big, none),) = seen
+    assert none is None and big.shape == (2, 1000) and big.dtype == np.int32
