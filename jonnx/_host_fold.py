@@ -173,6 +173,23 @@ def _select_n(inputs: list, **_: Any) -> np.ndarray:
     return np.choose(which.astype(np.intp), cases)
 
 
+def _integer_division(remainder: bool) -> Callable:
+    """``lax.div`` (rounding toward zero) and ``lax.rem`` (the dividend's sign) on integers;
+    a zero divisor is XLA's business."""
+
+    def rule(inputs: list, **_: Any) -> np.ndarray:
+        a, b = inputs
+        if a.dtype.kind not in "iu" or b.dtype.kind not in "iu" or np.any(b == 0):
+            raise _Unsupported("div")
+        r = np.fmod(a, b)  # C's remainder: the dividend's sign, as XLA's
+        if remainder:
+            return r
+        # Exact: (a - r) is a multiple of b. floor_divide of it rounds toward zero as well.
+        return np.floor_divide(a - r, b)
+
+    return rule
+
+
 def _integer_reduction(fn: Callable) -> Callable:
     def rule(inputs: list, axes: tuple, **_: Any) -> np.ndarray:
         (x,) = inputs
@@ -223,8 +240,11 @@ _RULES: dict[str, Callable] = {
     "add": _exact(np.add, "iuf"),
     "sub": _exact(np.subtract, "iuf"),
     "mul": _exact(np.multiply, "iuf"),
+    "div": _integer_division(remainder=False),
+    "rem": _integer_division(remainder=True),
     "neg": _exact(np.negative, "iuf"),
     "abs": _exact(np.abs, "iu"),
+    "sign": _exact(np.sign, "iu"),
     "max": _exact(np.maximum, _INTEGERS),  # floats: signed zeros and NaNs are XLA's own
     "min": _exact(np.minimum, _INTEGERS),
     "eq": _exact(np.equal),
