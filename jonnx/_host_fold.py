@@ -13,6 +13,7 @@ dtype is not the jaxpr's, gives None, and the caller runs the node eagerly in JA
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -20,36 +21,51 @@ import jax
 import numpy as np
 from jax.extend import core as jax_core
 
-__all__ = ["fold"]
+__all__ = ["Traced", "evaluate", "fold", "trace"]
 
 
 class _Unsupported(Exception):
     """A primitive (or a case of one) without an exact numpy evaluation here."""
 
 
-def fold(fn: Callable[[], Any], check: Callable[[Any], None] | None = None) -> Any | None:
-    """``fn()`` (a node on closed-over numpy inputs) evaluated in numpy, or None.
+@dataclasses.dataclass(frozen=True)
+class Traced:
+    """A node traced on its known inputs: its jaxpr, and its outputs' shapes and dtypes
+    (``jax.ShapeDtypeStruct`` leaves in the node's output structure), known before anything
+    is computed."""
 
-    The outputs keep ``fn``'s structure (a tuple, None entries, lists) with numpy arrays as
-    leaves. None when ``fn`` cannot be traced abstractly (it needs a value at trace time, or
-    returns something that is not an array) or uses a primitive this module does not evaluate;
-    its errors are left for the eager run to raise. ``check``, given the outputs' shapes and
-    dtypes (``jax.ShapeDtypeStruct`` leaves) before anything is computed, may raise to refuse
-    them (the model's memory limit).
-    """
+    closed: Any
+    shapes: Any
+
+
+def trace(fn: Callable[[], Any]) -> Traced | None:
+    """``fn`` (a node on closed-over numpy inputs) traced to a jaxpr, or None when it cannot
+    be traced abstractly (it needs a value at trace time, or returns something that is not an
+    array); its errors are left for the eager run to raise."""
     try:
         closed, shapes = jax.make_jaxpr(lambda: _arrays_only(fn()), return_shape=True)()
     except Exception:  # noqa: BLE001 -- the eager run raises the op's own error, if any
         return None
-    if check is not None:
-        check(shapes)
+    return Traced(closed, shapes)
+
+
+def evaluate(traced: Traced) -> Any | None:
+    """The traced node's outputs computed in numpy (its structure: a tuple, None entries,
+    lists, with numpy arrays as leaves), or None where a primitive or case has no exact numpy
+    evaluation here."""
     try:
         with np.errstate(all="ignore"):  # XLA wraps and overflows silently too
-            leaves = _evaluate(closed.jaxpr, closed.consts, [])
+            leaves = _evaluate(traced.closed.jaxpr, traced.closed.consts, [])
     except Exception:  # noqa: BLE001 -- _Unsupported, or numpy refusing (the max of nothing)
         return None
     arrays = [np.array(x) for x in leaves]  # owned, writable, as np.asarray of a jax.Array
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes), arrays)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(traced.shapes), arrays)
+
+
+def fold(fn: Callable[[], Any]) -> Any | None:
+    """``fn()`` evaluated in numpy (:func:`trace`, then :func:`evaluate`), or None."""
+    traced = trace(fn)
+    return None if traced is None else evaluate(traced)
 
 
 def _arrays_only(outputs: Any) -> Any:
@@ -64,13 +80,15 @@ def _arrays_only(outputs: Any) -> Any:
 def _evaluate(jaxpr: Any, consts: Any, args: list) -> list:
     env: dict[Any, np.ndarray] = {}
 
+    # Every value is checked for subnormals once, where it enters: constants, literals and
+    # each primitive's results (a call's arguments are values of the caller's, checked there).
     def read(var: Any) -> np.ndarray:
         if isinstance(var, jax_core.Literal):
-            return np.asarray(var.val, var.aval.dtype)
+            return _no_subnormals(np.asarray(var.val, var.aval.dtype))
         return env[var]
 
     for var, value in zip(jaxpr.constvars, consts):
-        env[var] = np.asarray(value)
+        env[var] = _no_subnormals(np.asarray(value))
     for var, value in zip(jaxpr.invars, args):
         env[var] = value
     for eqn in jaxpr.eqns:
@@ -82,26 +100,24 @@ def _evaluate(jaxpr: Any, consts: Any, args: list) -> list:
             rule = _RULES.get(eqn.primitive.name)
             if rule is None:
                 raise _Unsupported(eqn.primitive.name)
-            _no_subnormals(inputs)
             result = rule(inputs, **eqn.params)
             outputs = list(result) if eqn.primitive.multiple_results else [result]
         for var, value in zip(eqn.outvars, outputs):
             value = np.asarray(value)
             if value.shape != var.aval.shape or value.dtype != var.aval.dtype:
                 raise _Unsupported(f"{eqn.primitive.name} gave {value.dtype}{list(value.shape)}")
-            _no_subnormals([value])
-            env[var] = value
+            env[var] = _no_subnormals(value)
     return [read(v) for v in jaxpr.outvars]
 
 
-def _no_subnormals(values: list) -> None:
-    """XLA on CPU may treat subnormal floats as zero (a subnormal cast to bool was False), where
-    numpy keeps them: leave any such value to XLA."""
-    for x in values:
-        if x.dtype.kind == "f" and x.size:
-            magnitude = np.abs(x)
-            if np.any((magnitude > 0) & (magnitude < np.finfo(x.dtype).tiny)):
-                raise _Unsupported("subnormal floats")
+def _no_subnormals(x: np.ndarray) -> np.ndarray:
+    """``x``, unless it holds subnormal floats: XLA on CPU may treat those as zero (a
+    subnormal cast to bool was False), where numpy keeps them, so they are left to XLA."""
+    if x.dtype.kind == "f" and x.size:
+        magnitude = np.abs(x)
+        if np.any((magnitude > 0) & (magnitude < np.finfo(x.dtype).tiny)):
+            raise _Unsupported("subnormal floats")
+    return x
 
 
 # Primitives that only call a jaxpr of their own (jnp functions are wrapped in jit).
@@ -193,7 +209,7 @@ def _integer_division(remainder: bool) -> Callable:
 def _integer_reduction(fn: Callable) -> Callable:
     def rule(inputs: list, axes: tuple, **_: Any) -> np.ndarray:
         (x,) = inputs
-        if x.dtype.kind not in "biu":  # a float sum's order is XLA's own
+        if x.dtype.kind not in _INTEGERS:  # a float sum's order is XLA's own
             raise _Unsupported(fn.__name__)
         return fn(x, axis=tuple(axes)).astype(x.dtype)
 

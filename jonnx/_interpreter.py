@@ -254,23 +254,20 @@ def _run_node(
     try:
         if fold:
             with jax.enable_x64(True):
-                check = None
+                # In numpy where the node's primitives allow (jonnx/_host_fold.py: nothing
+                # compiles), else eagerly in JAX. The trace gives the output sizes first.
+                traced = host_fold.trace(lambda: op.fn(args, node.attrs, ctx))
                 if options.memory_limit is not None and args and not op.runs_on_host(node.attrs):
                     # Folding allocates now: learn the output sizes first, abstractly. A node
                     # without inputs (Constant) only hands over what its attributes already
                     # hold; random ops, which size from attributes, are never folded. Host
                     # ops (NonZero, NMS, ...) run in numpy on every segmented call, make
                     # outputs no larger than their inputs, and cannot run abstractly.
-                    def check(predicted: Any) -> None:
-                        _check_memory(node, predicted, options.memory_limit)
-
-                # In numpy where it can (jonnx/_host_fold.py: no compilation), which learns
-                # the output sizes from its trace before computing; else eagerly in JAX.
-                folded = host_fold.fold(lambda: op.fn(args, node.attrs, ctx), check)
+                    predicted = traced.shapes if traced is not None else _predict(node, args, ctx)
+                    _check_memory(node, predicted, options.memory_limit)
+                folded = None if traced is None else host_fold.evaluate(traced)
                 if folded is not None:
                     return folded
-                if check is not None:
-                    check(_predict(node, args, ctx))
                 with jax.ensure_compile_time_eval():
                     return _to_numpy(op.fn(args, node.attrs, ctx))
         outputs = op.fn(args, node.attrs, ctx)
