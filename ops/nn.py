@@ -1125,16 +1125,20 @@ def max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
 def _window_count(spatial, kernel, strides, dilations, lo, hi, extra, include_pad: bool, dtype, channels_last):
     """How many cells each window averages: a trace-time constant of shape ``(1, 1, *out)``
-    (``(1, *out, 1)`` with ``channels_last``)."""
-    with jax.ensure_compile_time_eval():
-        ones = np.ones(_full(spatial, 1, channels_last), np.float32)
-        if include_pad:
-            ones = np.pad(ones, _full(zip(lo, hi), (0, 0), channels_last), constant_values=1.0)
-            lo, hi = (0,) * len(lo), (0,) * len(hi)
-        count = _reduce_window(
-            jnp.asarray(ones), 0.0, lax.add, kernel, strides, dilations, lo, hi, extra, channels_last
-        )
-        return np.asarray(count).astype(dtype)
+    (``(1, *out, 1)`` with ``channels_last``).
+
+    Counted in numpy, axis by axis (a window's cells are the product of its valid taps along
+    each axis), so that no pool shape compiles a computation of its own. A tap is valid where it
+    reads the input, or with ``include_pad`` the explicit pads too, never ceil mode's ``extra``.
+    """
+    counts = []
+    for size, k, s, d, before, after, more in zip(spatial, kernel, strides, dilations, lo, hi, extra):
+        out = (size + before + after + more - (k - 1) * d - 1) // s + 1
+        position = np.arange(out)[:, None] * s + np.arange(k)[None, :] * d - before
+        start, stop = (-before, size + after) if include_pad else (0, size)
+        counts.append(((position >= start) & (position < stop)).sum(axis=1))
+    count = functools.reduce(np.multiply.outer, counts).astype(dtype)
+    return count.reshape(_full(count.shape, 1, channels_last))
 
 
 def average_pool_core(x, attrs, ctx, channels_last: bool = False):

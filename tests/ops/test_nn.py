@@ -198,6 +198,38 @@ def test_average_pool(case, include_pad):
     assert_matches_reference("AveragePool", {"x": rand(*xs)}, opset=opset, count_include_pad=include_pad, **attrs)
 
 
+@pytest.mark.parametrize(
+    "spatial,kernel,strides,dilations,lo,hi,extra",
+    [
+        ((7,), (3,), (2,), (1,), (1,), (1,), (0,)),
+        ((5, 6), (2, 3), (2, 1), (2, 1), (1, 0), (0, 2), (1, 0)),
+        ((4, 5, 3), (2, 2, 3), (1, 2, 1), (1, 1, 2), (1, 1, 1), (0, 1, 1), (0, 1, 1)),
+    ],
+)
+@pytest.mark.parametrize("include_pad", [False, True])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_average_pool_window_counts(spatial, kernel, strides, dilations, lo, hi, extra, include_pad, channels_last):
+    # Counted in numpy (no computation compiled per pool shape): against sliding each window
+    # over an array of ones, padded with ones where the pads count and zeros elsewhere.
+    from jonnx.ops import nn
+
+    ones = np.ones(spatial)
+    zeros_before = [0 if include_pad else b for b in lo]
+    zeros_after = [e if include_pad else a + e for a, e in zip(hi, extra)]
+    if include_pad:
+        ones = np.pad(ones, list(zip(lo, hi)), constant_values=1)
+    ones = np.pad(ones, list(zip(zeros_before, zeros_after)))
+    reach = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    out = [(n - r) // s + 1 for n, r, s in zip(ones.shape, reach, strides)]
+    expected = np.zeros(out, np.float32)
+    for o in np.ndindex(*out):
+        window = tuple(slice(i * s, i * s + r, d) for i, s, r, d in zip(o, strides, reach, dilations))
+        expected[o] = ones[window].sum()
+    got = nn._window_count(spatial, kernel, strides, dilations, lo, hi, extra, include_pad, np.float32, channels_last)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, expected[None, ..., None] if channels_last else expected[None, None])
+
+
 def test_average_pool_1_excludes_pads():
     # AveragePool-1 has no count_include_pad: the changelog divides by the cells "exclude pad".
     x = rand(1, 1, 4, 4)
