@@ -6,8 +6,9 @@ meets a shape (25-50 ms each here): a transformers export's shape and mask arith
 such compilations, over half of its load and first call, and a model whose weights are
 ``ConstantOfShape`` fills over a hundred (docs/performance.md, "Folding without compiling").
 :func:`fold` instead traces the node to a jaxpr (no compilation) and evaluates it with numpy,
-for the primitives whose numpy meaning is exactly XLA's (integer arithmetic, comparisons, IEEE
-adds and multiplies, shape moves). Any other primitive or case, or any result whose shape or
+for the primitives whose numpy meaning is exactly XLA's (integer arithmetic, comparisons, shape
+moves, and IEEE float arithmetic where XLA keeps it as written: one float operation per
+computation, see _isolated). Any other primitive or case, or any result whose shape or
 dtype is not the jaxpr's, gives None, and the caller runs the node eagerly in JAX as before.
 """
 
@@ -55,7 +56,7 @@ def evaluate(traced: Traced) -> Any | None:
     evaluation here."""
     try:
         with np.errstate(all="ignore"):  # XLA wraps and overflows silently too
-            leaves = _evaluate(traced.closed.jaxpr, traced.closed.consts, [])
+            leaves, _ = _evaluate(traced.closed.jaxpr, traced.closed.consts, [])
     except Exception:  # noqa: BLE001 -- _Unsupported, or numpy refusing (the max of nothing)
         return None
     arrays = [np.array(x) for x in leaves]  # owned, writable, as np.asarray of a jax.Array
@@ -77,8 +78,15 @@ def _arrays_only(outputs: Any) -> Any:
     return outputs
 
 
-def _evaluate(jaxpr: Any, consts: Any, args: list) -> list:
+def _evaluate(
+    jaxpr: Any, consts: Any, args: list, args_constant: list | None = None, isolated: bool | None = None
+) -> tuple[list, list]:
+    """The jaxpr's outputs, and which of them XLA would see as constants. At the top level
+    (``isolated`` None) each equation is one computation of an eager run; inside a call,
+    ``isolated`` is :func:`_isolated` of the computation the call belongs to."""
+    top = isolated is None
     env: dict[Any, np.ndarray] = {}
+    constant: set = set()  # values XLA sees as constants inside the computation
 
     # Every value is checked for subnormals once, where it enters: constants, literals and
     # each primitive's results (a call's arguments are values of the caller's, checked there).
@@ -87,27 +95,76 @@ def _evaluate(jaxpr: Any, consts: Any, args: list) -> list:
             return _no_subnormals(np.asarray(var.val, var.aval.dtype))
         return env[var]
 
+    def is_constant(var: Any) -> bool:
+        return isinstance(var, jax_core.Literal) or var in constant
+
     for var, value in zip(jaxpr.constvars, consts):
         env[var] = _no_subnormals(np.asarray(value))
-    for var, value in zip(jaxpr.invars, args):
+        if not top:  # the node's own inputs are arguments of the eager run; a call's consts are not
+            constant.add(var)
+    for var, value, is_const in zip(jaxpr.invars, args, args_constant or [False] * len(args)):
         env[var] = value
+        if is_const:
+            constant.add(var)
     for eqn in jaxpr.eqns:
         inputs = [read(v) for v in eqn.invars]
+        flags = [is_constant(v) for v in eqn.invars]
+        here = _isolated(eqn) if top else isolated
         inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
         if eqn.primitive.name in _CALLS and inner is not None:
-            outputs = _evaluate(inner.jaxpr, inner.consts, inputs)
+            outputs, outputs_constant = _evaluate(inner.jaxpr, inner.consts, inputs, flags, here)
         else:
             rule = _RULES.get(eqn.primitive.name)
             if rule is None:
                 raise _Unsupported(eqn.primitive.name)
-            result = rule(inputs, **eqn.params)
+            if not here and _float_arithmetic(eqn):
+                raise _Unsupported(f"{eqn.primitive.name} among other float arithmetic")
+            if eqn.primitive.name == "div":
+                result = rule(inputs, constant=flags, **eqn.params)
+            else:
+                result = rule(inputs, **eqn.params)
             outputs = list(result) if eqn.primitive.multiple_results else [result]
-        for var, value in zip(eqn.outvars, outputs):
+            outputs_constant = [all(flags)] * len(outputs)  # XLA folds what constants alone make
+        for var, value, is_const in zip(eqn.outvars, outputs, outputs_constant):
             value = np.asarray(value)
             if value.shape != var.aval.shape or value.dtype != var.aval.dtype:
                 raise _Unsupported(f"{eqn.primitive.name} gave {value.dtype}{list(value.shape)}")
             env[var] = _no_subnormals(value)
-    return [read(v) for v in jaxpr.outvars]
+            if is_const and not top:
+                constant.add(var)
+    return [read(v) for v in jaxpr.outvars], [is_constant(v) for v in jaxpr.outvars]
+
+
+# XLA simplifies each computation algebraically, and its float rewrites are not all
+# IEEE-exact: (A * C1) * C2 becomes A * (C1 * C2), A * B + A * C becomes A * (B + C),
+# A / sqrt(B) becomes A * rsqrt(B), sqrt(A * A) becomes |A|. Eager JAX compiles each top-level
+# equation of the node alone, so float arithmetic folds only where that computation has one
+# float operation at most (beside moves and conversions), leaving no rewrite anything to
+# combine; the one that stays inside a single operation, A / constant -> A * (1 / constant),
+# is avoided by leaving constant divisors to XLA (_division).
+_MOVES = {"convert_element_type", "broadcast_in_dim", "reshape", "squeeze", "transpose", "copy"}
+
+
+def _float_arithmetic(eqn: Any) -> bool:
+    """Whether ``eqn`` computes with floats (reads or makes one), beyond moving them."""
+    if eqn.primitive.name in _MOVES:
+        return False
+    avals = [v.aval for v in (*eqn.invars, *eqn.outvars)]
+    return any(jax.dtypes.issubdtype(getattr(a, "dtype", np.int8), np.inexact) for a in avals)
+
+
+def _isolated(eqn: Any) -> bool:
+    """Whether the computation of a top-level equation has one float operation at most."""
+    operations = 0
+    pending = [eqn]
+    while pending:
+        current = pending.pop()
+        inner = current.params.get("jaxpr", current.params.get("call_jaxpr"))
+        if current.primitive.name in _CALLS and inner is not None:
+            pending.extend(inner.jaxpr.eqns)
+        else:
+            operations += _float_arithmetic(current)
+    return operations <= 1
 
 
 def _no_subnormals(x: np.ndarray) -> np.ndarray:
@@ -189,12 +246,21 @@ def _select_n(inputs: list, **_: Any) -> np.ndarray:
     return np.choose(which.astype(np.intp), cases)
 
 
-def _integer_division(remainder: bool) -> Callable:
-    """``lax.div`` (rounding toward zero) and ``lax.rem`` (the dividend's sign) on integers;
-    a zero divisor is XLA's business."""
+def _division(remainder: bool) -> Callable:
+    """``lax.div`` and ``lax.rem``. On integers: rounding toward zero, the remainder with the
+    dividend's sign; a zero divisor is XLA's business. On floats: C's ``fmod``, which is
+    exact, and IEEE division of two arguments (``constant``: which operands XLA may see as
+    constants; a literal divisor became a product with its reciprocal in jax 0.10's eager run,
+    not in jax 0.8's)."""
 
-    def rule(inputs: list, **_: Any) -> np.ndarray:
+    def rule(inputs: list, constant: tuple = (False, False), **_: Any) -> np.ndarray:
         a, b = inputs
+        if a.dtype.kind == "f" and b.dtype == a.dtype:
+            if remainder:
+                return np.fmod(a, b)
+            if any(constant):  # XLA may fold it, or divide by a constant's reciprocal
+                raise _Unsupported("float div by or of a constant")
+            return np.true_divide(a, b)
         if a.dtype.kind not in "iu" or b.dtype.kind not in "iu" or np.any(b == 0):
             raise _Unsupported("div")
         r = np.fmod(a, b)  # C's remainder: the dividend's sign, as XLA's
@@ -206,10 +272,65 @@ def _integer_division(remainder: bool) -> Callable:
     return rule
 
 
-def _integer_reduction(fn: Callable) -> Callable:
+def _float_extremum(fn: Callable) -> Callable:
+    """``max``/``min``: numpy's on integers; on floats only where no NaN meets the operation
+    and no zero meets a zero of the other sign (which of the two XLA returns is its own)."""
+
+    def rule(inputs: list, **_: Any) -> np.ndarray:
+        a, b = inputs
+        if a.dtype.kind == "f":
+            if (
+                np.any(np.isnan(a))
+                or np.any(np.isnan(b))
+                or np.any((a == 0) & (b == 0) & (np.signbit(a) != np.signbit(b)))
+            ):
+                raise _Unsupported(fn.__name__)
+        elif a.dtype.kind not in _INTEGERS:
+            raise _Unsupported(fn.__name__)
+        return fn(a, b)
+
+    return rule
+
+
+def _integer_pow(inputs: list, y: int, **_: Any) -> np.ndarray:
+    """``x ** y`` by the products JAX's lowering makes (lax._integer_pow: squarings, then the
+    reciprocal for negative powers), each checked for subnormals as XLA may flush them. On
+    integers any order gives the same wrapped product."""
+    (x,) = inputs
+    if x.dtype.kind not in "iuf":
+        raise _Unsupported("integer_pow")
+    if y == 0:
+        return np.ones_like(x)
+    power, acc = abs(y), None
+    while power > 0:
+        if power & 1:
+            acc = x if acc is None else _no_subnormals(acc * x)
+        power >>= 1
+        if power > 0:
+            x = _no_subnormals(x * x)
+    return np.true_divide(np.ones_like(acc), acc) if y < 0 else acc
+
+
+def _round(inputs: list, rounding_method: Any, **_: Any) -> np.ndarray:
+    (x,) = inputs
+    # Halves to even (numpy's rint); halves away from zero is left to XLA.
+    if x.dtype.kind != "f" or rounding_method != jax.lax.RoundingMethod.TO_NEAREST_EVEN:
+        raise _Unsupported("round")
+    return np.rint(x)
+
+
+def _reduction(fn: Callable, floats: bool = False) -> Callable:
+    """A reduction over ``axes``: on integers; on floats too for ``floats`` (max and min, which
+    do not depend on the order) where no NaN and not both signed zeros are reduced (which of
+    them comes out is XLA's own). A float sum's order is XLA's own."""
+
     def rule(inputs: list, axes: tuple, **_: Any) -> np.ndarray:
         (x,) = inputs
-        if x.dtype.kind not in _INTEGERS:  # a float sum's order is XLA's own
+        if x.dtype.kind == "f" and floats:
+            zeros = np.signbit(x[x == 0])
+            if np.any(np.isnan(x)) or (np.any(zeros) and not np.all(zeros)):
+                raise _Unsupported(f"float {fn.__name__} of NaN or signed zeros")
+        elif x.dtype.kind not in _INTEGERS:
             raise _Unsupported(fn.__name__)
         return fn(x, axis=tuple(axes)).astype(x.dtype)
 
@@ -256,13 +377,19 @@ _RULES: dict[str, Callable] = {
     "add": _exact(np.add, "iuf"),
     "sub": _exact(np.subtract, "iuf"),
     "mul": _exact(np.multiply, "iuf"),
-    "div": _integer_division(remainder=False),
-    "rem": _integer_division(remainder=True),
+    "div": _division(remainder=False),
+    "rem": _division(remainder=True),
     "neg": _exact(np.negative, "iuf"),
     "abs": _exact(np.abs, "iu"),
     "sign": _exact(np.sign, "iu"),
-    "max": _exact(np.maximum, _INTEGERS),  # floats: signed zeros and NaNs are XLA's own
-    "min": _exact(np.minimum, _INTEGERS),
+    "max": _float_extremum(np.maximum),
+    "min": _float_extremum(np.minimum),
+    "integer_pow": _integer_pow,
+    "sqrt": _exact(np.sqrt, "f"),
+    "floor": _exact(np.floor, "f"),
+    "ceil": _exact(np.ceil, "f"),
+    "round": _round,
+    "is_finite": _exact(np.isfinite, "f"),
     "eq": _exact(np.equal),
     "ne": _exact(np.not_equal),
     "lt": _exact(np.less),
@@ -284,9 +411,9 @@ _RULES: dict[str, Callable] = {
     "iota": _iota,
     "slice": _slice,
     "copy": lambda inputs, **_: inputs[0],
-    "reduce_sum": _integer_reduction(np.sum),
-    "reduce_prod": _integer_reduction(np.prod),
-    "reduce_max": _integer_reduction(np.max),
-    "reduce_min": _integer_reduction(np.min),
+    "reduce_sum": _reduction(np.sum),
+    "reduce_prod": _reduction(np.prod),
+    "reduce_max": _reduction(np.max, floats=True),
+    "reduce_min": _reduction(np.min, floats=True),
     "gather": _gather,
 }

@@ -16,6 +16,7 @@ from jonnx import _host_fold
 I32 = np.array([[2147483647, -7, 0], [5, -2147483648, 3]], np.int32)
 I64 = np.array([-3, 0, 4, 2**40], np.int64)
 F32 = np.array([[1.5, -0.0, np.inf], [np.nan, 3.25e30, -2.5]], np.float32)
+ROUNDING = np.array([2.5, -2.5, 0.49999997, -0.0, 3.5, -1.7, 1e30], np.float32)
 B = np.array([[True, False, True], [False, False, True]])
 
 j = jnp.asarray  # every case computes in JAX: numpy on numpy would fold nothing
@@ -34,6 +35,31 @@ CASES = {
     ),
     "int max min": lambda: (jnp.maximum(I32, 0), jnp.minimum(I64, 1)),
     "float add mul (nan, inf, overflow)": lambda: (j(F32) + F32, j(F32) * 0.5, j(F32) * F32),
+    "float division and remainder (nan, inf, zero divisors)": lambda: (
+        j(F32) / F32[::-1],
+        j(F32) / np.zeros((2, 3), np.float32),
+        lax.rem(j(F32), np.float32(2.5)),
+        j(np.array([1.0, -7.0, 2.0**-1000])) / np.array([3.0, 3.0, 3.0]),
+        jnp.true_divide(I32, I32[::-1]),  # conversions and one division in one computation
+        jnp.reciprocal(F32),
+    ),
+    "sqrt (nan, inf, -0.0, negative)": lambda: (
+        jnp.sqrt(F32),
+        jnp.sqrt(j(np.array([2.0, 1e-300, 3.0]))),
+        jnp.sqrt(-1.0 * F32),
+    ),
+    "floor, ceil, round half to even": lambda: (
+        jnp.floor(F32),
+        jnp.ceil(ROUNDING),
+        jnp.round(ROUNDING),
+        lax.round(j(ROUNDING), lax.RoundingMethod.TO_NEAREST_EVEN),
+    ),
+    "integer powers": lambda: (j(F32) ** 2, j(F32) ** 3, j(ROUNDING) ** 5, j(ROUNDING) ** -2, j(I32) ** 3, j(I64) ** 0),
+    "float max min without nan or tied zeros": lambda: (
+        jnp.maximum(ROUNDING, -1.0),
+        jnp.minimum(ROUNDING, ROUNDING[::-1]),
+    ),
+    "is finite": lambda: jnp.isfinite(F32),
     "comparisons with nan": lambda: (j(F32) == F32, j(F32) != F32, j(F32) < 1, j(F32) <= 1, j(F32) > 1, j(F32) >= 1),
     "bool logic": lambda: (j(B) & ~j(B), j(B) | B[::-1], j(B) ^ True),
     "int bits": lambda: (j(I32) & 6, j(I32) | 1, ~j(I32)),
@@ -52,6 +78,12 @@ CASES = {
     ),
     "transpose, concat, slices": lambda: (jnp.transpose(I32), jnp.concatenate([I32, I32], 1), j(I32)[::-1, 1::2]),
     "iota": lambda: (jnp.arange(7, dtype=jnp.int64), lax.broadcasted_iota(jnp.int32, (2, 3), 1)),
+    "float max and min reductions": lambda: (
+        jnp.max(ROUNDING[ROUNDING != 0]),
+        jnp.min(j(ROUNDING[:3]) + 1),
+        jnp.max(np.array([[-0.0, -1.0], [-2.0, -0.0]], np.float32), 1),  # zeros of one sign
+        jnp.min(np.array([0.0, 1.0, 0.0], np.float32)),
+    ),
     "integer reductions": lambda: (jnp.prod(I64[:3]), jnp.sum(I32, 1), jnp.max(I32), jnp.min(I32, 0)),
     "take with negative and clipped indices": lambda: (
         jnp.take(I64, np.array([[0, -1], [7, 2]]), axis=0, mode="clip"),
@@ -91,8 +123,20 @@ DECLINED = {
     "subnormal floats": lambda: j(np.array([3.25e-39, 1.0], np.float32)).astype(bool),
     "a product that underflows": lambda: j(np.array([1e-30], np.float32)) * 1e-10,
     "float sum (XLA's order)": lambda: jnp.sum(F32),
+    "a float max over NaN": lambda: jnp.max(F32),
+    "a float max over both signed zeros": lambda: jnp.max(np.array([-0.0, 0.0, -1.0], np.float32)),
     "bfloat16": lambda: j(F32).astype(jnp.bfloat16),
-    "float division": lambda: j(F32) / 3,
+    "a quotient that underflows": lambda: j(np.array([1e-30], np.float32)) / 1e10,
+    "a power through a subnormal square": lambda: j(np.array([1e-20], np.float32)) ** 4,
+    "round half away from zero": lambda: lax.round(j(ROUNDING), lax.RoundingMethod.AWAY_FROM_ZERO),
+    "transcendental (cos)": lambda: jnp.cos(F32),
+    # A scalar divisor is a literal: jax 0.10's eager run divides by its reciprocal, 0.8's not.
+    "a float division by a scalar": lambda: j(F32) / 3,
+    # Several float operations in one computation: XLA's rewrites round differently.
+    "(a * c1) * c2 (XLA: a * (c1 * c2))": lambda: jax.jit(lambda a: (a * 3.1) * 7.3)(ROUNDING),
+    "a * b + a * c (XLA: a * (b + c))": lambda: jax.jit(lambda a: a * 3.1 + a * 7.3)(ROUNDING),
+    "sqrt(a * a) (XLA: |a|)": lambda: jax.jit(lambda a: jnp.sqrt(a * a))(ROUNDING),
+    "a / sqrt(b) (XLA: a * rsqrt(b))": lambda: jax.jit(lambda a: a / jnp.sqrt(a))(ROUNDING),
     "an integer division by zero": lambda: lax.div(j(I32), np.int32(0)),
     "needs a value while tracing": lambda: np.zeros(int(jnp.sum(I32 > 0))),
     "not an array": lambda: {"label": "cat"},
