@@ -803,7 +803,12 @@ class Model:
                 if n:
                     value = env[n] if n in env else self._lookup(n, params)
                     traced = isinstance(value, jax.core.Tracer) and n not in static
-                    local[n] = value if traced else _host_copy(value)
+                    try:
+                        local[n] = value if traced else _host_copy(value)
+                    except jax.errors.ConcretizationTypeError:
+                        # A segment traced into the caller's jit (jax 0.8 nests the compiled
+                        # segment there without refusing it, see __call__).
+                        raise self._host_nodes_error("inside jax.jit") from None
             run_nodes(self._call_graph, local, options, (position,))
             env.update({o: local[o] for o in node.outputs if o})
 
