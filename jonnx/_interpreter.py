@@ -35,6 +35,13 @@ __all__ = ["RunOptions", "run_graph", "run_nodes"]
 #: type JAX holds it in (x64 off); warned about once, together, when the run ends.
 _NARROWED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("jonnx_narrowed", default=None)
 
+# Raised by shape arithmetic on symbolic dimensions. jax.errors names it in newer jax; jax 0.8
+# (the declared minimum) has it in jax.core only, and there a bare jax.errors lookup in the
+# except clause below turned every op body's failure into an AttributeError.
+_INCONCLUSIVE_DIMENSION = (
+    getattr(jax.errors, "InconclusiveDimensionOperation", None) or jax.core.InconclusiveDimensionOperation
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
@@ -277,7 +284,7 @@ def _run_node(
         return outputs
     except errors.JonnxError:
         raise
-    except jax.errors.InconclusiveDimensionOperation as e:
+    except _INCONCLUSIVE_DIMENSION as e:
         # jax.export with symbolic dims: this node needs a concrete number where the value
         # is a symbolic dimension (a shape read as data, a size compared with a constant).
         raise errors.StaticValueError(

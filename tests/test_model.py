@@ -35,6 +35,11 @@ def _count_traces(inputs, attrs, ctx):
 _TRACES: list = []
 
 
+@jonnx.register("Fails", since=1, domain=TEST_DOMAIN)
+def _fails(inputs, attrs, ctx):
+    raise ValueError("the body's own failure")
+
+
 def _model(nodes, inputs, outputs, inits=(), extra_opsets=()) -> onnx.ModelProto:
     graph = oh.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), *extra_opsets])
@@ -312,3 +317,15 @@ def test_node_errors_name_the_node():
     )
     with pytest.raises(errors.NodeError, match="'bad_reshape'.*cannot reshape"):
         jonnx.load(model)(np.ones(6, np.float32))
+
+
+def test_an_op_body_failure_names_the_node():
+    # At jax 0.8 a lookup in the interpreter's except clauses turned this into AttributeError.
+    proto = _model(
+        [oh.make_node("Fails", ["x"], ["y"], name="bad", domain=TEST_DOMAIN)],
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+        extra_opsets=[oh.make_opsetid(TEST_DOMAIN, 1)],
+    )
+    with pytest.raises(errors.NodeError, match="node 'bad'.*ValueError: the body's own failure"):
+        jonnx.load(proto)(np.zeros(2, np.float32))
