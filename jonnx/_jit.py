@@ -163,14 +163,16 @@ def _probed_options(library_dots: bool) -> tuple[tuple[str, str], ...]:
 
 @functools.cache
 def _knows_ynn_fusions() -> bool:
-    """Whether this jaxlib takes the YNNPACK fusion option with the values jonnx passes: one
-    trivial compilation with the longer value, whose fusion types include the other's."""
+    """Whether this jaxlib takes the YNNPACK fusion option with the values jonnx passes and
+    acts on it: one small product compiled with the longer value, whose fusion types include
+    the other's. jaxlib 0.8.1 accepts the option but leaves the product to XLA."""
     options = {_YNN_FUSION_FLAG: _SAFE_YNN_FUSIONS[True]}
+    product = jax.jit(lambda x: x @ x.T, compiler_options=options)
     try:
-        jax.jit(lambda x: x + 1, compiler_options=options).lower(jax.ShapeDtypeStruct((), np.float32)).compile()
+        text = product.lower(jax.ShapeDtypeStruct((8, 64), np.float32)).compile().as_text()
     except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such option"
         return False
-    return True
+    return "ynn_fusion" in text
 
 
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
