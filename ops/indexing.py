@@ -371,10 +371,9 @@ def _top_k(x, k: int, axis: int, largest: bool, ctx):
         key = ~x  # reverses the order of signed and unsigned ints without overflow
     else:
         key = -x
-    # lax.top_k puts equal values in index order, which is ONNX's tie rule. It takes an axis
-    # only after jax 0.8, whose top_k works on the last axis.
-    _, indices = jax.lax.top_k(jnp.moveaxis(key, axis, -1), k)
-    indices = jnp.moveaxis(indices, -1, axis)
+    # lax.top_k puts equal values in index order, which is ONNX's tie rule. (Its axis argument
+    # is from jax 0.8.1, the declared minimum.)
+    _, indices = jax.lax.top_k(key, k, axis=axis)
     values = jnp.take_along_axis(x, indices, axis=axis, mode="clip")
     return values, indices.astype(index_dtype())
 
