@@ -76,7 +76,9 @@ def test_thunk_profiler_reads_each_dot_from_the_compiled_hlo():
         fn = jax.jit(lambda a, b: jax.numpy.tanh(a @ b), compiler_options=jonnx.compiler_options(library_dots=library))
         info, dots = profile_thunks._hlo_index(fn.lower(a, b).compile().as_text())
         assert list(dots.values()) == [(2 * 64 * 48 * 80, [64, 80], [64, 48])]
-        assert info[next(iter(dots))][1] == ("fusion" if library else "dot")
+        # jaxlib 0.8.1 takes the YNNPACK option but leaves every dot to XLA (jonnx then passes none).
+        in_library = library and bool(jonnx.compiler_options(library_dots=True))
+        assert info[next(iter(dots))][1] == ("fusion" if in_library else "dot")
 
 
 def test_thunk_profiler_credits_idle_time_to_the_thunk_that_ended_last():

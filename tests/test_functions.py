@@ -18,7 +18,9 @@ X = np.array([-2.0, -0.5, 1.0, 3.0], np.float32)
 
 def _leaky_function(default: float | None = None) -> onnx.FunctionProto:
     node = oh.make_node("LeakyRelu", ["x"], ["y"])
-    node.attribute.append(oh.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT))
+    ref = oh.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT)
+    ref.ref_attr_name = "alpha"  # onnx 1.21's helper leaves it empty: a float of value 0
+    node.attribute.append(ref)
     function = oh.make_function(
         DOMAIN,
         "Leaky",

@@ -83,7 +83,9 @@ def _seeds() -> list[bytes]:
         )
     )
     leaky = oh.make_node("LeakyRelu", ["a"], ["b"])
-    leaky.attribute.append(oh.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT))
+    ref = oh.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT)
+    ref.ref_attr_name = "alpha"  # onnx 1.21's helper leaves it empty
+    leaky.attribute.append(ref)
     functions = model(
         graph([call("Outer")]),
         functions=[
