@@ -259,6 +259,13 @@ def _run_node(
         except Exception:  # noqa: BLE001 -- run it traced below, which reports its own errors
             fold = False
     try:
+        if fold and op.runs_on_host(node.attrs) and all(i in node.static_inputs for i in range(len(args))):
+            # Every input reaches the op as numpy and it computes in numpy (NonMaxSuppression,
+            # NonZero, Unique, the string ops): a trace would only wrap its result, and a
+            # segmented model runs it on every call (the trace was a sixth of a small
+            # detector's call).
+            with jax.enable_x64(True), jax.ensure_compile_time_eval():
+                return _to_numpy(op.fn(args, node.attrs, ctx))
         if fold:
             with jax.enable_x64(True):
                 # In numpy where the node's primitives allow (jonnx/_host_fold.py: nothing

@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 import jonnx
-from jonnx import errors
+from jonnx import _interpreter, errors
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -268,8 +268,9 @@ def test_host_memory_is_stable_over_many_values():
     # Warm up: every number of detections is compiled.
     for i in range(60):
         model(images[i % 40] - np.float32(i * 1e-4))
-    # JAX notes each traced function in a WeakKeyDictionary (pjit's _seen_qdds), which the host
-    # fold's per-call trace enters and leaves. Where the dictionary holds thousands of live
+    # JAX notes each traced function in a WeakKeyDictionary (pjit's _seen_qdds), which a host
+    # fold's per-call trace (of a host node with traced inputs, as Compress's data) enters and
+    # leaves. Where the dictionary holds thousands of live
     # functions from earlier tests in the process, one resize of its table in the window below
     # counted 144 KB (CI) to 300 KB (5,000 functions, a reproduction) though nothing is kept:
     # the old table predates tracemalloc. A cache keyed by data keeps arrays, counted elsewhere.
@@ -294,6 +295,20 @@ def test_host_memory_is_stable_over_many_values():
     grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
     assert grown < 150_000, f"{grown} bytes kept over 900 calls"
     assert len(model._segment_host_values) <= 1
+
+
+def test_a_host_node_of_static_inputs_runs_untraced(monkeypatch):
+    # NonMaxSuppression computes in numpy on its static inputs: tracing it on every segmented
+    # call (jax.make_jaxpr, about 0.3 ms) would only wrap its result.
+    model = jonnx.load(_detector())
+    image = np.random.default_rng(4).normal(0, 1, (1, 3, 8, 8)).astype(np.float32)
+    want = [np.asarray(v) for v in model(image)]
+    traced = []
+    monkeypatch.setattr(_interpreter.host_fold, "trace", lambda fn: traced.append(fn))
+    got = [np.asarray(v) for v in model(image)]
+    assert not traced
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_vmap_over_a_segmented_model_names_the_host_node():
