@@ -137,8 +137,9 @@ def tracing_into_jaxpr() -> bool:
 
 
 def signature(tree: Any) -> tuple:
-    """Shapes and dtypes of a tree's leaves: what a compilation of them depends on."""
-    return tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in jax.tree_util.tree_leaves(tree))
+    """Shapes and dtypes of a tree's leaves: what a compilation of them depends on. Asked on
+    every call of a model, so the dtypes stay objects (hashable; ``str`` of one costs 3 us)."""
+    return tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in jax.tree_util.tree_leaves(tree))
 
 
 def _dots(jaxpr: Any) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, bool]]:

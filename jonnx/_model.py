@@ -703,8 +703,10 @@ class Model:
         # Inputs go to the compiled segments as given: jit takes numpy arrays without the
         # per-shape compilation jnp.asarray costs.
         env: dict[str, Any] = {**values, **prepared}
-        options = RunOptions(
-            key=key, state=frozenset(self._state), memory_limit=self.memory_limit, checked=self.checked
+        options = (
+            RunOptions(key=key, state=frozenset(self._state), memory_limit=self.memory_limit, checked=self.checked)
+            if self.segment_plan.host_nodes
+            else None
         )
         staged: bool | None = None  # whether the call is traced into the caller's jit, once known
         for index, stage in enumerate(self.segment_plan.stages):
@@ -720,7 +722,10 @@ class Model:
                 else:
                     dynamic[name] = value
             static = tuple(static)
-            if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((given, dynamic))):
+            if any(
+                isinstance(x, jax.core.Tracer)
+                for x in jax.tree_util.tree_leaves(dynamic if given is None else (given, dynamic))
+            ):
                 # Under the caller's jit (or scan, checkpoint) the segment is traced into it: a
                 # jit with compiler options cannot be nested. The caller's jit then decides the
                 # options (jonnx.jit gives jonnx's) and, in checked mode, the checks are the
@@ -984,7 +989,7 @@ def _check_inputs(declared: tuple[ValueInfo, ...], values: list[Any]) -> None:
         if info.kind != "tensor" or value is None or isinstance(value, (list, dict)):
             continue
         shape, dtype = np.shape(value), getattr(value, "dtype", None)
-        if info.dtype is not None and dtype is not None and info.dtype != np.dtype(object):
+        if info.dtype is not None and dtype is not None and dtype != info.dtype and info.dtype != np.dtype(object):
             if _kind(np.dtype(dtype)) != _kind(info.dtype):
                 raise errors.InputError(
                     f"input {info.name!r} is declared {info.dtype} but a {np.dtype(dtype)} array was given"
