@@ -2,15 +2,15 @@
 
 For each distinct Conv shape of ResNet-50, MobileNetV2 (224x224) and ResNet-18 (64x64, the
 training benchmark), and with ``--grid`` a small grid over channels, kernel 1/3/5/7, stride 1/2
-and dilation 2, at each ``--batches`` size, it times every lowering ops/nn.py offers for that
+and dilation 2, at each ``--batches`` size, it times every lowering ops/conv_ops.py offers for that
 shape, in both layouts:
 
 - ``xla``: ``lax.conv_general_dilated`` (NCHW/OIHW, or NHWC/HWIO; ``xla-ihwo`` NHWC with the
-  weights I(D)HWO, where the layout pass lays them out so: ``nn.kernel_layout_for``);
+  weights I(D)HWO, where the layout pass lays them out so: ``conv_ops.kernel_layout_for``);
 - ``matmul`` (1x1 kernels), ``depthwise`` (group = channels), ``im2col`` (group 1) and, NHWC
   only, ``tap_products`` (group 1, stride 1, k > 1, I(D)HWO weights) and ``channel_taps``
-  (group 1, at most 3 input channels, or ``nn.TAPS_1X1_CHANNELS`` for 1x1 kernels): the private
-  lowering functions of ops/nn.py, called directly.
+  (group 1, at most 3 input channels, or ``conv_ops.TAPS_1X1_CHANNELS`` for 1x1 kernels): the private
+  lowering functions of ops/conv_ops.py, called directly.
 
 Every candidate is compiled with ``jonnx.jit``, as the models are: XLA's own convolution
 emitter, dots in YNNPACK (a model whose dots are nearly all large compiles without YNNPACK,
@@ -49,7 +49,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import nets
 
 import jonnx
-import jonnx.ops.nn as nn
+from jonnx.ops import conv as conv_ops
 
 
 class Shape(NamedTuple):
@@ -125,7 +125,7 @@ def grid_shapes() -> list[Shape]:
 
 def candidates(shape: Shape, layout: str) -> dict[str, tuple[callable, str]]:
     """Each lowering that applies to ``shape``, as ``f(x, w)`` in ``layout``, with the weight
-    layout it reads (``nn.KERNEL_LAYOUTS``)."""
+    layout it reads (``conv_ops.KERNEL_LAYOUTS``)."""
     strides, dilations = (shape.stride,) * 2, (shape.dilation,) * 2
     pad = shape.dilation * (shape.k - 1) // 2
     lo = hi = (pad, pad)
@@ -148,10 +148,10 @@ def candidates(shape: Shape, layout: str) -> dict[str, tuple[callable, str]]:
         if nhwc and shape.stride == 1:
             kinds.append("tap_products")
             out["xla-ihwo"] = (xla("IHWO"), "IHWO")
-    if nhwc and shape.group == 1 and shape.c_in <= (nn.TAPS_1X1_CHANNELS if shape.k == 1 else 3):
+    if nhwc and shape.group == 1 and shape.c_in <= (conv_ops.TAPS_1X1_CHANNELS if shape.k == 1 else 3):
         kinds.append("channel_taps")
     for kind in kinds:
-        fn = nn._LOWERINGS[kind]
+        fn = conv_ops._LOWERINGS[kind]
         reads = "IHWO" if kind == "tap_products" else "HWIO" if nhwc else "OIHW"
         out[kind] = (lambda x, w, fn=fn, reads=reads: fn(x, w, strides, dilations, lo, hi, None, nhwc, reads), reads)
     return out
@@ -163,11 +163,15 @@ def picked(shape: Shape, batch: int, layout: str) -> str:
     w_oihw = (shape.c_out, shape.c_in // shape.group, shape.k, shape.k)
     strides = (shape.stride,) * 2
     if layout == "nchw":
-        return nn.conv_lowering((batch, shape.c_in, shape.size, shape.size), w_oihw, strides, shape.group, jnp.float32)
-    kernel_layout = nn.kernel_layout_for(w_oihw, shape.group, strides)
+        return conv_ops.conv_lowering(
+            (batch, shape.c_in, shape.size, shape.size), w_oihw, strides, shape.group, jnp.float32
+        )
+    kernel_layout = conv_ops.kernel_layout_for(w_oihw, shape.group, strides)
     x = (batch, shape.size, shape.size, shape.c_in)
     w = (shape.k, shape.k, shape.c_in // shape.group, shape.c_out)
-    pick = nn.conv_lowering(x, w, strides, shape.group, jnp.float32, channels_last=True, kernel_layout=kernel_layout)
+    pick = conv_ops.conv_lowering(
+        x, w, strides, shape.group, jnp.float32, channels_last=True, kernel_layout=kernel_layout
+    )
     return "xla-ihwo" if pick == "xla" and kernel_layout == "IHWO" else pick
 
 
@@ -190,7 +194,7 @@ def bench(shape: Shape, batch: int, layout: str, mode: str, repeats: int) -> dic
     fns, calls = candidates(shape, layout), {}
     ref = None
     for name, (f, reads) in fns.items():
-        w = jnp.asarray(w_oihw.transpose(nn.kernel_permutation(reads, 4)))
+        w = jnp.asarray(w_oihw.transpose(conv_ops.kernel_permutation(reads, 4)))
         y = jonnx.jit(f)(x, w)
         # Every candidate must compute the same convolution (this checks the NHWC copies too).
         ref = y if ref is None else ref

@@ -2,7 +2,7 @@
 
 For decoder shapes (a U-Net's 2x2 stride-2 upsampling, a DCGAN's 4x4 stride 2, a 3x3 stride 2
 with output_padding) at each ``--batches`` size and in both layouts, it times the ONNX op as
-jonnx runs it (``jonnx.ops.call``, jitted), with ``nn.conv_transpose_lowering`` forced to each
+jonnx runs it (``jonnx.ops.call``, jitted), with ``conv_ops.conv_transpose_lowering`` forced to each
 choice: ``fwd`` the op alone, ``fwd+bwd`` a ``jax.vjp`` of it with both gradients (a training
 step's share). Candidates are compiled, then called in turn for ``--repeats`` rounds, the order
 reversed every other round; medians in ms, and the ratio XLA / phases.
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 import jonnx
-import jonnx.ops.nn as nn
+from jonnx.ops import conv as conv_ops
 from jonnx.ops.channels_last import DOMAIN
 
 # (label, C, M, kernel, stride, pads, output_padding, input size)
@@ -53,13 +53,13 @@ def jitted(f, mode: str):
 
 @contextlib.contextmanager
 def forced(lowering: str):
-    """``nn.conv_transpose_lowering`` answering ``lowering`` (jonnx chooses while tracing)."""
-    chooser = nn.conv_transpose_lowering
-    nn.conv_transpose_lowering = lambda *args, **kw: lowering
+    """``conv_ops.conv_transpose_lowering`` answering ``lowering`` (jonnx chooses while tracing)."""
+    chooser = conv_ops.conv_transpose_lowering
+    conv_ops.conv_transpose_lowering = lambda *args, **kw: lowering
     try:
         yield
     finally:
-        nn.conv_transpose_lowering = chooser
+        conv_ops.conv_transpose_lowering = chooser
 
 
 def main() -> None:

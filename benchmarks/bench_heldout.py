@@ -30,7 +30,7 @@ import onnx
 import onnxruntime as ort
 
 import jonnx
-from jonnx.ops import nn
+from jonnx.ops import conv as conv_ops
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -95,12 +95,12 @@ def bench(path: pathlib.Path, repeats: int) -> str:
         default = jonnx.load(path)
         got = default(**feeds)
         _block(got)
-        nn.CONV_LOWERING = "xla"
+        conv_ops.CONV_LOWERING = "xla"
         try:
             written = jonnx.load(path, optimize=False)
             _block(written(**feeds))  # compiled with XLA's convolution while it is forced
         finally:
-            nn.CONV_LOWERING = "auto"
+            conv_ops.CONV_LOWERING = "auto"
     except jonnx.errors.JonnxError as e:  # a training-mode export's Dropout wants a key
         return f"{name:<62} skipped: jonnx: {str(e).splitlines()[0][:70]}"
     err = _rel_error(got, want)

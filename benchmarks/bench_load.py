@@ -21,7 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import nets
 
 import jonnx
-import jonnx.ops.nn
+import jonnx.ops.conv
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
         path = pathlib.Path(tmp) / "model.onnx"
         onnx.save(proto, path)
         if args.config == "xla":
-            jonnx.ops.nn.CONV_LOWERING = "xla"
+            jonnx.ops.conv.CONV_LOWERING = "xla"
         x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
         start = time.perf_counter()
         model = jonnx.load(path, optimize=args.config != "plain")

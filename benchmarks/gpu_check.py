@@ -148,7 +148,7 @@ def main() -> None:
 
     @step("conv lowering on this backend")
     def _():
-        import jonnx.ops.nn as nn
+        from jonnx.ops import conv as conv_ops
 
         protos["resnet50"] = nets.resnet50()
         model = jonnx.load(protos["resnet50"])
@@ -158,17 +158,17 @@ def main() -> None:
         # compiler options), so its lowering choices are recorded while its first call traces;
         # apply's jaxpr is counted as well.
         picks = []
-        original = nn.conv_lowering
+        original = conv_ops.conv_lowering
 
         def spy(*args, **kwargs):
             picks.append(original(*args, **kwargs))
             return picks[-1]
 
-        nn.conv_lowering = spy
+        conv_ops.conv_lowering = spy
         try:
             model(x)[0].block_until_ready()
         finally:
-            nn.conv_lowering = original
+            conv_ops.conv_lowering = original
         jaxpr = jax.make_jaxpr(lambda x: model.apply(model.params, x))(x)
         n_xla = _count_primitive(jaxpr.jaxpr, "conv_general_dilated")
         on_gpu = jax.default_backend() != "cpu"
@@ -188,7 +188,7 @@ def main() -> None:
             ((1, 96, 56, 56), (96, 1, 3, 3), (1, 1), 96),
         ]:
             try:
-                picked = nn.conv_lowering(x_shape, w_shape, strides, group, jnp.float32)
+                picked = conv_ops.conv_lowering(x_shape, w_shape, strides, group, jnp.float32)
             except TypeError as exc:
                 picked = f"(could not call conv_lowering: {exc})"
             print(f"  conv_lowering{x_shape, w_shape, strides, group} -> {picked}")

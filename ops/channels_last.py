@@ -2,17 +2,17 @@
 
 The ``channels_last`` graph pass (jonnx/optimize/layout.py) rewrites Conv / pooling /
 normalization chains to run on N(D)HWC activations, which XLA's CPU convolutions and the dot
-lowerings of ops/nn.py run 1.2-2x faster than NC(D)HW. These ops are what it rewrites them
+lowerings of ops/conv.py run 1.2-2x faster than NC(D)HW. These ops are what it rewrites them
 to: each is the ONNX op of the same name with the same attributes, computing exactly what
 the ONNX op computes on NC(D)HW data, except that
 
 * activations (input X and output Y) are N(D)HWC: the channel axis is last;
 * Conv's weights are in the layout its extra attribute ``kernel_layout`` names
-  (``nn.KERNEL_LAYOUTS``, "HW" standing for the spatial axes): "HWIO" (the default), a
+  (``jonnx.ops.conv.KERNEL_LAYOUTS``, "HW" standing for the spatial axes): "HWIO" (the default), a
   ``Transpose(W, perm=[2, 3, ..., 1, 0])`` of ONNX's OI(D)HW, a separate node on the weight so
   that it can be computed once per parameter set; "OIHW", ONNX's own (the pass leaves big 1x1
   kernels as stored: their product reads them without a copy); or "IHWO", for the kernels
-  whose lowering reads them as one (C, taps x M) matrix (``nn.kernel_layout_for``);
+  whose lowering reads them as one (C, taps x M) matrix (``jonnx.ops.conv.kernel_layout_for``);
 * ConvTranspose's weights stay ONNX's (C, M/group, k...): both of its lowerings read them so;
   it carries ``legacy`` (1 for opsets 1-10, whose text splits an odd padding of an explicit
   ``output_shape`` the other way);
@@ -34,7 +34,7 @@ import onnx.defs
 
 from jonnx._attributes import schema_defaults
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops import nn, normalization
+from jonnx.ops import conv as conv_ops, normalization, pool
 
 __all__ = ["DOMAIN", "VERSION"]
 
@@ -51,7 +51,7 @@ def _attributes(op_type: str) -> dict:
 def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Conv`` on N(D)HWC activations, its weights in ``kernel_layout``."""
     x, w, b = inputs
-    return (nn.convolve(x, w, b, attrs, ctx, channels_last=True, kernel_layout=attrs["kernel_layout"]),)
+    return (conv_ops.convolve(x, w, b, attrs, ctx, channels_last=True, kernel_layout=attrs["kernel_layout"]),)
 
 
 @register(
@@ -64,33 +64,33 @@ def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 def conv_transpose(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ConvTranspose`` on N(D)HWC activations, its weights as stored (C, M/group, k...)."""
     x, w, b = inputs
-    return (nn.transpose_convolve(x, w, b, attrs, ctx, legacy=bool(attrs["legacy"]), channels_last=True),)
+    return (conv_ops.transpose_convolve(x, w, b, attrs, ctx, legacy=bool(attrs["legacy"]), channels_last=True),)
 
 
 @register("MaxPool", since=VERSION, domain=DOMAIN, attributes=_attributes("MaxPool"), n_inputs=1)
 def max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MaxPool`` (Y only) on N(D)HWC activations."""
-    return nn._max_pool(inputs[0], attrs, ctx, with_indices=False, channels_last=True)
+    return pool.max_pool_core(inputs[0], attrs, ctx, with_indices=False, channels_last=True)
 
 
 @register("AveragePool", since=VERSION, domain=DOMAIN, attributes=_attributes("AveragePool"), n_inputs=1)
 def average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``AveragePool`` on N(D)HWC activations."""
-    return (nn.average_pool_core(inputs[0], attrs, ctx, channels_last=True),)
+    return (pool.average_pool_core(inputs[0], attrs, ctx, channels_last=True),)
 
 
 @register("GlobalAveragePool", since=VERSION, domain=DOMAIN, attributes={}, n_inputs=1)
 def global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalAveragePool`` on N(D)HWC activations: (N, 1, ..., 1, C)."""
     x = inputs[0]
-    return (jnp.mean(x, axis=nn.spatial_axes(x, ctx, channels_last=True), keepdims=True),)
+    return (jnp.mean(x, axis=pool.spatial_axes(x, ctx, channels_last=True), keepdims=True),)
 
 
 @register("GlobalMaxPool", since=VERSION, domain=DOMAIN, attributes={}, n_inputs=1)
 def global_max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalMaxPool`` on N(D)HWC activations: (N, 1, ..., 1, C)."""
     x = inputs[0]
-    return (jnp.max(x, axis=nn.spatial_axes(x, ctx, channels_last=True), keepdims=True),)
+    return (jnp.max(x, axis=pool.spatial_axes(x, ctx, channels_last=True), keepdims=True),)
 
 
 @register(

@@ -24,7 +24,7 @@ from jax import lax
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import canonical, dtype_of, normalize_axis, onnx_dtype
 from jonnx.ops.cast import cast_numeric
-from jonnx.ops.nn import convolve  # Conv's geometry (pads, auto_pad, groups) lives there
+from jonnx.ops.conv import convolve  # Conv's geometry (pads, auto_pad, groups) lives there
 
 _INT_RANGES = {
     np.dtype(np.uint8): (0, 255),

@@ -16,7 +16,12 @@ def _sources():
 
 def _is_module(package: str | None, name: str) -> bool:
     """Whether ``from package import name`` imports a submodule (a private module is fine)."""
-    folder = ROOT / (package or "").replace(".", "/")
+    path = (package or "").replace(".", "/")
+    for installed, folder_name in (("jonnx/ops", "ops"), ("jonnx/training", "training")):
+        # ops/ and training/ are installed inside the jonnx namespace (pyproject.toml).
+        if path == installed or path.startswith(installed + "/"):
+            path = folder_name + path[len(installed) :]
+    folder = ROOT / path
     return (folder / f"{name}.py").exists() or (folder / name / "__init__.py").exists()
 
 

@@ -19,7 +19,7 @@ import onnxruntime as ort
 import pytest
 
 import jonnx
-from jonnx.ops import nn
+from jonnx.ops import conv as conv_ops
 from jonnx.ops.channels_last import DOMAIN
 from tests._on_off import compare_on_off
 from tests.ops.test_conv_lowering import CASES as CONV_CASES
@@ -169,7 +169,7 @@ def conv3d():
 
 def bottleneck():
     """1x1 convolutions: two with kernels big enough to be read as stored (one strided), one
-    small, relaid-out (``nn.kernel_layout_for``)."""
+    small, relaid-out (``conv_ops.kernel_layout_for``)."""
     shapes = {"wa": (512, 8, 1, 1), "wb": (512, 512, 1, 1), "wc": (256, 1024, 1, 1), "wd": (4, 256, 1, 1)}
     inits = {k: rand(*s) / np.float32(np.sqrt(s[1])) for k, s in shapes.items()} | {"bb": rand(512)}
     nodes = [
@@ -347,17 +347,17 @@ def test_weight_transposes_of_the_graph_run_once(perm):
 
 def test_kernel_layout_choice():
     cpu = jax.default_backend() == "cpu"
-    assert nn.kernel_layout_for((512, 512, 3, 3), 1, (1, 1)) == ("IHWO" if cpu else "HWIO")
-    assert nn.kernel_layout_for((64, 64, 3, 3), 1, (1, 1)) == ("IHWO" if cpu else "HWIO")
-    assert nn.kernel_layout_for((64, 512, 3, 3, 3), 1, (1, 1, 1)) == "HWIO"  # 27 taps: not measured
-    assert nn.kernel_layout_for((512, 512, 5, 5), 1, (1, 1)) == "HWIO"
-    assert nn.kernel_layout_for((512, 512, 3, 3), 1, (2, 2)) == "HWIO"  # strided: XLA's convolution
-    assert nn.kernel_layout_for((512, 256, 3, 3), 1, (1, 1)) == "HWIO"  # XLA's convolution is fine there
-    assert nn.kernel_layout_for((128, 128, 3, 3), 1, (1, 1)) == "HWIO"
-    assert nn.kernel_layout_for((1024, 512, 3, 3), 2, (1, 1)) == "HWIO"
-    assert nn.kernel_layout_for((2048, 512, 1, 1), 1, (1, 1)) == "OIHW"
-    assert nn.kernel_layout_for((512, 16, 1, 1), 1, (1, 1)) == "HWIO"  # channel_taps reads (D)HWIO
-    assert nn.kernel_layout_for((64, 64, 1, 1), 1, (2, 2)) == "HWIO"  # too small to matter
+    assert conv_ops.kernel_layout_for((512, 512, 3, 3), 1, (1, 1)) == ("IHWO" if cpu else "HWIO")
+    assert conv_ops.kernel_layout_for((64, 64, 3, 3), 1, (1, 1)) == ("IHWO" if cpu else "HWIO")
+    assert conv_ops.kernel_layout_for((64, 512, 3, 3, 3), 1, (1, 1, 1)) == "HWIO"  # 27 taps: not measured
+    assert conv_ops.kernel_layout_for((512, 512, 5, 5), 1, (1, 1)) == "HWIO"
+    assert conv_ops.kernel_layout_for((512, 512, 3, 3), 1, (2, 2)) == "HWIO"  # strided: XLA's convolution
+    assert conv_ops.kernel_layout_for((512, 256, 3, 3), 1, (1, 1)) == "HWIO"  # XLA's convolution is fine there
+    assert conv_ops.kernel_layout_for((128, 128, 3, 3), 1, (1, 1)) == "HWIO"
+    assert conv_ops.kernel_layout_for((1024, 512, 3, 3), 2, (1, 1)) == "HWIO"
+    assert conv_ops.kernel_layout_for((2048, 512, 1, 1), 1, (1, 1)) == "OIHW"
+    assert conv_ops.kernel_layout_for((512, 16, 1, 1), 1, (1, 1)) == "HWIO"  # channel_taps reads (D)HWIO
+    assert conv_ops.kernel_layout_for((64, 64, 1, 1), 1, (2, 2)) == "HWIO"  # too small to matter
 
 
 def test_every_op_of_the_chains_runs_channels_last():
@@ -452,7 +452,7 @@ def test_channels_last_conv_lowerings(case):
     strides = tuple(attrs.get("strides", [1] * (len(xs) - 2)))
     x, w, b = rand(*xs), rand(*ws), rand(ws[0])
     x_last, w_last = np.moveaxis(x, 1, -1), np.moveaxis(w, (0, 1), (-1, -2))
-    chosen = nn.conv_lowering(
+    chosen = conv_ops.conv_lowering(
         x_last.shape, w_last.shape, strides, attrs.get("group", 1), np.dtype(np.float32), channels_last=True
     )
     taps = int(np.prod(ws[2:]))
@@ -504,13 +504,13 @@ LAYOUT_CASES = [
 def test_channels_last_conv_kernel_layouts(case, lowering, monkeypatch):
     # N(D)HWC activations, weights in each kernel layout: each lowering reads the layouts it
     # can as they are (the others are relaid out), XLA's convolution reads any.
-    monkeypatch.setattr(nn, "CONV_LOWERING", lowering)
+    monkeypatch.setattr(conv_ops, "CONV_LOWERING", lowering)
     layout, xs, ws, attrs, expected = case
     x, w, b = rand(*xs), rand(*ws), rand(ws[0])
     x_last, w_laid = np.moveaxis(x, 1, -1), _laid_out(w, layout)
     hwio = (*ws[2:], ws[1], ws[0])
     strides = tuple(attrs.get("strides", [1] * (len(xs) - 2)))
-    chosen = nn.conv_lowering(
+    chosen = conv_ops.conv_lowering(
         x_last.shape, hwio, strides, 1, np.dtype(np.float32), channels_last=True, kernel_layout=layout
     )
     assert chosen == (expected if lowering == "auto" and jax.default_backend() == "cpu" else "xla")

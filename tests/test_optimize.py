@@ -20,7 +20,7 @@ import pytest
 
 import jonnx
 from jonnx import optimize
-from jonnx.ops import nn
+from jonnx.ops import conv as conv_ops
 from tests._on_off import assert_gradients_close, compare_on_off, value_and_grad
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "examples" / "models"
@@ -258,7 +258,7 @@ def test_training_gradients_equal_the_plain_graph(monkeypatch):
     key = jax.random.key(3)
     fast = jonnx.load(proto)
     _, g_fast = value_and_grad(fast, feeds, True, key)
-    monkeypatch.setattr(nn, "CONV_LOWERING", "xla")
+    monkeypatch.setattr(conv_ops, "CONV_LOWERING", "xla")
     plain = jonnx.load(proto, optimize=False)
     _, g_plain = value_and_grad(plain, feeds, True, key)
     assert_gradients_close(g_fast, g_plain, 1e-5)

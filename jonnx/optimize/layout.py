@@ -1,12 +1,12 @@
 """Channels-last layout: CNN chains run on N(D)HWC activations, transposed only at boundaries.
 
-XLA's CPU convolution, and the dot lowerings jonnx uses instead of it (ops/nn.py), run 1.2-2x
+XLA's CPU convolution, and the dot lowerings jonnx uses instead of it (ops/conv.py), run 1.2-2x
 faster with the channels last than in ONNX's NC(D)HW. This pass rewrites every Conv to the
 internal channels-last Conv (ops/channels_last.py) and carries the layout through what follows
 it, so that whole chains run channels-last:
 
 * Conv: the input is brought to channels-last (a Transpose, unless it already is), the weights
-  get a weight-only ``Transpose`` to the layout ``nn.kernel_layout_for`` picks (computed once per
+  get a weight-only ``Transpose`` to the layout ``conv.kernel_layout_for`` picks (computed once per
   parameter set; the internal Conv's ``kernel_layout`` attribute names it), and the output is
   channels-last. Most kernels go to (D)HWIO. A big 1x1 kernel without groups (at least 2^18
   weights) stays as stored: its product reads the (M, C) weights as they are, so no relayout
@@ -47,7 +47,7 @@ import numpy as np
 
 from jonnx._ir import Graph, Node
 from jonnx._registry import lookup
-from jonnx.ops import nn
+from jonnx.ops import conv
 from jonnx.ops.channels_last import DOMAIN, VERSION
 from jonnx.optimize._util import int64, new_node, unique_name
 
@@ -235,14 +235,14 @@ class _Rewrite:
         layout = "HWIO"
         if w_value is not None:
             strides = attrs.get("strides") or (1,) * (rank - 2)
-            layout = nn.kernel_layout_for(w_value.shape, attrs.get("group", 1), strides)
+            layout = conv.kernel_layout_for(w_value.shape, attrs.get("group", 1), strides)
         attrs["kernel_layout"] = layout
         if layout == "OIHW":
             weights = w
         else:
             key = (w, layout)  # weights: OI(D)HW -> the layout, once per weight
             if key not in self.relayouts:
-                perm = list(nn.kernel_permutation(layout, rank))
+                perm = list(conv.kernel_permutation(layout, rank))
                 self.relayouts[key] = self._emit("Transpose", [w], f"{w}/{layout.lower()}", perm=perm)
             weights = self.relayouts[key]
         inputs = [self._last(x, rank), weights, *node.inputs[2:3]]

@@ -2,7 +2,7 @@
 GemmFastGelu, BiasSoftmax and Trilu.
 
 The fused ops are Conv, Gemm and MatMul followed by an activation; their geometry and
-products reuse the default domain's implementations (``ops/nn.py``).
+products reuse the default domain's implementations (``ops/conv.py``, ``ops/products.py``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import jax.numpy as jnp
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import dtype_of, normalize_axis
+from jonnx.ops.conv import convolve
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.microsoft.activation import fast_gelu
-from jonnx.ops.nn import convolve, gemm_core
+from jonnx.ops.products import gemm_core
 from jonnx.ops.shape import trilu
 
 

@@ -24,7 +24,7 @@ from jonnx.ops._util import dtype_of, normalize_axis
 from jonnx.ops.activation import softmax_2d, softmax_axis
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.microsoft.normalization import embed_layer_normalization
-from jonnx.ops.nn import average_pool as _average_pool
+from jonnx.ops.pool import average_pool as _average_pool
 from jonnx.ops.quantize import (
     dequantize_linear,
     dynamic_quantize_linear,

@@ -12,7 +12,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jonnx
-from jonnx.ops import nn
+from jonnx.ops import _window, conv as conv_ops
 from jonnx.ops._util import spread, spread_product
 from jonnx.ops.channels_last import DOMAIN
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model
@@ -70,7 +70,7 @@ def rand(*shape):
 def test_lowering_matches_reference(case):
     lowering, xs, ws, attrs = case
     strides = tuple(attrs.get("strides", [1] * (len(xs) - 2)))
-    assert nn.conv_lowering(xs, ws, strides, attrs.get("group", 1), np.dtype(np.float32)) == (
+    assert conv_ops.conv_lowering(xs, ws, strides, attrs.get("group", 1), np.dtype(np.float32)) == (
         lowering if jax.default_backend() == "cpu" else "xla"
     )
     inputs = {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}
@@ -83,8 +83,8 @@ def test_lowering_grads(case):
     check_op_grads("Conv", {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}, opset=22, **attrs)
 
 
-# NCHW 1x1 convolutions over maps of at least nn.PER_IMAGE_MIN_CELLS (784) output cells: a
-# product batched over the images (nn._per_image_product) instead of one einsum.
+# NCHW 1x1 convolutions over maps of at least conv_ops.PER_IMAGE_MIN_CELLS (784) output cells: a
+# product batched over the images (conv_ops._per_image_product) instead of one einsum.
 PER_IMAGE_CASES = [
     ((2, 3, 28, 29), (4, 3, 1, 1), {}),
     ((3, 2, 1700), (3, 2, 1), {"strides": [2], "pads": [1, 0]}),  # strided, padded, 1-D
@@ -95,8 +95,8 @@ PER_IMAGE_CASES = [
 def test_per_image_products(case, monkeypatch):
     xs, ws, attrs = case
     calls = []
-    real = nn._per_image_product
-    monkeypatch.setattr(nn, "_per_image_product", lambda *args: calls.append(1) or real(*args))
+    real = conv_ops._per_image_product
+    monkeypatch.setattr(conv_ops, "_per_image_product", lambda *args: calls.append(1) or real(*args))
     inputs = {"x": rand(*xs), "w": rand(*ws), "b": rand(ws[0])}
     assert_matches_reference("Conv", inputs, opset=22, rtol=1e-4, atol=1e-5, **attrs)
     check_op_grads("Conv", inputs, opset=22, **attrs)
@@ -113,7 +113,7 @@ def test_per_image_products(case, monkeypatch):
     ids=lambda c: "x".join(map(str, c[0])),
 )
 def test_strided_depthwise_gradients(case):
-    # The strided input tangent goes by phases (nn._strided_input_tangent): every phase and
+    # The strided input tangent goes by phases (conv_ops._strided_input_tangent): every phase and
     # block offset, with unstrided axes among strided ones, against finite differences.
     xs, ws, attrs = case
     check_op_grads("Conv", {"x": rand(*xs), "w": rand(*ws)}, opset=22, group=xs[1], **attrs)
@@ -124,7 +124,7 @@ def test_depthwise_second_derivatives(strides):
     # The depthwise lowering's custom JVP is written in plain JAX, so derivatives of every
     # order follow; checked to second order, forward and reverse, over a batch whose tree of
     # halves has a tail (7 = 4 + 2 + 1). Unstrided, the input's tangent is the one placed at
-    # opaque offsets (nn._input_tangent), here with a dilation.
+    # opaque offsets (conv_ops._input_tangent), here with a dilation.
     inputs = {"x": rand(7, 2, 5, 4), "w": rand(2, 1, 3, 2)}
     check_op_grads("Conv", inputs, opset=22, order=2, group=2, pads=[1, 0, 2, 1], strides=strides, dilations=[2, 1])
 
@@ -133,7 +133,7 @@ def test_forcing_xla_gives_the_same_values(monkeypatch):
     inputs = {"x": rand(2, 8, 10, 10), "w": rand(8, 8, 3, 3)}
     model = node_model("Conv", inputs, opset=22, pads=[1, 1, 1, 1])
     lowered = np.asarray(jonnx.load(model)(inputs["x"], inputs["w"])[0])
-    monkeypatch.setattr(nn, "CONV_LOWERING", "xla")
+    monkeypatch.setattr(conv_ops, "CONV_LOWERING", "xla")
     direct = np.asarray(jonnx.load(model)(inputs["x"], inputs["w"])[0])
     np.testing.assert_allclose(lowered, direct, rtol=1e-4, atol=1e-4)
 
@@ -158,7 +158,9 @@ def _transpose_id(case):
 def test_conv_transpose_phases_match_onnxruntime(case, monkeypatch):
     xs, ws, attrs = case
     cpu = jax.default_backend() == "cpu"
-    assert nn.conv_transpose_lowering(xs, ws, attrs["strides"], np.dtype(np.float32)) == ("phases" if cpu else "xla")
+    assert conv_ops.conv_transpose_lowering(xs, ws, attrs["strides"], np.dtype(np.float32)) == (
+        "phases" if cpu else "xla"
+    )
     x, w, b = rand(*xs), rand(*ws), rand(ws[1] * attrs.get("group", 1))
     model = node_model("ConvTranspose", {"x": x, "w": w, "b": b}, opset=22, **attrs)
     (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
@@ -167,7 +169,7 @@ def test_conv_transpose_phases_match_onnxruntime(case, monkeypatch):
     np.testing.assert_allclose(np.asarray(jonnx.load(model)(x, w, b)[0]), want, rtol=1e-4, atol=1e-4)
     last = jonnx.ops.call("ConvTranspose", np.moveaxis(x, 1, -1), w, b, domain=DOMAIN, **attrs)
     np.testing.assert_allclose(np.moveaxis(np.asarray(last), -1, 1), want, rtol=1e-4, atol=1e-4)
-    monkeypatch.setattr(nn, "CONV_LOWERING", "xla")  # XLA's transposed convolution agrees
+    monkeypatch.setattr(conv_ops, "CONV_LOWERING", "xla")  # XLA's transposed convolution agrees
     np.testing.assert_allclose(np.asarray(jonnx.load(model)(x, w, b)[0]), want, rtol=1e-4, atol=1e-4)
 
 
@@ -187,7 +189,10 @@ def test_channels_last_conv_transpose_derivatives(case):
     with jax.enable_x64(True):
         x, w = np.moveaxis(rand(*xs), 1, -1).astype(np.float64), rand(*ws).astype(np.float64)
         expected = "xla+phases" if jax.default_backend() == "cpu" else "xla"
-        assert nn.conv_transpose_lowering(x.shape, w.shape, attrs["strides"], x.dtype, channels_last=True) == expected
+        assert (
+            conv_ops.conv_transpose_lowering(x.shape, w.shape, attrs["strides"], x.dtype, channels_last=True)
+            == expected
+        )
 
         def f(x, w):
             return jonnx.ops.call("ConvTranspose", x, w, domain=DOMAIN, **attrs)
@@ -200,17 +205,17 @@ def test_channels_last_conv_transpose_derivatives(case):
 def test_conv_transpose_lowering_choice():
     cpu = jax.default_backend() == "cpu"
     f32 = np.dtype(np.float32)
-    assert nn.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 3, 3), (2, 2), f32) == ("phases" if cpu else "xla")
-    assert nn.conv_transpose_lowering((1, 9, 9, 8), (8, 4, 3, 3), (2, 2), f32, channels_last=True) == (
+    assert conv_ops.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 3, 3), (2, 2), f32) == ("phases" if cpu else "xla")
+    assert conv_ops.conv_transpose_lowering((1, 9, 9, 8), (8, 4, 3, 3), (2, 2), f32, channels_last=True) == (
         "xla+phases" if cpu else "xla"
     )
-    assert nn.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 3, 3), (1, 1), f32) == "xla"  # an ordinary convolution
-    assert nn.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 7, 7), (2, 2), f32) == "xla"  # 49 taps: 12x the output
-    assert nn.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 3, 3), (2, 2), np.dtype(np.float16)) == "xla"
+    assert conv_ops.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 3, 3), (1, 1), f32) == "xla"  # an ordinary convolution
+    assert conv_ops.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 7, 7), (2, 2), f32) == "xla"  # 49 taps: 12x the output
+    assert conv_ops.conv_transpose_lowering((1, 8, 9, 9), (8, 4, 3, 3), (2, 2), np.dtype(np.float16)) == "xla"
 
 
 def test_half_precision_stays_with_xla():
-    assert nn.conv_lowering((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), 1, np.dtype(np.float16)) == "xla"
+    assert conv_ops.conv_lowering((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), 1, np.dtype(np.float16)) == "xla"
 
 
 def test_opaque_window_is_a_slice_with_the_slices_derivatives():
@@ -221,7 +226,7 @@ def test_opaque_window_is_a_slice_with_the_slices_derivatives():
     start, limit = (0, 1, 2, 0), (2, 5, 7, 3)
 
     def opaque(v):
-        return nn._opaque_window(v, start, limit)
+        return _window.opaque_window(v, start, limit)
 
     def plain(v):
         return jax.lax.slice(v, start, limit)

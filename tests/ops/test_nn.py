@@ -211,7 +211,7 @@ def test_average_pool(case, include_pad):
 def test_average_pool_window_counts(spatial, kernel, strides, dilations, lo, hi, extra, include_pad, channels_last):
     # Counted in numpy (no computation compiled per pool shape): against sliding each window
     # over an array of ones, padded with ones where the pads count and zeros elsewhere.
-    from jonnx.ops import nn
+    from jonnx.ops import pool
 
     ones = np.ones(spatial)
     zeros_before = [0 if include_pad else b for b in lo]
@@ -225,7 +225,7 @@ def test_average_pool_window_counts(spatial, kernel, strides, dilations, lo, hi,
     for o in np.ndindex(*out):
         window = tuple(slice(i * s, i * s + r, d) for i, s, r, d in zip(o, strides, reach, dilations))
         expected[o] = ones[window].sum()
-    got = nn._window_count(spatial, kernel, strides, dilations, lo, hi, extra, include_pad, np.float32, channels_last)
+    got = pool._window_count(spatial, kernel, strides, dilations, lo, hi, extra, include_pad, np.float32, channels_last)
     assert isinstance(got, np.ndarray) and got.dtype == np.float32
     np.testing.assert_array_equal(got, expected[None, ..., None] if channels_last else expected[None, None])
 

@@ -1,18 +1,9 @@
-"""Neural-network core ops: convolutions (Conv, ConvTranspose, DeformConv, Col2Im), pooling
-(Average/Max/Lp, their Global forms, MaxUnpool) and products (Gemm, MatMul, Einsum).
+"""Convolutions: Conv, ConvTranspose, DeformConv and Col2Im.
 
-Each Conv or ConvTranspose is one ``lax.conv_general_dilated`` (or a lowering of it to dots
-on CPU) and each pool one ``lax.reduce_window``, so XLA sees whole convolutions and windows, never
-per-position Python. The convolution and pooling helpers take ``channels_last``: False for
-ONNX's own NC(D)HW with OI(D)HW weights, True for N(D)HWC activations with (D)HWIO weights,
-the layout the ``channels_last`` graph pass (jonnx/optimize/layout.py) runs CNN chains in
-through the internal ops of ops/channels_last.py. One implementation serves both.
-
-Geometry follows the ONNX spec: explicit ``pads`` are ``[x1_begin, x2_begin, ..., x1_end,
-...]``; ``SAME_*`` pads to ``ceil(in / stride)`` outputs with the odd cell at the end
-(``SAME_UPPER``) or the beginning (``SAME_LOWER``); ``ceil_mode`` adds a last, partial window
-only when it starts inside the input or its left padding, and cells of that extension are
-never counted by AveragePool's divisor.
+Each Conv or ConvTranspose is one ``lax.conv_general_dilated``, or on CPU a lowering of it to
+dots and fused elementwise work chosen by its static shapes (``conv_lowering``,
+``conv_transpose_lowering``), so XLA sees whole convolutions, never per-position Python. The
+helpers take ``channels_last`` (ops/_window.py says how the layouts and the padding rules go).
 """
 
 from __future__ import annotations
@@ -30,132 +21,8 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import index_dtype, spread_product, static_ints, static_sizes
-
-# --------------------------------------------------------------------------- layout
-
-
-def _dimension_numbers(nd: int, channels_last: bool = False, kernel_layout: str = "HWIO") -> lax.ConvDimensionNumbers:
-    """The layout XLA sees for an ``nd``-spatial convolution: ONNX's own NC(D)HW / OI(D)HW, or
-    N(D)HWC activations with weights in ``kernel_layout`` (see ``KERNEL_LAYOUTS``) when
-    ``channels_last``."""
-    spatial = "DHW"[-nd:] if nd <= 3 else "".join(chr(ord("a") + i) for i in range(nd))
-    lhs = "N" + spatial + "C" if channels_last else "NC" + spatial
-    rhs = kernel_layout.replace("HW", spatial) if channels_last else "OI" + spatial
-    return lax.conv_dimension_numbers((1,) * (nd + 2), (1,) * (nd + 2), (lhs, rhs, lhs))
-
-
-def _spatial(shape, channels_last: bool) -> tuple:
-    """The spatial dims of an activation's (or, for weights, the kernel's) ``shape``."""
-    return tuple(shape[1:-1]) if channels_last else tuple(shape[2:])
-
-
-def _full(spatial, fill, channels_last: bool) -> tuple:
-    """A per-axis tuple for a whole activation: ``spatial`` on the spatial axes, ``fill`` on
-    the batch and channel axes."""
-    spatial = tuple(spatial)
-    return (fill,) + spatial + (fill,) if channels_last else (fill, fill) + spatial
-
-
-def _with_spatial(shape, spatial, channels_last: bool) -> tuple:
-    """``shape`` with its spatial sizes replaced by ``spatial`` (batch and channels kept)."""
-    return tuple(n if e is None else e for n, e in zip(shape, _full(spatial, None, channels_last)))
-
-
-# --------------------------------------------------------------------------- geometry
-
-
-def _ints(value, n: int, default: int, what: str, ctx) -> tuple[int, ...]:
-    """An optional per-axis attribute as ``n`` ints (``default`` everywhere when absent)."""
-    if value is None or len(value) == 0:
-        return (default,) * n
-    value = tuple(int(v) for v in value)
-    if len(value) != n:
-        raise ctx.error(f"{what} {value} must have {n} entries, one per spatial axis")
-    return value
-
-
-def _strides_dilations(attrs, n: int, ctx) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """A convolution-like node's ``strides`` and ``dilations``, each ``n`` positive ints."""
-    return _ints(attrs["strides"], n, 1, "strides", ctx), _ints(attrs["dilations"], n, 1, "dilations", ctx)
-
-
-def _explicit_pads(attrs, n: int, ctx) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    pads = attrs.get("pads")
-    if pads is None or len(pads) == 0:
-        return (0,) * n, (0,) * n
-    pads = tuple(int(p) for p in pads)
-    if len(pads) != 2 * n:
-        raise ctx.error(f"pads {pads} must have {2 * n} entries (begins, then ends)")
-    if any(p < 0 for p in pads):
-        raise ctx.error(f"pads {pads} must not be negative")
-    return pads[:n], pads[n:]
-
-
-def _auto_pad(attrs) -> str:
-    mode = attrs.get("auto_pad") or "NOTSET"
-    return mode.decode() if isinstance(mode, bytes) else mode
-
-
-def _window_pads(in_shape, kernel, strides, dilations, attrs, ctx, *, ceil_mode=False):
-    """Per-axis ``(lo, hi, extra)`` padding for a sliding window (Conv and the pools).
-
-    ``lo``/``hi`` are the pads ONNX defines (explicit or from ``auto_pad``); ``extra`` is the
-    additional end padding that ``ceil_mode`` needs for its last, partial window.
-    """
-    n = len(in_shape)
-    mode = _auto_pad(attrs)
-    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    if mode in ("SAME_UPPER", "SAME_LOWER"):
-        lo, hi = [], []
-        for size, s, w in zip(in_shape, strides, span):
-            out = -(-size // s)
-            total = max(0, (out - 1) * s + w - size)
-            small, big = total // 2, total - total // 2
-            lo.append(small if mode == "SAME_UPPER" else big)
-            hi.append(big if mode == "SAME_UPPER" else small)
-        lo, hi = tuple(lo), tuple(hi)
-    elif mode == "VALID":
-        lo, hi = (0,) * n, (0,) * n
-    elif mode == "NOTSET":
-        lo, hi = _explicit_pads(attrs, n, ctx)
-    else:
-        raise ctx.error(f"auto_pad {mode!r} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
-    extra = []
-    for size, s, w, a, b in zip(in_shape, strides, span, lo, hi):
-        if size + a + b < w:
-            raise ctx.error(
-                f"the window spans {w} cells but the padded input has only {size + a + b} "
-                f"(input spatial shape {tuple(in_shape)})"
-            )
-        out = (size + a + b - w) // s + 1
-        if ceil_mode and mode == "NOTSET":
-            out_ceil = -(-(size + a + b - w) // s) + 1
-            # The last window must start inside the input or its left padding.
-            if (out_ceil - 1) * s >= size + a:
-                out_ceil -= 1
-            out = max(out, out_ceil)
-        extra.append(max(0, (out - 1) * s + w - (size + a + b)))
-    return lo, hi, tuple(extra)
-
-
-def _kernel_attr(attrs, w_shape, ctx) -> None:
-    kernel = attrs.get("kernel_shape")
-    if kernel is not None and len(kernel) and tuple(kernel) != tuple(w_shape):
-        raise ctx.error(f"kernel_shape {tuple(kernel)} does not match the weights' spatial shape {tuple(w_shape)}")
-
-
-def _add_bias(y, b, ctx, channels_last: bool = False):
-    if b is None:
-        return y
-    channels = jnp.shape(y)[-1 if channels_last else 1]
-    if jnp.ndim(b) != 1 or jnp.shape(b)[0] != channels:
-        raise ctx.error(f"bias of shape {jnp.shape(b)} does not match {channels} output channels")
-    return y + (b if channels_last else jnp.reshape(b, (1, -1) + (1,) * (jnp.ndim(y) - 2)))
-
-
-# --------------------------------------------------------------------------- Conv
-
+from jonnx.ops import _window as geo
+from jonnx.ops._util import spread_product, static_ints, static_sizes
 
 # Weight layouts a channels-last Conv reads, "HW" standing for the spatial axes: "HWIO", what
 # XLA's channels-last convolution and most lowerings read; "OIHW", ONNX's own, kept for big 1x1
@@ -210,9 +77,9 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False, kernel_layout: st
             f"X has {c_in} channels and W has shape {jnp.shape(w)}: with group={group}, W must be "
             f"(M, C/group, ...) with M divisible by group"
         )
-    _kernel_attr(attrs, kernel, ctx)
-    strides, dilations = _strides_dilations(attrs, n, ctx)
-    lo, hi, _ = _window_pads(_spatial(jnp.shape(x), channels_last), kernel, strides, dilations, attrs, ctx)
+    geo.kernel_attr(attrs, kernel, ctx)
+    strides, dilations = geo.strides_dilations(attrs, n, ctx)
+    lo, hi, _ = geo.window_pads(geo.spatial(jnp.shape(x), channels_last), kernel, strides, dilations, attrs, ctx)
     w_shape = (*kernel, w_in, m) if channels_last else jnp.shape(w)
     lowering = conv_lowering(
         jnp.shape(x), w_shape, strides, group, jnp.result_type(x, w), channels_last=channels_last, kernel_layout=layout
@@ -224,7 +91,7 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False, kernel_layout: st
             window_strides=strides,
             padding=tuple(zip(lo, hi)),
             rhs_dilation=dilations,
-            dimension_numbers=_dimension_numbers(n, channels_last, layout),
+            dimension_numbers=geo.dimension_numbers(n, channels_last, layout),
             feature_group_count=group,
             precision=ctx.precision,
         )
@@ -234,7 +101,7 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False, kernel_layout: st
             # direct call of the internal op may pass another, relaid-out here on every call.
             w, layout = _to_hwio(w, layout), "HWIO"
         y = _LOWERINGS[lowering](x, w, strides, dilations, lo, hi, ctx.precision, channels_last, layout)
-    return _add_bias(y, b, ctx, channels_last)
+    return geo.add_bias(y, b, ctx, channels_last)
 
 
 # Conv lowerings. XLA's CPU convolution is slow next to its dot (by 2-30x on ResNet/MobileNet
@@ -242,7 +109,7 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False, kernel_layout: st
 # and fused elementwise work; elsewhere (cuDNN, TPU) XLA's convolution is the fast path. Every
 # lowering computes the same sums as the convolution (only the float summation order differs)
 # and is differentiable by plain JAX: the backward of a dot is dots, of a slice a pad.
-# ``jonnx.ops.nn.CONV_LOWERING`` forces one choice ("xla" or "auto") for measurement and tests.
+# ``jonnx.ops.conv.CONV_LOWERING`` forces one choice ("xla" or "auto") for measurement and tests.
 CONV_LOWERING = "auto"
 # A channels-last 1x1 convolution over at most this many channels runs as "channel_taps".
 TAPS_1X1_CHANNELS = 16
@@ -373,75 +240,10 @@ def conv_lowering(
     return "xla"
 
 
-def _pad_spatial(x, lo, hi, channels_last: bool = False):
-    if not any(lo) and not any(hi):
-        return x
-    return jnp.pad(x, _full(zip(lo, hi), (0, 0), channels_last))
-
-
-def _taps(xp, kernel, strides, dilations, out, channels_last: bool = False, parts=None, opaque: bool = False):
-    """For each kernel position (row-major), the strided window of ``xp`` it multiplies (of
-    ``parts[i]``, the same shape, for the ``i``-th position when ``parts`` is given).
-
-    ``opaque``: unstrided windows of static shapes are cut at offsets XLA cannot see
-    (:func:`_opaque_window`)."""
-    shape = jnp.shape(xp)
-    opaque = opaque and _static_unstrided(shape, strides)
-    for i, offsets in enumerate(itertools.product(*(range(k) for k in kernel))):
-        first = tuple(o * d for o, d in zip(offsets, dilations))
-        start = _full(first, 0, channels_last)
-        limit = _with_spatial(shape, (f + (n - 1) * s + 1 for f, n, s in zip(first, out, strides)), channels_last)
-        source = xp if parts is None else parts[i]
-        if opaque:
-            yield _opaque_window(source, start, tuple(int(n) for n in limit))
-        else:
-            yield lax.slice(source, start, limit, _full(strides, 1, channels_last))
-
-
-def _static_unstrided(shape, strides) -> bool:
-    """Whether windows of an array of ``shape`` can be cut (or placed) at opaque offsets:
-    unit strides and static sizes."""
-    return all(s == 1 for s in strides) and static_sizes(shape)
-
-
-def _opaque_offsets(start: tuple[int, ...]) -> tuple:
-    """``start`` as int32 scalars behind an optimization barrier: offsets XLA cannot see."""
-    return lax.optimization_barrier(tuple(np.int32(a) for a in start))
-
-
 def _tap_sum(items, taps, product=operator.mul):
     """The sum over kernel positions of ``product(item, tap)``: ``items`` one per position (the
     windows, by default multiplied by their taps), ``taps`` indexed by position."""
     return functools.reduce(operator.add, (product(item, tap) for item, tap in zip(items, taps)))
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
-def _opaque_window(x, start: tuple[int, ...], limit: tuple[int, ...]):
-    """``lax.slice(x, start, limit)`` at offsets XLA cannot see.
-
-    XLA rewrites the window of a padded array that covers exactly the unpadded one (a 3x3's
-    centre tap) to that array, and then fuses the elementwise work that made it (a stem's 27
-    multiply-adds, a BatchNorm and ReLU6) into the depthwise loop a second time, beside the
-    padded copy the other taps read. Behind an optimization barrier the offsets are opaque and
-    every tap reads the one padded buffer: MobileNetV2 0.93-0.94 of the time at batch 1, 0.95
-    at batch 32 (docs/performance.md). Derivatives are the plain slice's: a dynamic slice's
-    transposes (dynamic updates) made a depthwise gradient up to 1.2x slower.
-    """
-    sizes = tuple(b - a for a, b in zip(start, limit))
-    return lax.dynamic_slice(x, _opaque_offsets(start), sizes, allow_negative_indices=False)
-
-
-@_opaque_window.defjvp
-def _opaque_window_jvp(start, limit, primals, tangents):
-    (x,), (dx,) = primals, tangents
-    return _opaque_window(x, start, limit), lax.slice(dx, start, limit)
-
-
-def _out_spatial(xp, kernel, strides, dilations, channels_last: bool = False):
-    return tuple(
-        (size - (k - 1) * d - 1) // s + 1
-        for size, k, s, d in zip(_spatial(jnp.shape(xp), channels_last), kernel, strides, dilations)
-    )
 
 
 def _conv_matmul(x, w, strides, dilations, lo, hi, precision, channels_last, layout):
@@ -449,9 +251,9 @@ def _conv_matmul(x, w, strides, dilations, lo, hi, precision, channels_last, lay
     are read through a reshape in any layout, never a transpose (XLA makes a slow copy of a
     transposed weight argument, not of the reshaped one)."""
     ones = (1,) * (jnp.ndim(x) - 2)
-    xp = _pad_spatial(x, lo, hi, channels_last)
-    (xs,) = _taps(
-        xp, ones, strides, dilations, _out_spatial(xp, ones, strides, dilations, channels_last), channels_last
+    xp = geo.pad_spatial(x, lo, hi, channels_last)
+    (xs,) = geo.taps(
+        xp, ones, strides, dilations, geo.out_spatial(xp, ones, strides, dilations, channels_last), channels_last
     )
     if layout == "OIHW":
         weights, spec = jnp.reshape(w, jnp.shape(w)[:2]), "mc"
@@ -491,8 +293,8 @@ def _per_image_product(weights, xs, precision):
 def _conv_depthwise(x, w, strides, dilations, lo, hi, precision, channels_last, layout):
     """A depthwise convolution: per-channel shifted multiply-adds, which XLA fuses into one loop."""
     kernel = _kernel_dims(jnp.shape(w), layout)[2]
-    xp = _pad_spatial(x, lo, hi, channels_last)
-    out = _out_spatial(xp, kernel, strides, dilations, channels_last)
+    xp = geo.pad_spatial(x, lo, hi, channels_last)
+    out = geo.out_spatial(xp, kernel, strides, dilations, channels_last)
     if channels_last:
         taps = jnp.reshape(w, (-1, jnp.shape(w)[-1]))  # (K, C): a tap's weights broadcast on C
     else:
@@ -519,7 +321,7 @@ def _shifted_products(xp, taps, kernel, strides, dilations, out, channels_last):
     a symbolic size, plain slices, whose transposes are pads. Plain JAX throughout, so every
     order of derivative, forward mode and vmap follow.
     """
-    return _tap_sum(_taps(xp, kernel, strides, dilations, out, channels_last, opaque=True), taps)
+    return _tap_sum(geo.taps(xp, kernel, strides, dilations, out, channels_last, opaque=True), taps)
 
 
 def _shifted_products_jvp(kernel, strides, dilations, out, channels_last, primals, tangents):
@@ -527,14 +329,14 @@ def _shifted_products_jvp(kernel, strides, dilations, out, channels_last, primal
     y = _shifted_products(xp, taps, kernel, strides, dilations, out, channels_last)
     terms = []
     if not isinstance(t_xp, SymbolicZero):
-        if _static_unstrided(jnp.shape(t_xp), strides):
+        if geo.static_unstrided(jnp.shape(t_xp), strides):
             terms.append(_input_tangent(t_xp, taps, kernel, dilations, channels_last))
         elif static_sizes(jnp.shape(t_xp)):
             terms.append(_strided_input_tangent(t_xp, taps, kernel, strides, dilations, out, channels_last))
         else:
-            terms.append(_tap_sum(_taps(t_xp, kernel, strides, dilations, out, channels_last), taps))
+            terms.append(_tap_sum(geo.taps(t_xp, kernel, strides, dilations, out, channels_last), taps))
     if not isinstance(t_taps, SymbolicZero):
-        windows = _taps(xp, kernel, strides, dilations, out, channels_last)
+        windows = geo.taps(xp, kernel, strides, dilations, out, channels_last)
         terms.append(_tap_sum(windows, t_taps, spread_product))
     return y, functools.reduce(operator.add, terms) if terms else jnp.zeros_like(y)
 
@@ -545,7 +347,7 @@ _shifted_products.defjvp(_shifted_products_jvp, symbolic_zeros=True)
 def _input_tangent(t_xp, taps, kernel, dilations, channels_last):
     """The unstrided depthwise sum over ``t_xp`` (the input's tangent), written so that its
     transpose is the depthwise lowering again: the cotangent padded by the kernel's span on
-    each side, read through opaque windows (:func:`_opaque_window`) with the taps reversed.
+    each side, read through opaque windows (:func:`jonnx.ops._window.opaque_window`) with the taps reversed.
 
     The plain sum's transpose pads each tap's (cotangent x tap) to the input's size and adds the
     nine, and XLA fuses the cotangent's producer (a BatchNorm's backward) into every pad. Here
@@ -557,15 +359,15 @@ def _input_tangent(t_xp, taps, kernel, dilations, channels_last):
     nine full-size terms, slower than the plain sum; only forward mode pays it.)
     """
     span = tuple((k - 1) * d for k, d in zip(kernel, dilations))
-    pad = _full(span, 0, channels_last)
+    pad = geo.full(span, 0, channels_last)
     full = tuple(n + p for n, p in zip(jnp.shape(t_xp), pad))  # the output plus the span each side
     # Tap i's term lands at the reversed tap's offset; cropping the span from each side then
     # leaves sum_i window_i(t_xp) * taps[i].
     starts = (
-        _full(((k - 1 - o) * d for k, o, d in zip(kernel, offset, dilations)), 0, channels_last)
+        geo.full(((k - 1 - o) * d for k, o, d in zip(kernel, offset, dilations)), 0, channels_last)
         for offset in itertools.product(*(range(k) for k in kernel))
     )
-    total = _tap_sum(starts, taps, lambda start, tap: _opaque_place(t_xp * tap, start, full))
+    total = _tap_sum(starts, taps, lambda start, tap: geo.opaque_place(t_xp * tap, start, full))
     limit = tuple(n - p for n, p in zip(full, pad))
     return lax.slice(total, pad, limit)
 
@@ -595,36 +397,29 @@ def _strided_input_tangent(t_xp, taps, kernel, strides, dilations, out, channels
         # start leaves sum_i source[q_i : q_i + out] * tap_i.
         reach = tuple(max(q[a] for _, q in members) for a in range(nd))
         blocks = tuple(r + n for r, n in zip(reach, out))
-        limit = _with_spatial(
+        limit = geo.with_spatial(
             jnp.shape(t_xp), (p + (b - 1) * s + 1 for p, b, s in zip(phase, blocks, strides)), channels_last
         )
-        source = lax.slice(t_xp, _full(phase, 0, channels_last), limit, _full(strides, 1, channels_last))
-        full = tuple(n + e for n, e in zip(jnp.shape(source), _full(reach, 0, channels_last)))
+        source = lax.slice(t_xp, geo.full(phase, 0, channels_last), limit, geo.full(strides, 1, channels_last))
+        full = tuple(n + e for n, e in zip(jnp.shape(source), geo.full(reach, 0, channels_last)))
         placed = _tap_sum(
-            (_full((r - q_a for r, q_a in zip(reach, q)), 0, channels_last) for _, q in members),
+            (geo.full((r - q_a for r, q_a in zip(reach, q)), 0, channels_last) for _, q in members),
             [taps[i] for i, _ in members],
-            lambda start, tap, source=source, full=full: _opaque_place(source * tap, start, full),
+            lambda start, tap, source=source, full=full: geo.opaque_place(source * tap, start, full),
         )
-        start = _full(reach, 0, channels_last)
-        size = _with_spatial(jnp.shape(source), out, channels_last)
+        start = geo.full(reach, 0, channels_last)
+        size = geo.with_spatial(jnp.shape(source), out, channels_last)
         term = lax.slice(placed, start, tuple(a + n for a, n in zip(start, size)))
         total = term if total is None else total + term
     return total
 
 
-def _opaque_place(t, start: tuple[int, ...], shape: tuple[int, ...]):
-    """``t`` placed at ``start`` in zeros of ``shape``, at offsets XLA cannot see; its
-    transpose is the window of the cotangent at those offsets, like :func:`_opaque_window`."""
-    zeros = jnp.zeros(shape, t.dtype)
-    return lax.dynamic_update_slice(zeros, t, _opaque_offsets(start), allow_negative_indices=False)
-
-
 def _conv_im2col(x, w, strides, dilations, lo, hi, precision, channels_last, layout):
     """A k x k convolution: one product of the weights with the stacked shifted windows."""
     kernel = _kernel_dims(jnp.shape(w), layout)[2]
-    xp = _pad_spatial(x, lo, hi, channels_last)
-    out = _out_spatial(xp, kernel, strides, dilations, channels_last)
-    windows = list(_taps(xp, kernel, strides, dilations, out, channels_last))
+    xp = geo.pad_spatial(x, lo, hi, channels_last)
+    out = geo.out_spatial(xp, kernel, strides, dilations, channels_last)
+    windows = list(geo.taps(xp, kernel, strides, dilations, out, channels_last))
     if layout == "IHWO":
         cols = jnp.stack(windows, axis=-1)  # (N, *out, C, K)
         w3 = jnp.reshape(w, (jnp.shape(w)[0], -1, jnp.shape(w)[-1]))  # (C, K, M)
@@ -648,15 +443,15 @@ def _conv_tap_products(x, w, strides, dilations, lo, hi, precision, channels_las
     compute the product at positions no window starts from)."""
     kernel = _kernel_dims(jnp.shape(w), layout)[2]
     z = jnp.einsum("n...c,ck->n...k", x, jnp.reshape(w, (jnp.shape(w)[0], -1)), precision=precision)
-    zp = _pad_spatial(z, lo, hi, True)  # (N, *padded map, K x M)
+    zp = geo.pad_spatial(z, lo, hi, True)  # (N, *padded map, K x M)
     # Split into the taps' blocks before the windows are taken: the derivative of a split is
     # one concatenation, where that of a window of one block is a pad to all K x M channels
     # summed over the taps (a 3x3 over 64 channels on 56x56, forward and backward: 63 ms
     # against 7.2 this way; XLA's convolution 5.1).
     parts = jnp.split(zp, math.prod(kernel), axis=-1)
-    out = _out_spatial(zp, kernel, strides, dilations, True)
+    out = geo.out_spatial(zp, kernel, strides, dilations, True)
     y = None
-    for window in _taps(parts[0], kernel, strides, dilations, out, True, parts=parts):
+    for window in geo.taps(parts[0], kernel, strides, dilations, out, True, parts=parts):
         y = window if y is None else y + window
     return y
 
@@ -669,11 +464,11 @@ def _conv_channel_taps(x, w, strides, dilations, lo, hi, precision, channels_las
     the output channels are the minor axis that the loop vectorizes; ``channels_last`` and
     ``layout`` (always (D)HWIO here) are the lowerings' common signature."""
     kernel = _kernel_dims(jnp.shape(w), layout)[2]
-    xp = _pad_spatial(x, lo, hi, True)
-    out = _out_spatial(xp, kernel, strides, dilations, True)
+    xp = geo.pad_spatial(x, lo, hi, True)
+    out = geo.out_spatial(xp, kernel, strides, dilations, True)
     weights = jnp.reshape(w, (-1,) + jnp.shape(w)[-2:])  # (K, C, M)
     y = None
-    for i, window in enumerate(_taps(xp, kernel, strides, dilations, out, True)):
+    for i, window in enumerate(geo.taps(xp, kernel, strides, dilations, out, True)):
         for c in range(jnp.shape(weights)[1]):
             term = window[..., c : c + 1] * weights[i, c]  # (N, *out, 1) * (M,)
             y = term if y is None else y + term
@@ -730,10 +525,10 @@ def transpose_convolve(x, w, b, attrs, ctx, *, legacy: bool, channels_last: bool
             f"(C, M/group, ...) with C divisible by group={group}"
         )
     kernel = jnp.shape(w)[2:]
-    _kernel_attr(attrs, kernel, ctx)
-    in_shape = _spatial(jnp.shape(x), channels_last)
-    strides, dilations = _strides_dilations(attrs, n, ctx)
-    out_pad = _ints(attrs["output_padding"], n, 0, "output_padding", ctx)
+    geo.kernel_attr(attrs, kernel, ctx)
+    in_shape = geo.spatial(jnp.shape(x), channels_last)
+    strides, dilations = geo.strides_dilations(attrs, n, ctx)
+    out_pad = geo.ints(attrs["output_padding"], n, 0, "output_padding", ctx)
     span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     full = [s * (i - 1) + op + w_ for s, i, op, w_ in zip(strides, in_shape, out_pad, span)]
     lo, hi = _transpose_pads(attrs, in_shape, strides, full, legacy, ctx)
@@ -748,7 +543,7 @@ def transpose_convolve(x, w, b, attrs, ctx, *, legacy: bool, channels_last: bool
         y = _conv_transpose_xla_phase_derivatives(x, w, geometry)
     else:
         y = _conv_transpose_xla(x, w, geometry)
-    return _add_bias(y, b, ctx, channels_last)
+    return geo.add_bias(y, b, ctx, channels_last)
 
 
 class _TransposeGeometry(NamedTuple):
@@ -786,7 +581,7 @@ def _conv_transpose_xla(x, w, g: _TransposeGeometry):
         padding=tuple((max(a, 0), max(c, 0)) for a, c in zip(conv_lo, conv_hi)),
         lhs_dilation=g.strides,
         rhs_dilation=g.dilations,
-        dimension_numbers=_dimension_numbers(n, g.channels_last, "OIHW"),
+        dimension_numbers=geo.dimension_numbers(n, g.channels_last, "OIHW"),
         feature_group_count=g.group,
         precision=g.precision,
     )
@@ -826,7 +621,7 @@ def _transpose_pads(attrs, in_shape, strides, full, legacy: bool, ctx) -> tuple[
     """A ConvTranspose's cut from the full output at each spatial axis's start and end (negative:
     zeros added), from its pads, auto_pad or output_shape."""
     n = len(in_shape)
-    mode = _auto_pad(attrs)
+    mode = geo.auto_pad(attrs)
     output_shape = attrs["output_shape"]
     explicit = output_shape is not None and len(output_shape) > 0
     if explicit:
@@ -856,7 +651,7 @@ def _transpose_pads(attrs, in_shape, strides, full, legacy: bool, ctx) -> tuple[
     if mode == "VALID":
         return [0] * n, [0] * n
     if mode == "NOTSET":
-        return [list(p) for p in _explicit_pads(attrs, n, ctx)]
+        return [list(p) for p in geo.explicit_pads(attrs, n, ctx)]
     raise ctx.error(f"auto_pad {mode!r} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
 
 
@@ -878,7 +673,7 @@ def conv_transpose_lowering(x_shape, w_shape, strides, dtype, channels_last: boo
         return "xla"
     if dtype not in (jnp.float32, jnp.float64) or all(s == 1 for s in strides):
         return "xla"
-    if not static_sizes(_spatial(x_shape, channels_last)):
+    if not static_sizes(geo.spatial(x_shape, channels_last)):
         return "xla"
     if math.prod(w_shape[2:]) > TRANSPOSE_PHASES_GROWTH * math.prod(strides):
         return "xla"
@@ -936,393 +731,6 @@ def _conv_transpose_phases(x, w, g: _TransposeGeometry):
     return y if g.channels_last else jnp.moveaxis(y, -1, 1)
 
 
-# --------------------------------------------------------------------------- pooling
-
-
-def _pool_setup(x, attrs, ctx, channels_last: bool = False):
-    """Kernel, strides, dilations and per-axis pads for a pooling node."""
-    if jnp.ndim(x) < 3:
-        raise ctx.error(f"input of shape {jnp.shape(x)} needs a batch, a channel and spatial axes")
-    n = jnp.ndim(x) - 2
-    if attrs.get("kernel_shape") is None or len(attrs["kernel_shape"]) != n:
-        raise ctx.error(f"kernel_shape {attrs.get('kernel_shape')} must have {n} entries")
-    kernel = tuple(int(k) for k in attrs["kernel_shape"])
-    strides = _ints(attrs.get("strides"), n, 1, "strides", ctx)
-    dilations = _ints(attrs.get("dilations"), n, 1, "dilations", ctx)
-    if any(v < 1 for v in kernel + strides + dilations):
-        raise ctx.error(f"kernel_shape {kernel}, strides {strides} and dilations {dilations} must be positive")
-    lo, hi, extra = _window_pads(
-        _spatial(jnp.shape(x), channels_last),
-        kernel,
-        strides,
-        dilations,
-        attrs,
-        ctx,
-        ceil_mode=bool(attrs.get("ceil_mode")),
-    )
-    return kernel, strides, dilations, lo, hi, extra
-
-
-def _reduce_window(x, init, op, kernel, strides, dilations, lo, hi, extra, channels_last: bool = False):
-    # A numpy init value stays concrete under jit, so JAX picks its max/sum window primitives
-    # (with their efficient gradients) instead of a generic reduction.
-    return lax.reduce_window(
-        x,
-        np.asarray(init, np.dtype(jnp.result_type(x))),
-        op,
-        window_dimensions=_full(kernel, 1, channels_last),
-        window_strides=_full(strides, 1, channels_last),
-        padding=_full(((a, b + e) for a, b, e in zip(lo, hi, extra)), (0, 0), channels_last),
-        window_dilation=_full(dilations, 1, channels_last),
-    )
-
-
-def _lowest(dtype):
-    dtype = np.dtype(dtype)
-    return -np.inf if jnp.issubdtype(dtype, jnp.floating) else np.iinfo(dtype).min
-
-
-def _argmax_window(x, kernel, strides, dilations, lo, hi, extra, channels_last: bool = False):
-    """Row-major flat index (over the whole tensor) of each window's maximum."""
-    shape = jnp.shape(x)
-    dtype, idx_dtype = jnp.result_type(x), index_dtype()
-    # An iota inside the computation (XLA fuses it), not a constant the size of the input.
-    flat = jnp.reshape(lax.iota(idx_dtype, math.prod(shape)), shape)
-
-    def pick(a, b):
-        (va, ia), (vb, ib) = a, b
-        # The largest value; the first (row-major) position among equal ones, like ONNX's loop.
-        take_a = (va > vb) | ((va == vb) & (ia < ib))
-        return jnp.where(take_a, va, vb), jnp.where(take_a, ia, ib)
-
-    _, idx = lax.reduce_window(
-        (lax.stop_gradient(x), flat),
-        (jnp.asarray(_lowest(dtype), dtype), jnp.asarray(np.iinfo(idx_dtype).max, idx_dtype)),
-        pick,
-        window_dimensions=_full(kernel, 1, channels_last),
-        window_strides=_full(strides, 1, channels_last),
-        padding=_full(((a, b + e) for a, b, e in zip(lo, hi, extra)), (0, 0), channels_last),
-        window_dilation=_full(dilations, 1, channels_last),
-    )
-    return idx
-
-
-def _column_major(idx, shape):
-    """Row-major flat indices re-expressed with column-major spatial offsets (storage_order=1)."""
-    spatial = shape[2:]
-    plane = math.prod(spatial)
-    base, rest = idx // plane * plane, idx % plane
-    coords = []
-    for size in reversed(spatial):
-        coords.append(rest % size)
-        rest = rest // size
-    col, step = jnp.zeros_like(idx), 1
-    for coord, size in zip(reversed(coords), spatial):  # the first spatial axis varies fastest
-        col = col + coord * step
-        step *= size
-    return base + col
-
-
-# Windows up to this many positions take the gather-based derivative on CPU (each position is
-# one unrolled compare in the loop that finds the maxima); larger ones keep select-and-scatter.
-_MAX_WINDOW_TAPS = 49
-
-
-def _max_window(x, kernel, strides, lo, hi, extra, channels_last: bool = False):
-    """The window maxima (dilation 1, static shape), with a derivative XLA CPU runs fast.
-
-    JAX differentiates ``reduce_window(max)`` through select-and-scatter, which XLA CPU expands
-    into a variadic reduce-window over four full-size iotas plus a scatter: in a ResNet-18
-    training step (batch 32) the stem MaxPool took ~10% of the step. Here the forward is the
-    same reduce-window, and the derivative (a ``custom_jvp``, so forward and reverse mode)
-    finds each window's first maximal position (row-major, as select-and-scatter and the
-    Indices output pick it) in one fused pass over the shifted windows, then gathers the
-    tangent there from the flattened tensor; its transpose, the gradient, is one scatter-add.
-    A (32, 64, 32, 32) 3x3/2 pool's forward + backward: ~5 ms against ~100 ms (isolated,
-    loaded machine); the same gradients bit for bit.
-    """
-    ones = (1,) * len(kernel)
-    lowest = _lowest(jnp.result_type(x))
-    shape = tuple(int(d) for d in jnp.shape(x))
-    spatial_axes = range(1, len(shape) - 1) if channels_last else range(2, len(shape))
-    window = dict(zip(spatial_axes, zip(kernel, strides, lo)))
-
-    @jax.custom_jvp
-    def window_max(v):
-        return _reduce_window(v, lowest, lax.max, kernel, strides, ones, lo, hi, extra, channels_last)
-
-    @window_max.defjvp
-    def window_max_jvp(primals, tangents):
-        (v,), (t,) = primals, tangents
-        pads = _full(((a, b + e) for a, b, e in zip(lo, hi, extra)), (0, 0), channels_last)
-        vp = jnp.pad(v, pads, constant_values=lowest)
-        out = _out_spatial(vp, kernel, strides, ones, channels_last)
-        taps = _taps(vp, kernel, strides, ones, out, channels_last)
-        best = next(taps)
-        first = jnp.zeros(jnp.shape(best), jnp.int32)
-        for i, tap in enumerate(taps, 1):
-            later = tap > best  # strictly greater: a tie keeps the earlier position
-            best, first = jnp.where(later, tap, best), jnp.where(later, i, first)
-        # The winner's row-major position in the flattened input; a padding cell (it wins only
-        # a window of -inf) is out of range, so its tangent is zero.
-        flat, inside = jnp.zeros_like(first), True
-        for axis, extent in enumerate(shape):
-            pos = lax.broadcasted_iota(jnp.int32, jnp.shape(first), axis)
-            if axis in window:
-                k, s, a = window[axis]
-                offset = first // math.prod(kernel[list(window).index(axis) + 1 :]) % k
-                pos = pos * s + offset - a
-                inside = inside & (pos >= 0) & (pos < extent)
-            flat = flat * extent + pos
-        t_y = jnp.take(jnp.reshape(t, (-1,)), jnp.where(inside, flat, math.prod(shape)), mode="fill", fill_value=0)
-        return window_max(v), jnp.reshape(t_y, jnp.shape(first))
-
-    return window_max(x)
-
-
-def _max_pool(x, attrs, ctx, with_indices: bool, channels_last: bool = False):
-    """MaxPool's Y (and Indices); with ``channels_last`` (N(D)HWC), Y only."""
-    kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx, channels_last)
-    dilated = any(d > 1 for d in dilations)
-    window = (kernel, strides, dilations, lo, hi, extra)
-    idx = _argmax_window(x, *window, channels_last) if with_indices or dilated else None
-    if dilated:
-        # JAX cannot transpose a dilated max window (no VJP for select_and_gather), so read the
-        # maxima through their indices: a gather, differentiable in both modes.
-        y = jnp.take(jnp.reshape(x, (-1,)), idx, mode="clip")
-    elif (
-        jax.default_backend() == "cpu"
-        and jnp.issubdtype(jnp.result_type(x), jnp.floating)
-        and math.prod(kernel) <= _MAX_WINDOW_TAPS
-        and static_sizes(jnp.shape(x))
-        and math.prod(jnp.shape(x)) < 2**31
-    ):
-        y = _max_window(x, kernel, strides, lo, hi, extra, channels_last)
-    else:
-        # Integer inputs, a symbolic dimension (jax.export) or int64-sized tensors, large windows.
-        y = _reduce_window(x, _lowest(jnp.result_type(x)), lax.max, *window, channels_last)
-    if not with_indices:
-        return (y,)
-    if attrs.get("storage_order"):
-        idx = _column_major(idx, jnp.shape(x))
-    return y, idx
-
-
-@register("MaxPool", since=1)
-def max_pool_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``MaxPool``-1 (no Indices output)."""
-    return _max_pool(inputs[0], attrs, ctx, with_indices=False)
-
-
-@register("MaxPool", since=(8, 10, 11, 12, 22))
-def max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``MaxPool``, opsets 8+: Y and the flattened int64 Indices (``storage_order``).
-
-    Indices are computed only when the model reads them (XLA drops them otherwise under jit).
-    """
-    return _max_pool(inputs[0], attrs, ctx, with_indices=True)
-
-
-def _window_count(spatial, kernel, strides, dilations, lo, hi, extra, include_pad: bool, dtype, channels_last):
-    """How many cells each window averages: a trace-time constant of shape ``(1, 1, *out)``
-    (``(1, *out, 1)`` with ``channels_last``).
-
-    Counted in numpy, axis by axis (a window's cells are the product of its valid taps along
-    each axis), so that no pool shape compiles a computation of its own. A tap is valid where it
-    reads the input, or with ``include_pad`` the explicit pads too, never ceil mode's ``extra``.
-    """
-    counts = []
-    for size, k, s, d, before, after, more in zip(spatial, kernel, strides, dilations, lo, hi, extra):
-        out = (size + before + after + more - (k - 1) * d - 1) // s + 1
-        position = np.arange(out)[:, None] * s + np.arange(k)[None, :] * d - before
-        start, stop = (-before, size + after) if include_pad else (0, size)
-        counts.append(((position >= start) & (position < stop)).sum(axis=1))
-    count = functools.reduce(np.multiply.outer, counts).astype(dtype)
-    return count.reshape(_full(count.shape, 1, channels_last))
-
-
-def average_pool_core(x, attrs, ctx, channels_last: bool = False):
-    """AveragePool's Y, in NC(D)HW or (``channels_last``) N(D)HWC."""
-    window = _pool_setup(x, attrs, ctx, channels_last)
-    total = _reduce_window(x, 0, lax.add, *window, channels_last)
-    count = _window_count(
-        _spatial(jnp.shape(x), channels_last),
-        *window,
-        bool(attrs.get("count_include_pad")),
-        jnp.result_type(x),
-        channels_last,
-    )
-    return total / count
-
-
-@register("AveragePool", since=(1, 7, 10, 11, 19, 22))
-def average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``AveragePool``, all opsets (pads excluded from the divisor before opset 7)."""
-    return (average_pool_core(inputs[0], attrs, ctx),)
-
-
-def _p_norm(total, p):
-    """``total ** (1/p)`` with a finite gradient at 0 (where the window is all zeros)."""
-    positive = total > 0
-    safe = jnp.where(positive, total, jnp.ones_like(total))
-    root = jnp.sqrt(safe) if p == 2 else safe ** (1.0 / p)
-    return jnp.where(positive, root, jnp.zeros_like(total))
-
-
-def _abs_pow(x, p):
-    return x * x if p == 2 else jnp.abs(x) ** p
-
-
-@register("LpPool", since=(1, 2, 11, 18, 22))
-def lp_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``LpPool``, all opsets (``p`` is a float in opset 1, an int after)."""
-    x = inputs[0]
-    p = attrs["p"]
-    if p <= 0:
-        raise ctx.error(f"p={p} must be positive")
-    kernel, strides, dilations, lo, hi, extra = _pool_setup(x, attrs, ctx)
-    total = _reduce_window(_abs_pow(x, p), 0, lax.add, kernel, strides, dilations, lo, hi, extra)
-    return (_p_norm(total, p).astype(jnp.result_type(x)),)
-
-
-def spatial_axes(x, ctx, channels_last: bool = False):
-    """The spatial axes of an NC(D)HW (or, ``channels_last``, N(D)HWC) activation."""
-    if jnp.ndim(x) < 3:
-        raise ctx.error(f"input of shape {jnp.shape(x)} needs a batch, a channel and spatial axes")
-    return tuple(range(1, jnp.ndim(x) - 1)) if channels_last else tuple(range(2, jnp.ndim(x)))
-
-
-@register("GlobalAveragePool", since=(1, 22))
-def global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``GlobalAveragePool``, all opsets."""
-    x = inputs[0]
-    return (jnp.mean(x, axis=spatial_axes(x, ctx), keepdims=True),)
-
-
-@register("GlobalMaxPool", since=(1, 22))
-def global_max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``GlobalMaxPool``, all opsets."""
-    x = inputs[0]
-    return (jnp.max(x, axis=spatial_axes(x, ctx), keepdims=True),)
-
-
-@register("GlobalLpPool", since=(1, 2, 22))
-def global_lp_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``GlobalLpPool``, all opsets (``p`` is a float in opset 1, an int after)."""
-    x = inputs[0]
-    p = attrs["p"]
-    if p <= 0:
-        raise ctx.error(f"p={p} must be positive")
-    total = jnp.sum(_abs_pow(x, p), axis=spatial_axes(x, ctx), keepdims=True)
-    return (_p_norm(total, p).astype(jnp.result_type(x)),)
-
-
-@register("MaxUnpool", since=(9, 11, 22), static_inputs=(2,))
-def max_unpool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``MaxUnpool``, all opsets: scatters X to the flat positions I of the output.
-
-    With ``output_shape``, I indexes the flattened ``output_shape`` tensor (the MaxPool input
-    it came from), as onnxruntime does; the ReferenceEvaluator instead scatters into the
-    inferred shape and pads it, which only agrees when the two shapes share their last axes.
-    Out-of-range indices are dropped (JAX scatter semantics).
-    """
-    x, idx, output_shape = (tuple(inputs) + (None, None))[:3]
-    if jnp.shape(idx) != jnp.shape(x):
-        raise ctx.error(f"I of shape {jnp.shape(idx)} must have X's shape {jnp.shape(x)}")
-    n = jnp.ndim(x) - 2
-    kernel = _ints(attrs["kernel_shape"], n, 0, "kernel_shape", ctx)
-    strides = _ints(attrs["strides"], n, 1, "strides", ctx)
-    lo, hi = _explicit_pads(attrs, n, ctx)
-    if output_shape is not None:
-        shape = static_ints(output_shape)
-        if len(shape) != jnp.ndim(x):
-            raise ctx.error(f"output_shape {shape} must have rank {jnp.ndim(x)}")
-    else:
-        shape = jnp.shape(x)[:2] + tuple(
-            (i - 1) * s + k - a - b for i, s, k, a, b in zip(jnp.shape(x)[2:], strides, kernel, lo, hi)
-        )
-    flat = jnp.zeros((math.prod(shape),), jnp.result_type(x))
-    flat = flat.at[jnp.reshape(idx, (-1,))].set(jnp.reshape(x, (-1,)), mode="drop")
-    return (jnp.reshape(flat, shape),)
-
-
-# --------------------------------------------------------------------------- products
-
-
-def gemm_core(a, b, c, attrs, ctx):
-    if jnp.ndim(a) != 2 or jnp.ndim(b) != 2:
-        raise ctx.error(f"A and B must be matrices, got shapes {jnp.shape(a)} and {jnp.shape(b)}")
-    if attrs["transA"]:
-        a = a.T
-    k_by_n = b.T if attrs["transB"] else b
-    if jnp.shape(a)[1] != jnp.shape(k_by_n)[0]:
-        raise ctx.error(f"inner dimensions differ: {jnp.shape(a)} @ {jnp.shape(k_by_n)} (after transA/transB)")
-    dtype = jnp.result_type(a)
-    alpha, beta = float(attrs["alpha"]), float(attrs["beta"])
-    if attrs["transB"] and jnp.shape(a)[0] == 1:
-        # One row against B stored (N, K), a classifier at batch 1: for a @ B.T, XLA CPU copies
-        # B transposed on every call (ResNet-50's 1000 x 2048 classifier: 3.5 of 62 ms); B @ a.T
-        # reads B as stored (0.11 against 0.69 ms alone). The same sums, in the same order.
-        y = jnp.matmul(b, a.T, precision=ctx.precision).T
-    else:
-        y = jnp.matmul(a, k_by_n, precision=ctx.precision)
-    if alpha != 1.0:
-        y = (alpha * y).astype(dtype)
-    if c is not None and beta != 0.0:
-        out_shape = jnp.shape(y)
-        try:
-            # jnp's broadcast_shapes, not numpy's: it takes symbolic dims (jax.export).
-            fits = tuple(jnp.broadcast_shapes(jnp.shape(c), out_shape)) == tuple(out_shape)
-        except ValueError:
-            fits = False
-        if not fits:
-            raise ctx.error(f"C of shape {jnp.shape(c)} does not broadcast to the output {out_shape}")
-        y = y + (c if beta == 1.0 else (beta * c).astype(dtype))
-    return y
-
-
-@register("Gemm", since=(1, 6))
-def gemm_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``Gemm``-1/6: C must match (M, N) unless ``broadcast=1``."""
-    a, b, c = inputs
-    if not attrs["broadcast"] and c is not None:
-        m = jnp.shape(a)[1 if attrs["transA"] else 0]
-        nn = jnp.shape(b)[0 if attrs["transB"] else 1]
-        if tuple(jnp.shape(c)) != (m, nn):
-            raise ctx.error(f"C has shape {jnp.shape(c)}, not {(m, nn)}; before opset 7 this needs broadcast=1")
-    return (gemm_core(a, b, c, attrs, ctx),)
-
-
-@register("Gemm", since=(7, 9, 11, 13))
-def gemm(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``Gemm``, opsets 7+: C broadcasts unidirectionally (optional from opset 11)."""
-    a, b, c = (tuple(inputs) + (None,))[:3]
-    return (gemm_core(a, b, c, attrs, ctx),)
-
-
-@register("MatMul", since=(1, 9, 13))
-def matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``MatMul``, all opsets (numpy ``matmul`` semantics, 1-D operands included)."""
-    a, b = inputs
-    if jnp.ndim(a) == 0 or jnp.ndim(b) == 0:
-        raise ctx.error(f"MatMul operands must have rank >= 1, got shapes {jnp.shape(a)} and {jnp.shape(b)}")
-    return (jnp.matmul(a, b, precision=ctx.precision),)
-
-
-@register("Einsum", since=(12, 28))
-def einsum(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``Einsum``, all opsets (explicit and implicit output, ellipsis)."""
-    equation = attrs["equation"]
-    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
-    if not equation:
-        raise ctx.error("the equation attribute is empty")
-    operands = [x for x in inputs if x is not None]
-    named = equation.split("->")[0].count(",") + 1
-    if named != len(operands):
-        raise ctx.error(f"equation {equation!r} names {named} operands, got {len(operands)}")
-    return (jnp.einsum(equation, *operands, precision=ctx.precision),)
-
-
 # --------------------------------------------------------------------------- im2col family
 
 
@@ -1337,8 +745,8 @@ def col2im(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
             f"input of shape {jnp.shape(x)} must be (N, C*prod(block_shape), L); image_shape "
             f"{image} and block_shape {block} must have the same length"
         )
-    strides, dilations = _strides_dilations(attrs, n, ctx)
-    lo, hi = _explicit_pads(attrs, n, ctx)
+    strides, dilations = geo.strides_dilations(attrs, n, ctx)
+    lo, hi = geo.explicit_pads(attrs, n, ctx)
     batch, cols, length = jnp.shape(x)
     if cols % math.prod(block):
         raise ctx.error(f"input dim 1 ({cols}) is not a multiple of prod(block_shape) {math.prod(block)}")
@@ -1357,7 +765,7 @@ def col2im(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
             strides,
             tuple(zip(lo, hi)),
             rhs_dilation=dilations,
-            dimension_numbers=_dimension_numbers(n),
+            dimension_numbers=geo.dimension_numbers(n),
             precision=ctx.precision,
         )
 
@@ -1429,7 +837,7 @@ def deform_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     nd = jnp.ndim(x) - 2
     n, c = jnp.shape(x)[:2]
     oc, kernel = jnp.shape(w)[0], tuple(jnp.shape(w)[2:])
-    _kernel_attr(attrs, kernel, ctx)
+    geo.kernel_attr(attrs, kernel, ctx)
     group, offset_group = int(attrs["group"]), int(attrs["offset_group"])
     if group < 1 or c != jnp.shape(w)[1] * group or oc % group:
         raise ctx.error(f"X has {c} channels and W has shape {jnp.shape(w)}: inconsistent with group={group}")
@@ -1439,8 +847,8 @@ def deform_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
             f"offset of shape {jnp.shape(offset)} needs {offset_group * k * nd} channels "
             f"(offset_group * prod(kernel) * {nd}) and X's {c} channels divisible by offset_group"
         )
-    strides, dilations = _strides_dilations(attrs, nd, ctx)
-    lo, hi = _explicit_pads(attrs, nd, ctx)
+    strides, dilations = geo.strides_dilations(attrs, nd, ctx)
+    lo, hi = geo.explicit_pads(attrs, nd, ctx)
     out = tuple(jnp.shape(offset)[2:])
     want = tuple(
         (i + a + e - (kk - 1) * d - 1) // s + 1
@@ -1460,4 +868,4 @@ def deform_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         lo=lo,
         precision=ctx.precision,
     )
-    return (_add_bias(y, b, ctx),)
+    return (geo.add_bias(y, b, ctx),)
