@@ -1,0 +1,140 @@
+"""Products (Gemm, MatMul, Einsum) against the ReferenceEvaluator and numpy, over opsets,
+shapes and dtypes, plus gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jonnx import errors
+from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+# ----------------------------------------------------------------------------- products
+
+
+@pytest.mark.parametrize(
+    "opset,trans_a,trans_b,c_shape",
+    [
+        (7, 0, 0, (3, 5)),
+        (9, 1, 0, (5,)),
+        (11, 0, 1, (1, 5)),
+        (13, 1, 1, (3, 1)),
+        (13, 0, 0, ()),
+    ],
+)
+def test_gemm(opset, trans_a, trans_b, c_shape):
+    a = rand(*((4, 3) if trans_a else (3, 4)))
+    b = rand(*((5, 4) if trans_b else (4, 5)))
+    inputs = {"a": a, "b": b, "c": rand(*c_shape)}
+    assert_matches_reference(
+        "Gemm", inputs, opset=opset, transA=trans_a, transB=trans_b, alpha=0.5, beta=2.0, rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("trans_a", [0, 1])
+def test_gemm_one_row_against_transposed_b(trans_a):
+    # A single row with transB (a classifier at batch 1) is computed as B @ a.T: same values
+    # and gradients as onnxruntime's and finite differences'.
+    a = rand(*((6, 1) if trans_a else (1, 6)))
+    inputs = {"a": a, "b": rand(5, 6), "c": rand(5)}
+    assert_matches_reference("Gemm", inputs, opset=13, transA=trans_a, transB=1, alpha=0.5, rtol=1e-5, atol=1e-5)
+    check_op_grads("Gemm", inputs, opset=13, transA=trans_a, transB=1, alpha=0.5)
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_gemm_without_c(opset):
+    assert_matches_reference("Gemm", {"a": rand(3, 4), "b": rand(4, 2), "c": None}, opset=opset, alpha=3.0)
+
+
+@pytest.mark.parametrize("opset", [1, 6])
+def test_gemm_legacy_broadcast(opset):
+    # Opsets 1-6: C broadcasts only with broadcast=1 (changelog); numpy gives the value.
+    a, b, c = rand(3, 4), rand(4, 5), rand(5)
+    assert_matches_reference(
+        "Gemm",
+        {"a": a, "b": b, "c": c},
+        opset=opset,
+        broadcast=1,
+        beta=0.5,
+        expected=[a @ b + 0.5 * c],
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    assert_matches_reference(
+        "Gemm",
+        {"a": a, "b": b, "c": rand(3, 5)},
+        opset=opset,
+        rtol=1e-5,
+        atol=1e-5,
+        expected=lambda a, b, c: [a @ b + c],
+    )
+    inputs = {"a": a, "b": b, "c": c}
+    with pytest.raises(errors.NodeError, match="broadcast=1"):
+        run_jonnx(node_model("Gemm", inputs, opset=opset), inputs)
+
+
+def test_gemm_bad_c_is_an_error():
+    inputs = {"a": rand(3, 4), "b": rand(4, 5), "c": rand(2, 5)}
+    with pytest.raises(errors.NodeError, match="does not broadcast"):
+        run_jonnx(node_model("Gemm", inputs, opset=13), inputs)
+
+
+@pytest.mark.parametrize(
+    "opset,dtype,shapes",
+    [
+        (1, np.float32, ((3, 4), (4, 5))),
+        (9, np.float64, ((4,), (4, 5))),
+        (13, np.int32, ((3, 4), (4,))),
+        (13, np.int64, ((4,), (4,))),
+        (9, np.int64, ((2, 1, 3, 4), (5, 4, 2))),
+        (13, np.float32, ((2, 3, 4), (4, 2))),
+    ],
+)
+def test_matmul(opset, shapes, dtype):
+    a = (RNG.standard_normal(shapes[0]) * 5).astype(dtype)
+    b = (RNG.standard_normal(shapes[1]) * 5).astype(dtype)
+    assert_matches_reference("MatMul", {"a": a, "b": b}, opset=opset, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "equation,shapes",
+    [
+        ("ij,jk->ik", [(3, 4), (4, 5)]),
+        ("bij, bjk -> bik", [(2, 3, 4), (2, 4, 5)]),
+        ("ii->i", [(4, 4)]),
+        ("ij", [(3, 4)]),
+        ("ji", [(3, 4)]),
+        ("...ij,...jk", [(2, 3, 4), (4, 5)]),
+        ("i,i", [(5,), (5,)]),
+        ("abc,cd,de->abe", [(2, 3, 4), (4, 5), (5, 2)]),
+    ],
+)
+def test_einsum(equation, shapes):
+    opset = 28 if "," in equation else 12
+    inputs = {f"x{i}": rand(*s) for i, s in enumerate(shapes)}
+    assert_matches_reference("Einsum", inputs, opset=opset, equation=equation, rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_operand_count_is_checked():
+    inputs = {"x0": rand(3, 4)}
+    with pytest.raises(errors.NodeError, match="names 2 operands"):
+        run_jonnx(node_model("Einsum", inputs, opset=12, equation="ij,jk->ik"), inputs)
+
+
+@pytest.mark.parametrize(
+    "op,inputs,attrs",
+    [
+        ("Gemm", {"a": rand(4, 3), "b": rand(2, 4), "c": rand(2)}, dict(transA=1, transB=1, alpha=0.7, beta=1.3)),
+        ("MatMul", {"a": rand(2, 3, 4), "b": rand(4, 2)}, {}),
+        ("Einsum", {"a": rand(2, 3), "b": rand(3, 4)}, dict(equation="ij,jk->ki")),
+    ],
+)
+def test_product_grads(op, inputs, attrs):
+    check_op_grads(op, inputs, opset=13 if op != "Einsum" else 12, **attrs)
