@@ -81,14 +81,20 @@ def test_thunk_profiler_reads_each_dot_from_the_compiled_hlo():
         assert info[next(iter(dots))][1] == ("fusion" if in_library else "dot")
 
 
-def test_thunk_profiler_credits_idle_time_to_the_thunk_that_ended_last():
-    # XLA's own dots and convolutions return before their work is done: the gap after them
-    # is theirs. Overlapping thunks leave no gap; time between calls is nobody's.
+def test_thunk_profiler_credits_idle_time_to_the_last_hand_off_or_the_thunk_that_ended_last():
+    # XLA's own dots and convolutions return before their work is done: a gap after one is
+    # its own, even where a short thunk ran beside it and ended later. Without one the gap
+    # goes to the thunk that ended last. Overlapping thunks leave no gap; time between calls
+    # is nobody's, and a hand-off of an earlier call takes nothing of a later one.
     import profile_thunks
 
     events = [(0, 10, "a"), (5, 15, "b"), (20, 30, "c"), (22, 25, "d"), (40, 50, "e"), (100, 110, "f"), (150, 160, "g")]
     idle = profile_thunks._idle_after(events, calls=[(0, 60), (100, 200)])
     assert idle == {"b": 5, "c": 10, "f": 40}
+
+    events = [(0, 2, "dot.3"), (1, 6, "add_fusion.1"), (9, 12, "fusion.2"), (20, 21, "dot_general"), (30, 31, "f.4")]
+    idle = profile_thunks._idle_after(events + [(100, 101, "x"), (104, 105, "y")], calls=[(0, 40), (100, 110)])
+    assert idle == {"dot.3": 3 + 8, "dot_general": 9, "x": 3}
 
 
 def test_dot_floor_counts_each_float32_product_of_a_computation():
