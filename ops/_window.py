@@ -25,6 +25,8 @@ from jax import lax
 
 from jonnx.ops._util import static_sizes
 
+# --------------------------------------------------------------------------- layout
+
 
 def dimension_numbers(nd: int, channels_last: bool = False, kernel_layout: str = "HWIO") -> lax.ConvDimensionNumbers:
     """The layout XLA sees for an ``nd``-spatial convolution: ONNX's own NC(D)HW / OI(D)HW, or
@@ -145,6 +147,9 @@ def add_bias(y, b, ctx, channels_last: bool = False):
     return y + (b if channels_last else jnp.reshape(b, (1, -1) + (1,) * (jnp.ndim(y) - 2)))
 
 
+# --------------------------------------------------------------------------- windows
+
+
 def pad_spatial(x, lo, hi, channels_last: bool = False):
     if not any(lo) and not any(hi):
         return x
@@ -198,7 +203,7 @@ def opaque_window(x, start: tuple[int, ...], limit: tuple[int, ...]):
 
 
 @opaque_window.defjvp
-def opaque_window_jvp(start, limit, primals, tangents):
+def _opaque_window_jvp(start, limit, primals, tangents):
     (x,), (dx,) = primals, tangents
     return opaque_window(x, start, limit), lax.slice(dx, start, limit)
 
