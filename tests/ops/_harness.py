@@ -17,13 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnxruntime as ort
 import pytest
 from jax.test_util import check_grads
 from onnx.reference import ReferenceEvaluator
 
 import jonnx
 
-__all__ = ["node_model", "run_jonnx", "run_reference", "assert_matches_reference", "check_op_grads"]
+__all__ = ["node_model", "run_jonnx", "run_reference", "ort_expected", "assert_matches_reference", "check_op_grads"]
 
 
 def node_model(
@@ -90,6 +91,14 @@ def run_reference(model: onnx.ModelProto, inputs: Mapping[str, Any]) -> list[np.
     init_names = {t.name for t in model.graph.initializer}
     feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in init_names}
     return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, feeds)]
+
+
+def ort_expected(op_type: str, inputs: Mapping[str, Any], n_outputs: int = 1, *, opset: int, **attrs: Any) -> list:
+    """onnxruntime's outputs for a one-node model (used where the ReferenceEvaluator errs)."""
+    model = node_model(op_type, inputs, n_outputs, opset=opset, **attrs)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None}
+    return session.run(None, feeds)
 
 
 def assert_matches_reference(

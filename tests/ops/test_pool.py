@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import jonnx
 from jonnx import errors
-from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
+from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, ort_expected, run_jonnx
 
 RNG = np.random.default_rng(0)
 
 
 def rand(*shape, dtype=np.float32):
     return RNG.standard_normal(shape).astype(dtype)
-
-
-def ort_expected(op_type, inputs, n_outputs=1, *, opset, **attrs):
-    """onnxruntime's outputs for a one-node model (used where the ReferenceEvaluator errs)."""
-    model = node_model(op_type, inputs, n_outputs, opset=opset, **attrs)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None}
-    return session.run(None, feeds)
 
 
 # ----------------------------------------------------------------------------- pooling
