@@ -80,6 +80,20 @@ def dtype_of(x: Any) -> np.dtype:
     return np.dtype(jnp.result_type(x))
 
 
+def take(a: Any, indices: Any, axis: int | None = None, **kwargs: Any) -> Any:
+    """``jnp.take``, correct for an empty axis: its result has the indices' dims in place of it.
+
+    There only empty indices are in range, and jnp.take (jax 0.10) returns ``a`` itself for
+    them, dropping the indices' dims (Gather of (0, 0) indices from a (2, 0) tensor gave (2, 0)
+    instead of (2, 0, 0)). Out-of-range indices of an empty axis read zeros.
+    """
+    shape = tuple(np.shape(a)) if axis is not None else (int(np.size(a)),)  # None: a flattened
+    at = 0 if axis is None else axis % len(shape)
+    if isinstance(shape[at], int) and shape[at] == 0:
+        return jnp.zeros(shape[:at] + tuple(np.shape(indices)) + shape[at + 1 :], dtype_of(a))
+    return jnp.take(a, indices, axis=axis, **kwargs)
+
+
 def is_integer(x: Any) -> bool:
     """Whether ``x`` holds integers (signed or unsigned)."""
     return bool(jnp.issubdtype(jnp.result_type(x), jnp.integer))

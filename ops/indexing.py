@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import index_dtype, normalize_axis, static_ints
+from jonnx.ops._util import index_dtype, normalize_axis, static_ints, take
 
 # --------------------------------------------------------------------------------------
 # Shared helpers
@@ -84,7 +84,7 @@ def gather(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     if _is_strings(data):
         _strings_need_concrete(ctx, idx)
         return (np.take(data, idx, axis=axis),)
-    return (jnp.take(data, idx, axis=axis, mode="clip"),)
+    return (take(data, idx, axis=axis, mode="clip"),)
 
 
 def _elements_index(data_shape, indices, axis):

@@ -17,7 +17,7 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import _window as geo
-from jonnx.ops._util import index_dtype, static_ints, static_sizes
+from jonnx.ops._util import index_dtype, static_ints, static_sizes, take
 
 
 def _pool_setup(x, attrs, ctx, channels_last: bool = False):
@@ -155,7 +155,7 @@ def _max_window(x, kernel, strides, lo, hi, extra, channels_last: bool = False):
                 pos = pos * s + offset - a
                 inside = inside & (pos >= 0) & (pos < extent)
             flat = flat * extent + pos
-        t_y = jnp.take(jnp.reshape(t, (-1,)), jnp.where(inside, flat, math.prod(shape)), mode="fill", fill_value=0)
+        t_y = take(jnp.reshape(t, (-1,)), jnp.where(inside, flat, math.prod(shape)), mode="fill", fill_value=0)
         return window_max(v), jnp.reshape(t_y, jnp.shape(first))
 
     return window_max(x)
@@ -170,7 +170,7 @@ def max_pool_core(x, attrs, ctx, with_indices: bool, channels_last: bool = False
     if dilated:
         # JAX cannot transpose a dilated max window (no VJP for select_and_gather), so read the
         # maxima through their indices: a gather, differentiable in both modes.
-        y = jnp.take(jnp.reshape(x, (-1,)), idx, mode="clip")
+        y = take(jnp.reshape(x, (-1,)), idx, mode="clip")
     elif (
         jax.default_backend() == "cpu"
         and jnp.issubdtype(jnp.result_type(x), jnp.floating)

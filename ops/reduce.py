@@ -13,6 +13,8 @@ subtracts the maximum first, and ReduceL2's gradient at an all-zero slice is 0, 
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -181,8 +183,13 @@ def _arg(find, inputs, attrs, ctx):
     rank = jnp.ndim(x)
     axis = normalize_axis(attrs["axis"], rank, ctx)
     keepdims = bool(attrs["keepdims"])
-    if jnp.shape(x)[axis] == 0:
-        raise ctx.error(f"cannot take an arg-reduction over the empty axis {axis}")
+    shape = jnp.shape(x)
+    if shape[axis] == 0:
+        # No index to give, unless the output is empty too (another axis of size 0).
+        kept = [1 if d == axis else n for d, n in enumerate(shape) if keepdims or d != axis]
+        if math.prod(kept) != 0:
+            raise ctx.error(f"cannot take an arg-reduction over the empty axis {axis}")
+        return (jnp.zeros(kept, index_dtype()),)
     if attrs.get("select_last_index"):
         n = jnp.shape(x)[axis]
         idx = (n - 1) - find(jnp.flip(x, axis), axis=axis, keepdims=keepdims)

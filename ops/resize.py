@@ -189,13 +189,16 @@ def _resize(x, scales, sizes, roi, axes, opt, ctx):
         policy = opt["keep_aspect_ratio_policy"]
         if policy == "stretch":
             scale_list, out_len = ratios, list(size_list)
+            out_float = [float(o) for o in out_len]
         elif policy in ("not_larger", "not_smaller"):
             common = min(ratios) if policy == "not_larger" else max(ratios)
             scale_list = [common] * n
-            out_len = [int(common * in_shape[a] + 0.5) for a in axes]  # round half up
+            # The target lengths are fractional here, as when scales are given: the modes that
+            # read them (half_pixel_symmetric, align_corners) take them unrounded.
+            out_float = [common * in_shape[a] for a in axes]
+            out_len = [int(f + 0.5) for f in out_float]  # round half up
         else:
             raise ctx.error(f"unsupported keep_aspect_ratio_policy {policy!r}")
-        out_float = [float(o) for o in out_len]
     else:
         raise ctx.error("needs non-empty 'scales' or 'sizes'")
 
@@ -206,6 +209,9 @@ def _resize(x, scales, sizes, roi, axes, opt, ctx):
         y = y.astype(_compute_dtype(dtype))
     for a, s, o, f, r in zip(axes, scale_list, out_len, out_float, rois):
         if s == 1.0 and o == in_shape[a] and (not crop or r == (0.0, 1.0)):
+            continue
+        if o == 0:  # no positions to sample
+            y = jnp.zeros(jnp.shape(y)[:a] + (0,) + jnp.shape(y)[a + 1 :], y.dtype)
             continue
         if in_shape[a] == 0:
             raise ctx.error(f"cannot resize axis {a} of length 0 to {o}")

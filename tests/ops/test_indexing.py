@@ -74,6 +74,16 @@ def test_gather_strings():
         run_jonnx(model, inputs, jit=False)
 
 
+@pytest.mark.parametrize("const", [False, True])
+@pytest.mark.parametrize("axis", [0, 2])
+def test_gather_no_indices_from_an_empty_axis(axis, const):
+    # The output keeps the indices' dims, (0, 0) here, in place of the empty axis.
+    data = np.zeros((0, 1, 0), np.float32)
+    inputs = {"data": data, "i": np.zeros((0, 0), np.int64)}
+    out = assert_matches_reference("Gather", inputs, opset=13, axis=axis, initializers=("i",) if const else ())
+    assert out[0].shape == ((0, 0, 1, 0) if axis == 0 else (0, 1, 0, 0))
+
+
 @pytest.mark.parametrize("op", ["Gather", "GatherElements"])
 def test_gather_out_of_range_constant_index_raises(op):
     data = _data((3, 3))

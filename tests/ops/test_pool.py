@@ -128,6 +128,19 @@ def test_pool_ceil_mode_and_dilations(op, opset, n_outputs, extra, case):
     )
 
 
+@pytest.mark.parametrize("n_outputs", [1, 2])
+@pytest.mark.parametrize("dilations", [[1, 1], [2, 2]])
+def test_max_pool_of_an_empty_batch(dilations, n_outputs):
+    # A dilated MaxPool reads its maxima through their indices (a gather of the flattened
+    # input), which for an empty input once came back as that flat (0,) array.
+    # The ReferenceEvaluator returns an empty input as it is, so onnxruntime is the reference.
+    inputs = {"x": np.zeros((0, 3, 4, 6), np.float32)}
+    attrs = dict(kernel_shape=[2, 2], pads=[0, 1, 0, 1], dilations=dilations)
+    want = ort_expected("MaxPool", inputs, n_outputs, opset=22, **attrs)
+    out = assert_matches_reference("MaxPool", inputs, n_outputs, opset=22, expected=want, **attrs)
+    assert out[0].shape == ((0, 3, 2, 6) if dilations[0] == 2 else (0, 3, 3, 7))
+
+
 @pytest.mark.parametrize("storage_order,case", [(0, 1), (1, 2), (1, 3), (0, 4)])
 def test_max_pool_indices(storage_order, case):
     xs, attrs = POOL_CASES[case]

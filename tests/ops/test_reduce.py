@@ -9,7 +9,7 @@ import pytest
 
 import jonnx.ops
 from jonnx import errors
-from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
+from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, ort_expected, run_jonnx
 
 RNG = np.random.default_rng(0)
 
@@ -235,6 +235,23 @@ def test_arg_without_x64_returns_the_index_dtype():
     out = jonnx.ops.ArgMax(np.array([[1.0, 3.0], [4.0, 2.0]], np.float32), axis=1, keepdims=0)
     assert out.dtype == np.dtype(jax.dtypes.canonicalize_dtype(np.int64))
     np.testing.assert_array_equal(out, [1, 0])
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_arg_over_an_empty_axis_of_an_empty_output(op, keepdims):
+    # (0, 0, 3): reducing axis 0 leaves the output empty too, so there is no index to give
+    # and onnxruntime returns the empty result (the ReferenceEvaluator raises, as numpy does).
+    inputs = {"x": np.zeros((0, 0, 3), np.float32)}
+    want = ort_expected(op, inputs, opset=13, axis=0, keepdims=keepdims)
+    assert_matches_reference(op, inputs, opset=13, axis=0, keepdims=keepdims, expected=want)
+
+
+def test_arg_over_an_empty_axis_with_a_nonempty_output_is_an_error():
+    inputs = {"x": np.zeros((2, 0), np.float32)}
+    model = node_model("ArgMax", inputs, opset=13, axis=1)
+    with pytest.raises(errors.NodeError, match="empty axis 1"):
+        run_jonnx(model, inputs)
 
 
 def test_arg_axis_out_of_range_is_an_error():

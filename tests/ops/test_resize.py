@@ -145,6 +145,31 @@ def test_resize_axes_keep_aspect_ratio(policy, axes):
     )
 
 
+@pytest.mark.parametrize("policy", ["not_larger", "not_smaller"])
+@pytest.mark.parametrize("ctm", ["half_pixel_symmetric", "align_corners"])
+def test_resize_keep_aspect_ratio_reads_the_unrounded_lengths(policy, ctm):
+    # sizes (5, 6) of a 3 x 4 map: not_smaller scales by 5/3, a width of 6.67 rounded to 7;
+    # not_larger by 3/2, a height of 4.5 rounded to 5. These modes read 6.67 and 4.5, as when
+    # scales are given (onnxruntime agrees for half_pixel_symmetric; for align_corners it
+    # reads the rounded length, against the ReferenceEvaluator and the node suite's cases).
+    inputs = {"x": _x((1, 2, 3, 4)), "roi": None, "scales": None, "sizes": np.array([5, 6], np.int64)}
+    attrs = dict(mode="linear", axes=[2, 3], keep_aspect_ratio_policy=policy, coordinate_transformation_mode=ctm)
+    assert_matches_reference("Resize", inputs, opset=19, initializers=("sizes",), **attrs, **TOL)
+    if ctm == "half_pixel_symmetric":
+        want = _ort("Resize", inputs, 19, initializers=("sizes",), **attrs)
+        assert_matches_reference("Resize", inputs, opset=19, initializers=("sizes",), expected=want, **attrs, **TOL)
+
+
+@pytest.mark.parametrize("ctm", ["half_pixel_symmetric", "align_corners", "half_pixel"])
+@pytest.mark.parametrize("policy,sizes", [("stretch", [0, 3]), ("not_larger", [1, 1])])
+def test_resize_to_an_empty_axis(ctm, policy, sizes):
+    # not_larger: 1/5 of 2 rows is 0.4, which rounds to no rows at all.
+    inputs = {"x": _x((1, 1, 2, 5)), "roi": None, "scales": None, "sizes": np.array(sizes, np.int64)}
+    attrs = dict(mode="linear", axes=[2, 3], keep_aspect_ratio_policy=policy, coordinate_transformation_mode=ctm)
+    out = assert_matches_reference("Resize", inputs, opset=19, initializers=("sizes",), **attrs)
+    assert out[0].shape[2] == 0
+
+
 @pytest.mark.parametrize("mode,extrapolation", [("nearest", 10.0), ("linear", 0.0)])
 def test_resize_tf_crop_and_resize(mode, extrapolation):
     x = _x((1, 1, 5, 6))
