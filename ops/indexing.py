@@ -365,12 +365,13 @@ def _top_k(x, k: int, axis: int, largest: bool, ctx):
     if not 0 <= k <= n:
         raise ctx.error(f"k={k} is out of range for axis {axis} of size {n}")
     x = jnp.asarray(x)
-    if largest:
-        key = x
-    elif jnp.issubdtype(x.dtype, jnp.integer):
-        key = ~x  # reverses the order of signed and unsigned ints without overflow
-    else:
-        key = -x
+    key = x
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        # lax.top_k orders -0 before +0; ONNX compares values, which are equal.
+        key = jnp.where(x == 0, jnp.zeros((), x.dtype), x)
+    if not largest:
+        # ~ reverses the order of signed and unsigned ints without overflow.
+        key = ~key if jnp.issubdtype(x.dtype, jnp.integer) else -key
     # lax.top_k puts equal values in index order, which is ONNX's tie rule. (Its axis argument
     # is from jax 0.8.1, the declared minimum.)
     _, indices = jax.lax.top_k(key, k, axis=axis)

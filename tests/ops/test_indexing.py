@@ -416,6 +416,15 @@ def test_top_k(opset, largest, axis, dtype):
     )
 
 
+@pytest.mark.parametrize("largest", [0, 1])
+def test_top_k_signed_zeros_are_equal(largest):
+    # -0 == +0, so the tie goes to the lower index (lax.top_k alone puts -0 below +0).
+    x = np.array([[-1.0, 1.0, 0.0, -0.0, 2.0, -0.0]], np.float32)
+    inputs = {"x": x, "k": np.array([3], np.int64)}
+    out = assert_matches_reference("TopK", inputs, 2, opset=11, initializers=("k",), axis=1, largest=largest)
+    np.testing.assert_array_equal(out[1], [[0, 2, 3]] if not largest else [[4, 1, 2]])
+
+
 def test_top_k_grads():
     x = RNG.permutation(20).astype(np.float32).reshape(4, 5)  # distinct values: smooth
     check_op_grads("TopK", {"x": x, "k": np.array([2], np.int64)}, opset=11, n_outputs=2, initializers=("k",))
