@@ -48,11 +48,11 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 import onnx
-import onnx.helper as oh
 import onnxruntime as ort
 from onnx.reference import ReferenceEvaluator
 
 import jonnx
+from tests.ops._harness import node_model
 
 FLOATS = (np.float32, np.float64)
 INTS = (np.int32, np.int64)
@@ -513,27 +513,9 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
 
 
 def build(case: Case, initializers: set[str], opset: int) -> onnx.ModelProto:
-    names = [name if value is not None else "" for name, value in case.inputs.items()]
-    while names and not names[-1]:  # trailing omitted optionals are left out
-        names.pop()
-    outputs = [f"y{i}" for i in range(case.n_outputs)]
-    node = oh.make_node(case.op, names, outputs, **case.attrs)
-    graph_inputs, inits = [], []
-    for name, value in case.inputs.items():
-        if value is None:
-            continue
-        value = np.asarray(value)
-        if name in initializers:
-            inits.append(onnx.numpy_helper.from_array(value, name))
-        else:
-            elem = oh.np_dtype_to_tensor_dtype(value.dtype)
-            graph_inputs.append(oh.make_tensor_value_info(name, elem, value.shape))
-    graph = oh.make_graph(
-        [node], "fuzz", graph_inputs, [oh.make_empty_tensor_value_info(o) for o in outputs], initializer=inits
+    return node_model(
+        case.op, case.inputs, case.n_outputs, opset=opset, initializers=sorted(initializers), **case.attrs
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
-    model.ir_version = 8 if opset < 21 else 10
-    return model
 
 
 def difference(got: np.ndarray, want: np.ndarray) -> str | None:
