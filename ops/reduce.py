@@ -191,8 +191,7 @@ def _arg(find, inputs, attrs, ctx):
             raise ctx.error(f"cannot take an arg-reduction over the empty axis {axis}")
         return (jnp.zeros(kept, index_dtype()),)
     if attrs.get("select_last_index"):
-        n = jnp.shape(x)[axis]
-        idx = (n - 1) - find(jnp.flip(x, axis), axis=axis, keepdims=keepdims)
+        idx = (shape[axis] - 1) - find(jnp.flip(x, axis), axis=axis, keepdims=keepdims)
     else:
         idx = find(x, axis=axis, keepdims=keepdims)
     return (idx.astype(index_dtype()),)

@@ -512,12 +512,6 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
 # ------------------------------------------------------------------------------ running
 
 
-def build(case: Case, initializers: set[str], opset: int) -> onnx.ModelProto:
-    return node_model(
-        case.op, case.inputs, case.n_outputs, opset=opset, initializers=sorted(initializers), **case.attrs
-    )
-
-
 def difference(got: np.ndarray, want: np.ndarray) -> str | None:
     """Why ``got`` is not ``want``, or None."""
     got, want = np.asarray(got), np.asarray(want)
@@ -582,6 +576,8 @@ def main() -> int:
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=sorted(FAMILIES))
     parser.add_argument("--opset", type=int, default=21)
     args = parser.parse_args()
+    if args.opset > onnx.defs.onnx_opset_version():
+        parser.error(f"onnx {onnx.__version__} knows opsets up to {onnx.defs.onnx_opset_version()}")
     jax.config.update("jax_enable_x64", True)  # int64 and float64 exact, as ONNX defines them
     warnings.filterwarnings("ignore")
     ort.set_default_logger_severity(4)
@@ -593,7 +589,9 @@ def main() -> int:
             continue
         initializers = {name for name in case.constants if case.inputs.get(name) is not None and d.chance(0.7)}
         try:
-            model = build(case, initializers, args.opset)
+            model = node_model(
+                case.op, case.inputs, case.n_outputs, opset=args.opset, initializers=sorted(initializers), **case.attrs
+            )
         except ValueError:  # an attribute onnx.helper cannot type (an empty list)
             continue
         feeds = {k: np.asarray(v) for k, v in case.inputs.items() if v is not None and k not in initializers}

@@ -72,9 +72,14 @@ def node_model(
     return model
 
 
-def _feeds(model: onnx.ModelProto, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+def _feeds_by_name(model: onnx.ModelProto, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The given inputs that ``model`` takes as graph inputs (not omitted, not initializers)."""
     init_names = {t.name for t in model.graph.initializer}
-    return [np.asarray(v) for k, v in inputs.items() if v is not None and k not in init_names]
+    return {k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in init_names}
+
+
+def _feeds(model: onnx.ModelProto, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+    return list(_feeds_by_name(model, inputs).values())
 
 
 def run_jonnx(model: onnx.ModelProto, inputs: Mapping[str, Any], *, jit: bool = True) -> list[np.ndarray]:
@@ -88,17 +93,25 @@ def run_jonnx(model: onnx.ModelProto, inputs: Mapping[str, Any], *, jit: bool = 
 
 def run_reference(model: onnx.ModelProto, inputs: Mapping[str, Any]) -> list[np.ndarray]:
     """Run ``model`` through onnx's ReferenceEvaluator."""
-    init_names = {t.name for t in model.graph.initializer}
-    feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in init_names}
-    return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, feeds)]
+    return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, _feeds_by_name(model, inputs))]
 
 
-def ort_expected(op_type: str, inputs: Mapping[str, Any], n_outputs: int = 1, *, opset: int, **attrs: Any) -> list:
-    """onnxruntime's outputs for a one-node model (used where the ReferenceEvaluator errs)."""
-    model = node_model(op_type, inputs, n_outputs, opset=opset, **attrs)
+def ort_expected(
+    op_type: str,
+    inputs: Mapping[str, Any],
+    n_outputs: int = 1,
+    *,
+    opset: int,
+    initializers: Sequence[str] = (),
+    **attrs: Any,
+) -> list:
+    """onnxruntime's outputs for a one-node model (used where the ReferenceEvaluator errs).
+
+    Names in ``initializers`` become initializers, as in :func:`node_model` (some onnxruntime
+    kernels read scales or sizes only when they are constants)."""
+    model = node_model(op_type, inputs, n_outputs, opset=opset, initializers=initializers, **attrs)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None}
-    return session.run(None, feeds)
+    return session.run(None, _feeds_by_name(model, inputs))
 
 
 def assert_matches_reference(
