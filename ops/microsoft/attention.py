@@ -2,9 +2,10 @@
 (com.microsoft).
 
 * ``Attention`` (BERT/GPT-2 from the transformers optimizer) projects the input with merged
-  Q/K/V weights; ``MultiHeadAttention`` takes projected (or packed) Q, K and V. Both mask with
-  onnxruntime's finite ``mask_filter_value`` (default -10000) added to the scores, so a fully
-  masked row gives uniform weights, as onnxruntime's does.
+  Q/K/V weights; ``MultiHeadAttention`` takes projected (or packed) Q, K and V. Both mask keys
+  with onnxruntime's finite ``mask_filter_value`` (default -10000) added to the scores, so a
+  fully masked row gives uniform weights, as onnxruntime's does; ``unidirectional`` drops later
+  keys outright, whatever ``mask_filter_value`` (see ``_causal_keys`` for cross-attention).
 * ``GroupQueryAttention`` (the genai builder's decoder attention) keeps its K/V cache in
   ``past_key``/``past_value``. ``seqlens_k[b] + 1`` is batch b's valid length after this step;
   the new tokens are written at ``seqlens_k[b] + 1 - sequence_length`` (0 for a right-padded
@@ -64,7 +65,11 @@ def _grouped_attention(q, k, v, bias, scale, ctx, *, softcap=0.0, valid=None, si
     if bias is not None:
         scores = scores + jnp.asarray(bias).astype(wide)
     if valid is not None:
-        scores = jnp.where(valid, scores, -jnp.inf)
+        # A row with no valid key (a padding query of GroupQueryAttention, its output
+        # unspecified) keeps its scores: all -inf would make it NaN, and a NaN row written to
+        # the next layer's K/V cache turns valid rows NaN too (0 * NaN in probs @ V).
+        keep = valid | ~jnp.any(valid, axis=-1, keepdims=True)
+        scores = jnp.where(keep, scores, -jnp.inf)
     if sink is None:
         probs = jax.nn.softmax(scores, axis=-1)
     else:
@@ -95,29 +100,41 @@ def _key_mask_bias(mask, *, batch, q_len, kv_len, filter_value, dtype, ctx):
     mask = jnp.asarray(mask)
     j = jnp.arange(kv_len)
     shape = jnp.shape(mask)
-    if jnp.ndim(mask) == 1 and shape[0] == batch:  # right padding: valid lengths
-        keep = j[None, :] < mask[:, None]
+    if jnp.ndim(mask) == 1 and shape[0] in (batch, 3 * batch + 2):
+        # Right padding: valid lengths. The (3 * batch + 2) form appends cumulative query and key
+        # offsets, which only packed (varlen) layouts read; onnxruntime's CPU kernels take its
+        # first batch entries as the key lengths too.
+        keep = j[None, :] < mask[:batch, None]
         keep = keep[:, None, None, :]
     elif jnp.ndim(mask) == 1 and shape[0] == 2 * batch:  # left padding: end, then start
         end, start = mask[:batch, None], mask[batch:, None]
         keep = ((j[None, :] < end) & (j[None, :] >= start))[:, None, None, :]
+    # Raw masks keep a key where the value is positive: onnxruntime masks negative values as
+    # well as the documented 0.
     elif jnp.ndim(mask) == 2 and shape == (batch, kv_len):
-        keep = (mask != 0)[:, None, None, :]
+        keep = (mask > 0)[:, None, None, :]
     elif jnp.ndim(mask) == 3 and shape == (batch, q_len, kv_len):
-        keep = (mask != 0)[:, None, :, :]
+        keep = (mask > 0)[:, None, :, :]
     else:
         raise ctx.error(
-            f"mask of shape {shape} is not supported: expected (batch,), (2 * batch,), "
+            f"mask of shape {shape} is not supported: expected (batch,), (2 * batch,), (3 * batch + 2,), "
             f"(batch, total_sequence_length) or (batch, sequence_length, total_sequence_length)"
         )
     return jnp.where(keep, jnp.zeros((), dtype), jnp.asarray(filter_value, dtype))
 
 
-def _causal_bias(q_len, kv_len, filter_value, dtype):
-    """``mask_filter_value`` where key j comes after query i (aligned bottom-right)."""
-    i = jnp.arange(q_len)[:, None] + (kv_len - q_len)
+def _causal_keys(q_len, kv_len, past_len):
+    """Where query i may see key j under ``unidirectional``, (S, T).
+
+    onnxruntime drops later keys outright (its lowest float), not through ``mask_filter_value``.
+    Its kernel excludes keys ``j > past_len + i`` for every query row but the last, which sees
+    every key: the usual causal mask for self-attention (``past_len + S == T``). For causal
+    cross-attention (K/V longer or shorter than the query) the documentation defines no
+    alignment, so jonnx follows the kernel, and no row is left without a key.
+    """
+    i = jnp.arange(q_len)[:, None]
     j = jnp.arange(kv_len)[None, :]
-    return jnp.where(j > i, jnp.asarray(filter_value, dtype), jnp.zeros((), dtype))
+    return (j <= past_len + i) | (i == q_len - 1)
 
 
 def _add(a, b):
@@ -140,19 +157,19 @@ _ATTENTION_ATTRS = {
 }
 
 
-def _masked_attention(q, k, v, mask, attention_bias, attrs, ctx):
-    """Attention and MultiHeadAttention after the heads are split (B, N, S, H): the key mask
-    (``mask_index``/``key_padding_mask``), ``unidirectional`` and ``attention_bias`` as one
-    additive bias, then softmax attention, computed at least in float32."""
+def _masked_attention(q, k, v, mask, attention_bias, past_len, attrs, ctx):
+    """Attention and MultiHeadAttention after the heads are split (B, N, S, H), with ``past_len``
+    of the T keys from the past: the key mask (``mask_index``/``key_padding_mask``) and
+    ``attention_bias`` as one additive bias, ``unidirectional`` as excluded keys, then softmax
+    attention, computed at least in float32."""
     batch, _, q_len, head = jnp.shape(q)
     kv_len = jnp.shape(k)[2]
     wide = _wide(dtype_of(q))
     filter_value = attrs["mask_filter_value"]
     bias = _key_mask_bias(mask, batch=batch, q_len=q_len, kv_len=kv_len, filter_value=filter_value, dtype=wide, ctx=ctx)
-    if attrs["unidirectional"]:
-        bias = _add(bias, _causal_bias(q_len, kv_len, filter_value, wide))
     bias = _add(bias, attention_bias)
-    return _grouped_attention(q, k, v, bias, _scale(attrs, head), ctx)
+    valid = _causal_keys(q_len, kv_len, past_len) if attrs["unidirectional"] else None
+    return _grouped_attention(q, k, v, bias, _scale(attrs, head), ctx, valid=valid)
 
 
 def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
@@ -164,11 +181,21 @@ def _projected_attention(proj, total, mask, past, attention_bias, attrs, ctx):
     q = split_heads(proj[..., : sizes[0]], heads, "Q", "num_heads", ctx)
     k = split_heads(proj[..., sizes[0] : 2 * sizes[0]], heads, "K", "num_heads", ctx)
     v = split_heads(proj[..., 2 * sizes[0] :], heads, "V", "num_heads", ctx)
+    past_len = 0
     if past is not None:
+        past_len = jnp.shape(past)[3]
         k = jnp.concatenate([past[0].astype(dtype_of(k)), k], axis=2)
         v = jnp.concatenate([past[1].astype(dtype_of(v)), v], axis=2)
-    y = _masked_attention(q, k, v, mask, attention_bias, attrs, ctx)
-    present = jnp.stack([k, v]) if past is not None or (ctx.n_outputs or 1) > 1 else None
+    y = _masked_attention(q, k, v, mask, attention_bias, past_len, attrs, ctx)
+    present = None
+    if past is not None or (ctx.n_outputs or 1) > 1:
+        # present stacks K and V in one tensor: onnxruntime, too, needs one head size there (with
+        # V's wider it writes K's rows unaligned, with zeros after them).
+        if sizes[0] != sizes[2]:
+            raise ctx.error(
+                f"the present output needs equal Q/K and V hidden sizes, got qkv_hidden_sizes {list(sizes)}"
+            )
+        present = jnp.stack([k, v])
     return _merge_heads(y), present
 
 
@@ -282,10 +309,12 @@ def multi_head_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Output
             )
     if (past_key is None) != (past_value is None):
         raise ctx.error("past_key and past_value must be given together")
+    past_len = 0
     if past_key is not None:
+        past_len = jnp.shape(past_key)[2]
         k = jnp.concatenate([past_key.astype(dtype_of(k)), k], axis=2)
         v = jnp.concatenate([past_value.astype(dtype_of(v)), v], axis=2)
-    y = _masked_attention(q, k, v, key_mask, attention_bias, attrs, ctx)
+    y = _masked_attention(q, k, v, key_mask, attention_bias, past_len, attrs, ctx)
     return _merge_heads(y), k, v
 
 

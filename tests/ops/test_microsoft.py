@@ -1249,3 +1249,94 @@ def test_undeclared_contrib_attribute_is_refused_at_load():
     model = node_model("FastGelu", {"x": rand(2)}, opset=1, domain=MS, approximate="tanh")
     with pytest.raises(errors.JonnxError, match="approximate"):
         jonnx.load(model)
+
+
+# ------------------------------------------------------------------------------ attention masks
+# Found by differential fuzzing against onnxruntime (Attention, QAttention, MultiHeadAttention).
+
+
+@pytest.mark.parametrize("op", ["Attention", "MultiHeadAttention"])
+@pytest.mark.parametrize("mask_filter_value", [-1.0, 0.0])
+def test_unidirectional_drops_later_keys_whatever_mask_filter_value(op, mask_filter_value):
+    # onnxruntime excludes later keys outright; mask_filter_value only fills the key mask.
+    b, s, heads, hidden = 2, 4, 2, 8
+    mask = np.array([4, 4, 1, 0], np.int32)  # left padding: ends, then starts
+    if op == "Attention":
+        inputs = {"x": rand(b, s, hidden), "w": rand(hidden, 3 * hidden, scale=0.5), "bias": None, "mask": mask}
+    else:
+        inputs = {"q": rand(b, s, hidden), "k": rand(b, s, hidden), "v": rand(b, s, hidden), "bias": None}
+        inputs["kpm"] = np.array([[1, 1, 1, 1], [0, 1, 1, 1]], np.int32)
+    check(op, inputs, num_heads=heads, unidirectional=1, mask_filter_value=mask_filter_value, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_raw_mask_index_masks_every_value_not_positive(rank):
+    # The documentation speaks of 0 and 1; onnxruntime keeps a key only where the value is > 0.
+    b, s, heads, hidden = 2, 3, 2, 8
+    shape = (b, s) if rank == 2 else (b, s, s)
+    mask = RNG.integers(-1, 3, shape).astype(np.int32)
+    inputs = {"x": rand(b, s, hidden), "w": rand(hidden, 3 * hidden, scale=0.5), "bias": rand(3 * hidden), "mask": mask}
+    check("Attention", inputs, num_heads=heads, rtol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["Attention", "MultiHeadAttention"])
+def test_mask_index_of_3_batch_plus_2_reads_the_key_lengths(op):
+    # (3 * batch + 2,): key lengths, then cumulative query and key offsets (read by packed layouts only).
+    b, s, heads, hidden = 2, 3, 2, 8
+    mask = np.array([2, 1, 0, 3, 6, 0, 2, 3], np.int32)
+    if op == "Attention":
+        inputs = {"x": rand(b, s, hidden), "w": rand(hidden, 3 * hidden, scale=0.5), "bias": None, "mask": mask}
+    else:
+        inputs = {"q": rand(b, s, hidden), "k": rand(b, s, hidden), "v": rand(b, s, hidden), "bias": None}
+        inputs["kpm"] = mask
+    check(op, inputs, num_heads=heads, rtol=1e-4)
+
+
+@pytest.mark.parametrize("s,kv_len,past", [(1, 3, 0), (2, 4, 0), (3, 2, 0), (4, 5, 3), (1, 1, 2)])
+def test_multi_head_attention_unidirectional_cross_attention(s, kv_len, past):
+    # Keys longer or shorter than the query: onnxruntime's kernel places query i at past + i,
+    # except its last row, which sees every key.
+    b, heads, h = 2, 2, 4
+    d = heads * h
+    inputs = {"q": rand(b, s, d), "k": rand(b, kv_len, d), "v": rand(b, kv_len, d)}
+    n_out = 1
+    if past:
+        inputs.update(bias=None, kpm=None, ab=None, pk=rand(b, heads, past, h), pv=rand(b, heads, past, h))
+        n_out = 3
+    check("MultiHeadAttention", inputs, n_out, num_heads=heads, unidirectional=1, rtol=1e-4)
+
+
+def test_attention_present_with_a_different_v_hidden_size_is_refused():
+    # present stacks K and V; onnxruntime writes K's rows unaligned when V's head is wider.
+    from jonnx import errors
+
+    inputs = {"x": rand(1, 2, 3), "w": rand(3, 2 + 2 + 4)}
+    model = node_model("Attention", inputs, 2, opset=1, domain=MS, num_heads=1, qkv_hidden_sizes=[2, 2, 4])
+    with pytest.raises(
+        errors.JonnxError, match=r"node 'Attention_0'.*present output needs equal Q/K and V hidden sizes"
+    ):
+        run_jonnx(model, inputs)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_group_query_attention_padding_rows_stay_finite(dtype):
+    # A right-padded prompt with a local window: padding queries past the window see no valid
+    # key. Their values are unspecified, but a NaN there reaches valid rows in the next layer.
+    heads, kv_heads, h, s, lengths = 4, 2, 16, 4, [2, 4]
+    attrs = {"num_heads": heads, "kv_num_heads": kv_heads, "local_window_size": 1}
+    inputs = _gqa_inputs(
+        b=2,
+        s=s,
+        heads=heads,
+        kv_heads=kv_heads,
+        h=h,
+        buffer=0,
+        lengths=lengths,
+        packed=False,
+        dtype=dtype,
+        rotary=False,
+    )
+    inputs["pk"] = inputs["pv"] = None
+    _check_gqa(inputs, lengths, s, attrs, dtype)
+    model = node_model("GroupQueryAttention", inputs, 3, opset=1, domain=MS, **attrs)
+    assert np.isfinite(run_jonnx(model, inputs)[0].astype(np.float32)).all()
