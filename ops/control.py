@@ -7,9 +7,9 @@ so bodies may read outer values at any nesting depth.
   then differ in shape); otherwise it is ``lax.cond``.
 * ``Loop`` with a static trip count is ``lax.scan`` (differentiable); a data-dependent exit
   freezes the carried values once the condition turns false. Without a trip count (or with
-  a huge one, INT64_MAX from exporters) it is ``lax.while_loop``. Loops that carry sequences,
-  whose inputs are all known at trace time, or whose scan outputs end by a condition known
-  only per iteration, are unrolled at trace time.
+  a huge one, INT64_MAX from exporters) it is ``lax.while_loop``. Loops that carry sequences
+  or empty optionals, whose inputs are all known at trace time, or whose scan outputs end by
+  a condition known only per iteration, are unrolled at trace time.
 * ``Scan`` is ``lax.scan`` with the scan axes moved to the front.
 """
 
@@ -23,10 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jonnx import errors
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._static import static_values
 from jonnx._values import is_concrete
-from jonnx.ops._util import index_dtype, normalize_axis
+from jonnx.ops._util import canonical, index_dtype, normalize_axis
 
 # Loops unrolled at trace time (sequence-carrying or fully static ones) stop with an error
 # past this many iterations instead of running without end.
@@ -107,6 +108,7 @@ def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
             f"which does not fit {n_state} loop-carried values"
         )
     names = body.input_names
+    scan_infos = body.outputs[1 + n_state :]
 
     def step(i, flag, carried):
         values = {names[0]: i, names[1]: flag, **dict(zip(names[2:], carried))}
@@ -114,13 +116,21 @@ def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         return out[0], list(out[1 : 1 + n_state]), list(out[1 + n_state :])
 
     static_trip = trip is None or is_concrete(trip)
-    carries_sequences = any(isinstance(s, list) for s in state)
+    # Sequences and empty optionals are Python structure (a list, None), which one compiled
+    # loop cannot carry: such loops run at trace time.
+    carries_structure = any(isinstance(s, list) or s is None for s in state)
     everything_static = static_trip and is_concrete(cond) and is_concrete(state)
     # A body that needs its iteration number or a carried value at trace time (to slice by
     # it, say) cannot be one scan step; unrolled, each iteration sees them as constants.
     needs_static_step = bool(static_values(body) & set(names[:1] + names[2:]))
-    if static_trip and (carries_sequences or everything_static or needs_static_step):
-        return _unrolled(trip, cond, state, step, n_scan, ctx)
+    if static_trip and (carries_structure or everything_static or needs_static_step):
+        return _unrolled(trip, cond, state, step, scan_infos, ctx)
+    if carries_structure:
+        raise ctx.error(
+            "the loop carries a sequence or an empty optional, so it runs at trace time and needs "
+            "its trip count then, but M depends on runtime data; pass M as a concrete value "
+            "(Model.__call__ does)"
+        )
     if trip is not None and static_trip:
         length = _trip_count(trip)
         scannable = length <= MAX_SCAN_LENGTH
@@ -132,9 +142,14 @@ def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         if n_scan:
             # The exit may depend only on values known at trace time (the iteration number):
             # unrolled, each iteration finds out, and the scan outputs get a static length.
-            return _unrolled(trip, cond, state, step, n_scan, ctx)
+            return _unrolled(trip, cond, state, step, scan_infos, ctx)
         if scannable:
             return _scanned(length, step, state, n_scan, ctx, static_flag=False, cond=cond)
+    if n_scan and trip is None:
+        # Without a trip count the exit may still be known at trace time (a constant false
+        # condition, or one computed from the iteration number): unrolled, each iteration
+        # finds out, and _unrolled names a condition that turns out to be runtime data.
+        return _unrolled(trip, cond, state, step, scan_infos, ctx)
     if n_scan:
         raise ctx.error(
             "a Loop without a trip count known at trace time cannot have scan outputs: their "
@@ -151,8 +166,9 @@ def _iteration(i) -> jax.Array:
     return jnp.asarray(i, index_dtype())
 
 
-def _unrolled(trip, cond, state, step, n_scan, ctx):
+def _unrolled(trip, cond, state, step, scan_infos, ctx):
     """Run the loop at trace time, one body evaluation per iteration."""
+    n_scan = len(scan_infos)
     limit = None if trip is None else _trip_count(trip)
     flag = np.asarray(True) if cond is None else cond
     scans: list[list] = [[] for _ in range(n_scan)]
@@ -171,10 +187,30 @@ def _unrolled(trip, cond, state, step, n_scan, ctx):
             acc.append(value)
         i += 1
     if n_scan and not i:
-        # No iteration ran: the body's shapes, traced once, give the empty scan outputs.
-        shapes = jax.eval_shape(lambda: step(np.asarray(0, np.int64), np.asarray(True), first)[2])
-        return (*state, *(jnp.zeros((0, *s.shape), s.dtype) for s in shapes))
+        return (*state, *_empty_scan_outputs(step, first, scan_infos, ctx))
     return (*state, *(jnp.stack([jnp.asarray(v) for v in acc]) for acc in scans))
+
+
+def _empty_scan_outputs(step, state, scan_infos, ctx) -> list:
+    """The scan outputs of a loop that ran zero times: empty, shaped as one iteration's."""
+    try:
+        shapes = jax.eval_shape(lambda: step(np.asarray(0, np.int64), np.asarray(True), state)[2])
+    except errors.JonnxError as e:
+        # The body cannot run even once (it reads element i of an empty sequence, say): the
+        # types the body declares give the shapes, unknown dims and rank as 0 and (0,), as
+        # onnxruntime does; the specification leaves them open.
+        return [_declared_empty(info, e, ctx) for info in scan_infos]
+    return [jnp.zeros((0, *s.shape), s.dtype) for s in shapes]
+
+
+def _declared_empty(info, cause, ctx) -> jax.Array:
+    if info.kind != "tensor" or info.dtype is None:
+        raise ctx.error(
+            f"the loop ran zero times, and the body neither runs once to give scan output "
+            f"{info.name!r} its type ({str(cause).splitlines()[0]}) nor declares it"
+        ) from cause
+    dims = () if info.shape is None else tuple(d if isinstance(d, int) else 0 for d in info.shape)
+    return jnp.zeros((0, *dims), canonical(info.dtype))
 
 
 def _scanned(length, step, state, n_scan, ctx, *, static_flag: bool, cond=None):

@@ -86,14 +86,24 @@ def split_to_sequence(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
             else (jnp.split(x, dim, axis=axis) if dim else [])
         )
         return (list(parts),)
-    sizes = static_ints(split)
-    if np.asarray(split).ndim == 0:
-        size = sizes[0]
-        sizes = [size] * (dim // size) + ([dim % size] if dim % size else [])
+    sizes = _split_sizes(split, dim, ctx)
+    # No sizes mean no parts (an empty axis); jnp.split without bounds would give one.
+    return (list(jnp.split(x, np.cumsum(sizes)[:-1], axis=axis)) if sizes else [],)
+
+
+def _split_sizes(split, dim: int, ctx: OpContext) -> list[int]:
+    """The part lengths: a scalar ``split`` is a chunk length, the last chunk may be shorter."""
+    sizes = list(static_ints(split))
+    if np.ndim(split) == 0:
+        (size,) = sizes
+        if size <= 0:
+            raise ctx.error(f"a scalar split must be positive, got {size}")
+        return [size] * (dim // size) + ([dim % size] if dim % size else [])
+    if any(size < 0 for size in sizes):
+        raise ctx.error(f"split sizes {sizes} must not be negative")
     if sum(sizes) != dim:
-        raise ctx.error(f"split sizes {list(sizes)} do not add up to dimension {dim}")
-    bounds = np.cumsum(sizes)[:-1]
-    return (list(jnp.split(x, bounds, axis=axis)),)
+        raise ctx.error(f"split sizes {sizes} do not add up to dimension {dim}")
+    return sizes
 
 
 @register("ConcatFromSequence", since=11)

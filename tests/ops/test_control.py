@@ -646,7 +646,8 @@ def test_loop_scan_outputs_without_static_trip_count_is_an_error():
     feeds = [np.int64(3), np.float32([1, 2, 3]), np.float32([0, 0, 1]), np.int64(2)]
     with pytest.raises(errors.StaticValueError, match="'loop'.*needs input 0.*'M'"):
         run(proto, feeds, "jit")
-    # No trip count at all: the condition bounds the loop, and scan outputs cannot stack.
+    # No trip count at all: the condition (runtime data) bounds the loop, and scan outputs
+    # cannot stack.
     body = [
         const("two", np.float32(2)),
         oh.make_node("Mul", ["a_in", "two"], ["a_out"]),
@@ -663,7 +664,7 @@ def test_loop_scan_outputs_without_static_trip_count_is_an_error():
         [vi("a", F, []), vi("ss", F, [None])],
     )
     for mode in ("call", "jit"):
-        with pytest.raises(errors.NodeError, match="'loop'.*without a trip count.*scan outputs"):
+        with pytest.raises(errors.NodeError, match="'loop'.*condition depends on runtime data.*scan outputs"):
             run(proto, [np.array(True), np.float32(1), np.float32(10)], mode)
 
 
@@ -1003,6 +1004,44 @@ def test_loop_exit_by_iteration_number_with_scan_outputs():
     feeds = [np.float32([1, 2]), np.float32([0.5, 0.25])]
     check(proto, feeds)
     assert run(proto, feeds)[1].shape == (4, 2)
+
+
+def onnxruntime_outputs(proto, feeds):
+    """onnxruntime's outputs, where the ReferenceEvaluator concatenates Loop scan outputs
+    instead of stacking them (the specification's ``user_defined_vals[i] = ...``)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+    return session.run(None, {n: np.asarray(v) for n, v in zip(names, feeds)})
+
+
+@pytest.mark.parametrize("opset", [11, 13, 16, 19, 21])
+@pytest.mark.parametrize("flag", [True, False])
+def test_loop_without_trip_count_with_scan_outputs_ends_by_iteration_number(opset, flag):
+    # No trip count, but a constant first condition and a body condition on the iteration
+    # number (i < 3): unrolled, the scan outputs have a static length (4 rows, or 0 when the
+    # condition is false from the start).
+    body = [
+        const("three", np.int64(3)),
+        oh.make_node("Less", ["i", "three"], ["cond_out"]),
+        oh.make_node("Add", ["a_in", "x"], ["a_out"]),
+        oh.make_node("Neg", ["a_out"], ["s"]),
+    ]
+    proto = _loop_model(
+        body,
+        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2])],
+        [vi("cond_out", B, []), vi("a_out", F, [2]), vi("s", F, [2])],
+        ["", "c", "a0"],
+        ["a", "ss"],
+        [vi("x", F, [2]), vi("a0", F, [2])],
+        [vi("a", F, [2]), vi("ss", F, [None, 2])],
+        inits={"c": np.bool_(flag)},
+        opset=opset,
+    )
+    feeds = [np.float32([1, 2]), np.float32([0.5, 0.25])]
+    check(proto, feeds, expected=onnxruntime_outputs(proto, feeds))
+    assert run(proto, feeds)[1].shape == ((4, 2) if flag else (0, 2))
 
 
 def test_loop_known_at_trace_time_running_zero_times_has_empty_scan_outputs():

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto
 
 from jonnx import errors
-from tests.ops.test_control import assert_same, check, const, graph, model, run, vi
+from tests.ops.test_control import assert_same, check, const, graph, model, onnxruntime_outputs, run, vi
 
 F, I64, I32, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL
 RNG = np.random.default_rng(1)
@@ -168,6 +168,31 @@ def test_split_to_sequence_sizes_must_add_up():
     ]
     proto = model(nodes, [vi("x", F, [5])], [seq_vi("s", F, None)])
     with pytest.raises(errors.NodeError, match=r"'split_node'.*\[2, 2\] do not add up to dimension 5"):
+        run(proto, [np.zeros(5, np.float32)])
+
+
+@pytest.mark.parametrize("split", [np.int64(2), np.int64([]), np.int64([0, 0])])
+def test_split_to_sequence_of_an_empty_axis(split):
+    # ceil(0 / 2) chunks of a scalar split, and no sizes at all, give an empty sequence;
+    # two zero sizes give two empty parts.
+    x = np.zeros((0, 3), np.float32)
+    nodes = [const("split", split), oh.make_node("SplitToSequence", ["x", "split"], ["s"], axis=0)]
+    proto = model(nodes, [vi("x", F, [None, 3])], [seq_vi("s", F, None)])
+    check(proto, [x])
+
+
+@pytest.mark.parametrize(
+    "split, message",
+    [
+        (np.int64(0), "a scalar split must be positive, got 0"),
+        (np.int64(-1), "a scalar split must be positive, got -1"),
+        (np.int64([6, -1]), r"split sizes \[6, -1\] must not be negative"),
+    ],
+)
+def test_split_to_sequence_invalid_split_names_the_node(split, message):
+    nodes = [const("split", split), oh.make_node("SplitToSequence", ["x", "split"], ["s"], name="split_node")]
+    proto = model(nodes, [vi("x", F, [5])], [seq_vi("s", F, None)])
+    with pytest.raises(errors.NodeError, match=rf"'split_node'.*{message}"):
         run(proto, [np.zeros(5, np.float32)])
 
 
@@ -395,3 +420,81 @@ def test_sequence_input_through_sequence_map_and_optional():
     proto = model(nodes, [seq_vi("xs", F, [None])], [vi("y", F, [None]), seq_vi("back", F, None)])
     xs = [np.float32([1, 2]), np.float32([3]), np.float32([4, 5, 6])]
     check(proto, [xs], expected=[np.float32([3, 3, 15]), [np.float32([3]), np.float32([3]), np.float32([15])]])
+
+
+def _loop_over_sequence(declared_shape):
+    """A Loop over the elements of ``seq`` by SequenceAt(seq, i), trip count SequenceLength:
+    each element is a scan output, declared with ``declared_shape``."""
+    body = graph(
+        [oh.make_node("SequenceAt", ["seq", "i"], ["e"]), oh.make_node("Identity", ["c"], ["c_out"])],
+        [vi("i", I64, []), vi("c", B, [])],
+        [vi("c_out", B, []), vi("e", F, declared_shape)],
+    )
+    nodes = [
+        oh.make_node("SplitToSequence", ["x"], ["seq"], axis=0, keepdims=0),
+        oh.make_node("SequenceLength", ["seq"], ["n"]),
+        oh.make_node("Loop", ["n", ""], ["ys"], body=body),
+    ]
+    return model(nodes, [vi("x", F, [None, 2])], [vi("ys", F, None)])
+
+
+@pytest.mark.parametrize("declared_shape", [[2], None])
+@pytest.mark.parametrize("rows", [3, 0])
+def test_loop_over_a_sequence_by_position(declared_shape, rows):
+    # With no elements the body cannot run even once to find the scan output's shape (its
+    # SequenceAt has nothing to read): the body's declared type gives it, as in onnxruntime
+    # ((0, 2), or (0,) where the shape is not declared). The ReferenceEvaluator concatenates
+    # Loop scan outputs instead of stacking them, so onnxruntime is the reference.
+    proto = _loop_over_sequence(declared_shape)
+    x = RNG.standard_normal((rows, 2)).astype(np.float32)
+    check(proto, [x], modes=("call", "apply", "jit"), expected=onnxruntime_outputs(proto, [x]))
+
+
+def _loop_carrying_an_optional(trip_as_input: bool):
+    """A Loop-16 carrying an optional that starts empty (then x, then x + x, ...) and a tensor
+    (acc + x): the optional's presence changes between iterations."""
+    opt = oh.make_optional_type_proto(oh.make_tensor_type_proto(F, [2]))
+    then_branch = graph(
+        [
+            oh.make_node("OptionalGetElement", ["v"], ["g"]),
+            oh.make_node("Add", ["g", "x"], ["a"]),
+            oh.make_node("Optional", ["a"], ["o1"]),
+        ],
+        [],
+        [oh.make_value_info("o1", opt)],
+    )
+    else_branch = graph([oh.make_node("Optional", ["x"], ["o2"])], [], [oh.make_value_info("o2", opt)])
+    body = graph(
+        [
+            oh.make_node("Identity", ["c"], ["c_out"]),
+            oh.make_node("OptionalHasElement", ["v"], ["h"]),
+            oh.make_node("If", ["h"], ["v_out"], then_branch=then_branch, else_branch=else_branch),
+            oh.make_node("Add", ["acc", "x"], ["acc_out"]),
+        ],
+        [vi("i", I64, []), vi("c", B, []), oh.make_value_info("v", opt), vi("acc", F, [2])],
+        [vi("c_out", B, []), oh.make_value_info("v_out", opt), vi("acc_out", F, [2])],
+    )
+    nodes = [
+        oh.make_node("Optional", [], ["v0"], type=oh.make_tensor_type_proto(F, [2])),
+        oh.make_node("Loop", ["M", "", "v0", "x"], ["v", "acc"], body=body, name="the_loop"),
+        oh.make_node("OptionalGetElement", ["v"], ["y"]),
+    ]
+    inputs = [vi("x", F, [2])] + ([vi("M", I64, [])] if trip_as_input else [])
+    inits = {} if trip_as_input else {"M": np.int64(3)}
+    return model(nodes, inputs, [vi("y", F, [2]), vi("acc", F, [2])], opset=18, inits=inits)
+
+
+def test_loop_carrying_an_optional_that_starts_empty():
+    # The optional is structure (None, then an array): the loop runs at trace time, also when
+    # another carried value is traced. The ReferenceEvaluator returns the empty optional.
+    proto = _loop_carrying_an_optional(trip_as_input=False)
+    x = np.float32([1, 2])
+    check(proto, [x], expected=onnxruntime_outputs(proto, [x]))
+
+
+def test_loop_carrying_structure_needs_a_static_trip_count():
+    proto = _loop_carrying_an_optional(trip_as_input=True)
+    feeds = [np.float32([1, 2]), np.int64(3)]
+    check(proto, feeds, modes=("call", "apply"), expected=onnxruntime_outputs(proto, feeds))
+    with pytest.raises(errors.NodeError, match="'the_loop'.*carries a sequence or an empty optional.*M depends"):
+        run(proto, feeds, "jit")
