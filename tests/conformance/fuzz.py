@@ -1,12 +1,16 @@
 """Differential fuzzing: random one-node models through jonnx, onnxruntime and the ReferenceEvaluator.
 
 A developer's tool, not a test: ``python -m tests.conformance.fuzz [--seed S] [--cases N]
-[--families F ...] [--opset O]`` draws single-node models (shapes of rank 0-4 with empty
+[--families F ...] [--opset O] [--grad] [--trace]`` draws single-node models (shapes of rank 0-4 with empty
 dimensions about a quarter of the time, broadcasting partners, attributes across their range,
 inputs as graph inputs or as initializers), runs each through onnxruntime (or, where
 onnxruntime refuses it, the ReferenceEvaluator) and through ``jonnx.load(model)(*inputs)``, and
 prints every case where jonnx raises or differs. A difference from onnxruntime where jonnx
-equals the ReferenceEvaluator is only counted: the two references disagree there.
+equals the ReferenceEvaluator is only counted: the two references disagree there. The
+``microsoft`` and ``microsoft_quantized`` families draw onnxruntime's contrib ops, which only
+onnxruntime can check. ``--grad`` checks jonnx's derivatives (float64, every float input not
+needed at trace time) against central finite differences instead; ``--trace`` prints each case
+before it runs, to find one that crashes a reference.
 
 Its first runs (2026-11-29) found the bugs fixed in ad7ffa0 (Gather and dilated MaxPool of empty
 tensors, ArgMax over an empty axis, Resize with keep_aspect_ratio_policy) and TopK's order of
@@ -25,11 +29,21 @@ result open or onnxruntime departs from it:
   the ReferenceEvaluator's 1/255 (the quantized values agree);
 - Resize with pytorch_half_pixel to a length of 1: the ReferenceEvaluator samples at -0.5, the
   specification (jonnx, onnxruntime) at 0;
+- MaxPool with auto_pad SAME and dilations: onnxruntime pads for the undilated window (the
+  specification, and jonnx, for the dilated one), and the ReferenceEvaluator pads SAME_LOWER
+  as SAME_UPPER;
 - pooling with auto_pad VALID and ceil_mode: jonnx takes the specified VALID length,
   ``ceil((input - window + 1) / stride)``, onnxruntime applies ceil_mode to its padded formula;
 - Pad removing more than an empty axis holds, a pooling window larger than its input, and
   pooling whose SAME padding would be negative: jonnx refuses or clamps where onnxruntime
   accepts or refuses.
+
+The contrib families found nothing in their first 4,000 cases (2026-11-29). onnxruntime 1.32
+crashes the process on LayerNormalization written with a trailing empty input name (bias
+omitted as ``""``), which is why ``node_model`` leaves omitted trailing inputs out; it has no
+CPU kernel for BiasAdd, BiasSoftmax, BiasSplitGelu, GemmFastGelu, MulInteger or
+QLinearReduceMean, refuses every ReduceSumInteger node in its own type inference and FusedGemm
+with a Clip activation, so the families leave those out.
 
 Ops newer than ``--opset`` are refused by jonnx and may still run in the ReferenceEvaluator:
 those lines are expected.
@@ -46,6 +60,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -64,6 +79,8 @@ class Case(NamedTuple):
     attrs: dict[str, Any]
     n_outputs: int = 1
     constants: tuple[str, ...] = ()  # inputs that may become initializers
+    domain: str = ""
+    opset: int | None = None  # the default domain's opset, if not --opset (the domain's own, else)
 
 
 class Draw:
@@ -495,6 +512,315 @@ def cast(d: Draw) -> Case | None:
     return Case("Cast", {"x": x}, {"to": to})
 
 
+MS = "com.microsoft"
+ACTIVATIONS = {  # FusedConv/FusedGemm activations and their float parameters
+    "Relu": (),
+    "Tanh": (),
+    "Sigmoid": (),
+    "LeakyRelu": (0.1,),
+    "Clip": (-0.5, 0.7),
+    "HardSigmoid": (0.2, 0.5),
+}
+
+
+def microsoft(d: Draw) -> Case | None:
+    """onnxruntime's float contrib ops (com.microsoft, and the two it keeps in the default domain).
+    BiasAdd, BiasSoftmax, BiasSplitGelu and GemmFastGelu have no CPU kernel to compare with."""
+    op = d.pick(["Gelu", "BiasGelu", "FastGelu", "QuickGelu", "FusedConv", "FusedGemm", "FusedMatMul"]
+                + ["TransposeMatMul", "Range", "GatherND", "Pad", "ExpandDims", "Inverse", "Trilu"]
+                + ["LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization"]
+                + ["SkipSimplifiedLayerNormalization", "EmbedLayerNormalization"])  # fmt: skip
+    c = d.int(1, 5)
+    if op in ("Gelu", "QuickGelu"):
+        attrs = {"alpha": d.pick([1.702, 0.5])} if op == "QuickGelu" and d.chance(0.5) else {}
+        return Case(op, {"x": d.array((*d.shape(d.int(0, 3)), c))}, attrs, domain=MS)
+    if op in ("BiasGelu", "FastGelu"):
+        bias = d.array((c,)) if op == "BiasGelu" or d.chance(0.6) else None
+        return Case(op, {"x": d.array((*d.shape(d.int(0, 2)), c)), "bias": bias}, {}, constants=("bias",), domain=MS)
+    if op == "FusedConv":
+        spatial = tuple(d.int(1, 5) for _ in range(d.int(1, 2)))
+        kernel = [d.int(1, n) for n in spatial]
+        group = d.pick([1, c])
+        m = d.int(1, 2) * group
+        activation = d.pick(list(ACTIVATIONS))
+        attrs: dict[str, Any] = {"kernel_shape": kernel, "strides": [d.int(1, 2) for _ in spatial], "group": group}
+        attrs.update(pads=[d.int(0, k - 1) for k in kernel] * 2, activation=activation)
+        if ACTIVATIONS[activation]:
+            attrs["activation_params"] = list(ACTIVATIONS[activation])
+        inputs = {"x": d.array((d.int(0, 2), c, *spatial)), "w": d.array((m, c // group, *kernel))}
+        inputs["b"] = d.array((m,)) if d.chance(0.6) else None
+        return Case(op, inputs, attrs, constants=("w", "b"), domain=MS)
+    if op == "FusedGemm":
+        m, k, n = d.int(0, 3), d.int(1, 4), d.int(1, 4)
+        ta, tb = d.int(0, 1), d.int(0, 1)
+        inputs = {"a": d.array((k, m) if ta else (m, k)), "b": d.array((n, k) if tb else (k, n))}
+        inputs["c"] = d.array(d.partner((m, n))) if d.chance(0.6) else None
+        activation = d.pick([name for name in ACTIVATIONS if name != "Clip"])  # onnxruntime: "unknown kernel"
+        attrs = {"transA": ta, "transB": tb, "alpha": d.pick([1.0, 0.5]), "beta": d.pick([1.0, 2.0])}
+        attrs["activation"] = activation
+        attrs.update(zip(("activation_alpha", "activation_beta"), ACTIVATIONS[activation]))
+        return Case(op, inputs, attrs, constants=("b", "c"), domain=MS)
+    if op in ("FusedMatMul", "TransposeMatMul"):
+        m, k, n = d.int(0, 3), d.int(1, 3), d.int(1, 3)
+        batch = d.shape(d.int(0, 2), empty=0.1, most=3)
+        attrs = {"transA": d.int(0, 1), "transB": d.int(0, 1), "alpha": d.pick([1.0, 0.25])}
+        if op == "FusedMatMul" and batch and d.chance(0.5):  # transBatch: the first dim moves behind the batch
+            attrs.update(transBatchA=d.int(0, 1), transBatchB=d.int(0, 1))
+        shapes = []
+        for side, (rows, cols) in (("A", (m, k)), ("B", (k, n))):
+            full = (*batch, *((cols, rows) if attrs[f"trans{side}"] else (rows, cols)))
+            shapes.append((full[-2], *full[:-2], full[-1]) if attrs.get(f"transBatch{side}") else full)
+        return Case(op, {"a": d.array(shapes[0]), "b": d.array(shapes[1])}, attrs, domain=MS)
+    if op == "Range":
+        dtype = d.pick((np.float32, np.int32, np.int64))
+        inputs = {"start": np.array(d.int(-4, 4), dtype), "limit": np.array(d.int(-4, 6), dtype)}
+        inputs["delta"] = np.array(d.pick([1, 2, -1]), dtype) if d.chance(0.6) else None
+        return Case(op, inputs, {}, constants=tuple(inputs), domain=MS)
+    if op == "GatherND":
+        x = d.array((d.int(1, 3), d.int(1, 3), d.int(0, 2)))
+        lead = d.shape(d.int(0, 2))
+        indices = np.stack([d.rng.integers(0, x.shape[j], lead) for j in range(d.int(1, 2))], -1)
+        return Case(op, {"x": x, "i": indices.astype(np.int64)}, {}, domain=MS)
+    if op == "Pad":
+        s = d.shape(d.int(1, 3), empty=0.15)
+        mode = d.pick(["constant", "reflect", "edge"])
+        if mode != "constant" and 0 in s:
+            return None
+        pads = d.rng.integers(0, 3, 2 * len(s)).astype(np.int64)
+        if mode == "reflect" and any(p >= n for p, n in zip(pads, s + s)):
+            return None
+        value = np.array([1.5], np.float32) if mode == "constant" and d.chance(0.5) else None
+        return Case(op, {"x": d.array(s), "pads": pads, "value": value}, {"mode": mode}, constants=("pads",), domain=MS)
+    if op == "ExpandDims":
+        s = d.shape()
+        axis = np.array(d.int(-len(s) - 1, len(s)), np.int32)
+        return Case(op, {"x": d.array(s), "axis": axis}, {}, constants=("axis",), domain=MS)
+    if op == "Inverse":
+        n = d.int(1, 4)
+        x = d.array((*d.shape(d.int(0, 2), empty=0.1), n, n)) + 4 * np.eye(n, dtype=np.float32)
+        return Case(op, {"x": x}, {}, domain=MS)
+    if op == "Trilu":
+        x = d.array((*d.shape(d.int(0, 1)), d.int(0, 4), d.int(0, 4)))
+        k = np.array(d.int(-3, 3), np.int64) if d.chance(0.7) else None
+        return Case(op, {"x": x, "k": k}, {"upper": d.int(0, 1)}, constants=("k",), domain=MS)
+    hidden = d.int(1, 6)
+    if op in ("LayerNormalization", "SimplifiedLayerNormalization"):  # default domain, as onnxruntime has them
+        x = d.array((*d.shape(d.int(0, 2), empty=0.0), hidden))
+        axis = d.int(-x.ndim, x.ndim - 1)
+        normalized = x.shape[axis % x.ndim :]
+        inputs = {"x": x, "scale": d.array(normalized)}
+        if op == "LayerNormalization":
+            inputs["bias"] = d.array(normalized) if d.chance(0.6) else None
+        attrs = {"axis": axis, "epsilon": d.pick([1e-5, 1e-3])}
+        return Case(op, inputs, attrs, 1, ("scale", "bias"), opset=d.pick([11, 13, 16]))
+    n, s = d.int(1, 2), d.int(1, 3)
+    if op in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization"):
+        skip = d.array(d.pick([(n, s, hidden), (1, s, hidden), (s, hidden)]))
+        inputs = {"x": d.array((n, s, hidden)), "skip": skip, "gamma": d.array((hidden,))}
+        if op == "SkipLayerNormalization":
+            inputs["beta"] = d.array((hidden,)) if d.chance(0.6) else None
+        inputs["bias"] = d.array((hidden,)) if d.chance(0.6) else None
+        attrs = {"epsilon": d.pick([1e-12, 1e-5])}
+        return Case(op, inputs, attrs, d.pick([1, 4]), ("gamma", "beta", "bias"), domain=MS)
+    vocab, positions, segments = d.int(2, 6), s + d.int(0, 2), 2
+    inputs = {
+        "ids": d.rng.integers(0, vocab, (n, s)).astype(np.int32),
+        "segment_ids": d.rng.integers(0, segments, (n, s)).astype(np.int32) if d.chance(0.7) else None,
+        "word": d.array((vocab, hidden)),
+        "position": d.array((positions, hidden)),
+    }
+    inputs["segment"] = d.array((segments, hidden)) if inputs["segment_ids"] is not None else None
+    inputs.update(gamma=d.array((hidden,)), beta=d.array((hidden,)))
+    inputs["mask"] = (d.rng.random((n, s)) < 0.7).astype(np.int32) if d.chance(0.5) else None
+    constants = ("word", "position", "segment", "gamma", "beta")
+    return Case(op, inputs, {"epsilon": d.pick([1e-12, 1e-5])}, d.pick([2, 3]), constants, domain=MS)
+
+
+def _qparams(d: Draw, qtype) -> tuple[np.ndarray, np.ndarray]:
+    """A per-tensor scale and zero point for ``qtype``."""
+    zero = d.int(0, 20) if np.dtype(qtype) == np.uint8 else d.int(-10, 10)
+    # Not round numbers: with scales like 0.05 and 0.02 exact rounding ties are common, where
+    # onnxruntime's integer kernels and jonnx's float arithmetic may round apart by one step.
+    return np.array(d.rng.uniform(0.01, 0.15), np.float32), np.array(zero, qtype)
+
+
+def microsoft_quantized(d: Draw) -> Case | None:
+    """onnxruntime's quantized contrib ops (com.microsoft). MulInteger and QLinearReduceMean have
+    no CPU kernel, and onnxruntime's own type inference refuses every ReduceSumInteger node."""
+    op = d.pick(["MatMulNBits", "GatherBlockQuantized", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"]
+                + ["QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool"]
+                + ["QLinearConcat", "QLinearAveragePool", "QLinearSoftmax", "QLinearWhere", "QGemm", "QLinearConv"]
+                + ["MatMulInteger16", "QuantizeLinear", "DequantizeLinear", "QEmbedLayerNormalization"])  # fmt: skip
+    q = d.pick([np.uint8, np.int8])
+
+    def qarray(shape, qtype=q):
+        return (
+            d.array(shape, np.int16).astype(qtype) * 9
+            if np.dtype(qtype) == np.int8
+            else d.rng.integers(0, 256, shape).astype(qtype)
+        )
+
+    if op == "MatMulNBits":
+        bits, block = d.pick([4, 8]), d.pick([16, 32])
+        n, k = d.int(1, 4), d.int(1, 3) * 16 + d.pick([0, 5])
+        k_blocks = -(-k // block)
+        b = d.rng.integers(0, 256, (n, k_blocks, block * bits // 8)).astype(np.uint8)
+        scales = (np.abs(d.array((n * k_blocks,))) * 0.1 + 0.01).astype(np.float32)
+        zero_points = None
+        if d.chance(0.6):
+            packed = -(-k_blocks * bits // 8)
+            zero_points = d.rng.integers(0, 256, (n * packed,)).astype(np.uint8)
+        inputs = {"a": d.array((*d.shape(d.int(0, 2)), k)), "b": b, "scales": scales, "zero_points": zero_points}
+        inputs.update(g_idx=None, bias=d.array((n,)) if d.chance(0.5) else None)
+        attrs = {"K": k, "N": n, "bits": bits, "block_size": block}
+        return Case(op, inputs, attrs, constants=("b", "scales", "zero_points", "bias"), domain=MS)
+    if op == "GatherBlockQuantized":
+        rows, block = d.int(1, 4), d.pick([16, 32])
+        columns = block * d.int(1, 2)
+        data = d.rng.integers(0, 256, (rows, columns // 2)).astype(np.uint8)  # two 4-bit values a byte
+        scales = (np.abs(d.array((rows, columns // block))) * 0.1 + 0.01).astype(np.float32)
+        zero_points = (
+            d.rng.integers(0, 256, (rows, -(-columns // block // 2))).astype(np.uint8) if d.chance(0.5) else None
+        )
+        indices = d.rng.integers(-rows, rows, d.shape(d.int(1, 2))).astype(d.pick(INTS))
+        inputs = {"data": data, "indices": indices, "scales": scales, "zero_points": zero_points}
+        attrs = {"block_size": block, "gather_axis": 0, "quantize_axis": 1, "bits": 4}
+        return Case(op, inputs, attrs, constants=("data", "scales", "zero_points"), domain=MS)
+    m, k, n = d.int(0, 3), d.int(1, 4), d.int(1, 4)
+    if op in ("DynamicQuantizeMatMul", "MatMulIntegerToFloat"):
+        per_column = d.chance(0.4)
+        b_scale = (np.abs(d.array((n,) if per_column else ())) * 0.05 + 0.01).astype(np.float32)
+        b_zero = (qarray((n,)) if per_column else qarray(())) if d.chance(0.5) else None
+        bias = d.array((n,)) if d.chance(0.5) else None
+        if op == "DynamicQuantizeMatMul":
+            inputs = {"a": d.array((*d.shape(d.int(0, 1)), m, k)), "b": qarray((k, n)), "b_scale": b_scale}
+            return Case(
+                op,
+                {**inputs, "b_zero": b_zero, "bias": bias},
+                {},
+                constants=("b", "b_scale", "b_zero", "bias"),
+                domain=MS,
+            )
+        a_type = d.pick([np.uint8, np.int8])
+        a_scale, a_zero = _qparams(d, a_type)
+        inputs = {"a": qarray((*d.shape(d.int(0, 1)), m, k), a_type), "b": qarray((k, n)), "a_scale": a_scale}
+        inputs.update(b_scale=b_scale, a_zero=a_zero if d.chance(0.6) else None, b_zero=b_zero, bias=bias)
+        return Case(op, inputs, {}, constants=("b", "a_scale", "b_scale", "a_zero", "b_zero", "bias"), domain=MS)
+    constants = ("x_scale", "x_zero", "a_scale", "a_zero", "b_scale", "b_zero", "y_scale", "y_zero")
+    if op in ("QLinearAdd", "QLinearMul"):
+        s = d.shape()
+        a, b = qarray(s), qarray(d.partner(s))
+        if d.chance(0.5):
+            a, b = b, a
+        inputs = {"a": a, **dict(zip(("a_scale", "a_zero"), _qparams(d, q)))}
+        inputs.update(b=b, **dict(zip(("b_scale", "b_zero"), _qparams(d, q))))
+        inputs.update(zip(("y_scale", "y_zero"), _qparams(d, q)))
+        return Case(op, inputs, {}, constants=constants, domain=MS)
+    x_params = dict(zip(("x_scale", "x_zero"), _qparams(d, q)))
+    y_params = dict(zip(("y_scale", "y_zero"), _qparams(d, q)))
+    if op in ("QLinearSigmoid", "QLinearLeakyRelu"):
+        attrs = {"alpha": d.pick([0.1, 0.01])} if op == "QLinearLeakyRelu" else {}
+        return Case(op, {"x": qarray(d.shape()), **x_params, **y_params}, attrs, constants=constants, domain=MS)
+    if op in ("QLinearGlobalAveragePool", "QLinearAveragePool"):
+        spatial = tuple(d.int(1, 5) for _ in range(d.int(1, 2)))
+        channels_last = d.int(0, 1)
+        shape = (d.int(1, 2), *spatial, d.int(1, 3)) if channels_last else (d.int(1, 2), d.int(1, 3), *spatial)
+        attrs: dict[str, Any] = {"channels_last": channels_last}
+        if op == "QLinearAveragePool":
+            kernel = [d.int(1, s) for s in spatial]
+            attrs.update(kernel_shape=kernel, strides=[d.int(1, 2) for _ in spatial])
+            attrs.update(pads=[d.int(0, k - 1) for k in kernel] * 2, count_include_pad=d.int(0, 1))
+        return Case(op, {"x": qarray(shape), **x_params, **y_params}, attrs, constants=constants, domain=MS)
+    if op == "QLinearConcat":
+        s = d.shape(d.int(1, 3))
+        axis = d.int(-len(s), len(s) - 1)
+        inputs: dict[str, Any] = dict(zip(("y_scale", "y_zero"), _qparams(d, q)))
+        for i in range(d.int(1, 3)):
+            part = list(s)
+            part[axis] = d.int(0, 2)
+            inputs[f"x{i}"] = qarray(tuple(part))
+            inputs.update(zip((f"x{i}_scale", f"x{i}_zero"), _qparams(d, q)))
+        return Case(op, inputs, {"axis": axis}, domain=MS)
+    if op == "QLinearSoftmax":
+        s = d.shape(d.int(1, 3), empty=0.1)
+        opset = d.pick([11, 13])
+        attrs = {"axis": d.int(-len(s), len(s) - 1), "opset": opset}
+        y_params = {"y_scale": np.array(1 / 256, np.float32), "y_zero": np.array(0 if q == np.uint8 else -128, q)}
+        return Case(op, {"x": qarray(s), **x_params, **y_params}, attrs, constants=constants, domain=MS)
+    if op == "QLinearWhere":
+        s = d.shape()
+        inputs = {"c": d.array(d.partner(s), np.bool_), "x": qarray(s), **x_params}
+        inputs.update(y=qarray(d.partner(s)), **y_params, **dict(zip(("z_scale", "z_zero"), _qparams(d, q))))
+        return Case(op, inputs, {}, domain=MS)
+    if op == "QGemm":
+        ta, tb = d.int(0, 1), d.int(0, 1)
+        inputs = {"a": qarray((k, m) if ta else (m, k)), **dict(zip(("a_scale", "a_zero"), _qparams(d, q)))}
+        inputs.update(b=qarray((n, k) if tb else (k, n)), **dict(zip(("b_scale", "b_zero"), _qparams(d, q))))
+        inputs["c"] = (
+            d.rng.integers(-500, 500, d.pick([(n,), (m, n), (1, n)])).astype(np.int32) if d.chance(0.5) else None
+        )
+        requantize = d.chance(0.5)
+        inputs.update(
+            y_scale=y_params["y_scale"] if requantize else None, y_zero=y_params["y_zero"] if requantize else None
+        )
+        attrs = {"transA": ta, "transB": tb, "alpha": d.pick([1.0, 0.5])}
+        return Case(op, inputs, attrs, constants=(*constants, "b", "c"), domain=MS)
+    if op == "QLinearConv":
+        spatial = tuple(d.int(1, 5) for _ in range(d.int(1, 2)))
+        c = d.int(1, 3)
+        group = d.pick([1, c])
+        out = d.int(1, 2) * group
+        kernel = [d.int(1, s) for s in spatial]
+        channels_last = d.int(0, 1)
+        shape = (d.int(1, 2), *spatial, c) if channels_last else (d.int(1, 2), c, *spatial)
+        inputs = {"x": qarray(shape), **x_params, "w": qarray((out, c // group, *kernel), np.int8)}
+        inputs.update(w_scale=np.array(0.03, np.float32), w_zero=np.array(0, np.int8), **y_params)
+        inputs["b"] = d.rng.integers(-300, 300, (out,)).astype(np.int32) if d.chance(0.5) else None
+        attrs = {"kernel_shape": kernel, "strides": [d.int(1, 2) for _ in spatial], "group": group}
+        attrs.update(pads=[d.int(0, k - 1) for k in kernel] * 2, channels_last=channels_last)
+        return Case(op, inputs, attrs, constants=(*constants, "w", "w_scale", "w_zero", "b"), domain=MS)
+    if op == "MatMulInteger16":
+        a = d.rng.integers(-3000, 3000, (m, k)).astype(np.int16)
+        return Case(op, {"a": a, "b": d.rng.integers(-3000, 3000, (k, n)).astype(np.int16)}, {}, domain=MS)
+    if op in ("QuantizeLinear", "DequantizeLinear"):
+        s = d.shape(d.int(1, 3), empty=0.15)
+        axis = d.int(-len(s), len(s) - 1)
+        per_axis = d.chance(0.4)
+        scale = (np.abs(d.array((s[axis],) if per_axis else ())) + 0.05).astype(np.float32)
+        zero = qarray((s[axis],) if per_axis else ()) if d.chance(0.7) else None
+        x = d.array(s) * 50 if op == "QuantizeLinear" else qarray(s)
+        attrs = {"axis": axis} if per_axis or d.chance(0.3) else {}
+        return Case(op, {"x": x, "scale": scale, "zero": zero}, attrs, constants=("scale", "zero"), domain=MS)
+    batch, seq, hidden, vocab = d.int(1, 2), d.int(1, 3), d.int(1, 4), d.int(2, 5)
+    segments = d.chance(0.6)
+    inputs = {
+        "ids": d.rng.integers(0, vocab, (batch, seq)).astype(np.int32),
+        "segment_ids": d.rng.integers(0, 2, (batch, seq)).astype(np.int32) if segments else None,
+        "word": qarray((vocab, hidden), np.uint8),
+        "position": qarray((seq + 1, hidden), np.uint8),
+        "segment": qarray((2, hidden), np.uint8) if segments else None,
+        "gamma": qarray((hidden,), np.uint8),
+        "beta": qarray((hidden,), np.uint8),
+        "mask": (d.rng.random((batch, seq)) < 0.7).astype(np.int32) if d.chance(0.5) else None,
+    }
+    tables = ("word", "position", "segment", "gamma", "beta")
+    inputs.update(
+        {
+            f"{t}_scale": np.array(0.01 * (i + 1), np.float32) if inputs[t] is not None else None
+            for i, t in enumerate(tables)
+        }
+    )
+    inputs.update({f"{t}_zero": np.array(d.int(100, 150), np.uint8) if inputs[t] is not None else None for t in tables})
+    return Case(
+        op,
+        inputs,
+        {"epsilon": d.pick([1e-12, 1e-5])},
+        2,
+        constants=tuple(n for n in inputs if n not in ("ids", "segment_ids", "mask")),
+        domain=MS,
+    )
+
+
 FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "elementwise": elementwise,
     "reduce": reduce,
@@ -506,6 +832,8 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "quantize": quantize,
     "normalization": normalization,
     "cast": cast,
+    "microsoft": microsoft,
+    "microsoft_quantized": microsoft_quantized,
 }
 
 
@@ -560,13 +888,131 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, st
     return "differs", f"{'; '.join(found)} (against {source})"
 
 
+# Ops whose outputs are integers, or piecewise constant in their float inputs, or whose
+# derivative is a choice at ties the draws hit (equal values from rounded or integer draws),
+# and quantized ops that compute in float32 whatever their scales' type.
+NO_GRADIENT = {"Floor", "Ceil", "Round", "Sign", "IsNaN", "Hardmax", "ArgMax", "ArgMin", "TopK", "Mod", "Equal"}
+NO_GRADIENT |= {"Less", "Greater", "Max", "Min", "ReduceMax", "ReduceMin", "MaxPool", "GlobalMaxPool", "Clip"}
+NO_GRADIENT |= {"NonZero", "Unique", "Cast", "Range", "Shape", "Size", "ConstantOfShape", "OneHot", "Relu", "Abs"}
+NO_GRADIENT |= {"HardSwish", "QuantizeLinear", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QGemm"}
+NO_GRADIENT |= {"MatMulIntegerToFloat"}
+
+
+def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarray], rng) -> tuple[str, str | None]:
+    """jonnx's reverse-mode derivative of a random projection of the outputs, against central
+    finite differences, in float64, with respect to every non-empty float graph input that
+    jonnx does not need at trace time (Resize's scales, say)."""
+    if case.op in NO_GRADIENT:
+        return "not differentiable", None
+    names = list(feeds)
+    floats = [i for i, k in enumerate(names) if feeds[k].dtype.kind == "f" and feeds[k].size]
+    xs = list(feeds.values())
+    try:
+        jmodel = jonnx.load(model)
+        outputs = jmodel.apply(jmodel.params, *xs)
+    except Exception:  # noqa: BLE001 -- the value check reports what does not run
+        return "does not run", None
+    wrt = tuple(i for i in floats if _traceable(jmodel, xs, i))
+    if not wrt:
+        return "not differentiable", None
+    projections = [rng.standard_normal(np.shape(y)) if np.asarray(y).dtype.kind == "f" else None for y in outputs]
+    if all(p is None for p in projections):
+        return "not differentiable", None
+    if any(np.asarray(y).dtype != np.float64 for y, p in zip(outputs, projections) if p is not None):
+        return "float32 inside", None  # the quantized ops dequantize to float32: too coarse to check
+
+    def loss(*xs):
+        outputs = jmodel.apply(jmodel.params, *xs)
+        return sum(jnp.vdot(y, p) for y, p in zip(outputs, projections) if p is not None)
+
+    try:
+        grads = jax.grad(loss, argnums=wrt)(*xs)
+    except Exception as e:  # noqa: BLE001 -- every error is a finding
+        return "raises", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    xs = [jnp.asarray(x) for x in xs]
+    eps, worst = 1e-6, 0.0
+    for i, grad in zip(wrt, grads):
+        x = np.asarray(xs[i])
+        for j in range(min(x.size, 16)):  # enough elements to see a wrong rule
+            step = np.zeros_like(x)
+            step.flat[j] = eps
+            plus, minus = list(xs), list(xs)
+            plus[i], minus[i] = jnp.asarray(x + step), jnp.asarray(x - step)
+            numeric = (float(loss(*plus)) - float(loss(*minus))) / (2 * eps)
+            worst = max(worst, abs(numeric - float(np.asarray(grad).flat[j])) / (1 + abs(numeric)))
+    if worst > 1e-4 or not np.isfinite(worst):
+        return "differs", f"gradient off by {worst:.3g} (relative) from finite differences"
+    return "ok", None
+
+
+def _widened(x):
+    return np.asarray(x, np.float64) if x is not None and np.asarray(x).dtype.kind == "f" else x
+
+
+def _traceable(jmodel: jonnx.Model, xs: list, i: int) -> bool:
+    """Whether input ``i`` may be a tracer (jonnx raises StaticValueError where it must not)."""
+
+    def with_traced(x):
+        return jmodel.apply(jmodel.params, *xs[:i], x, *xs[i + 1 :])
+
+    try:
+        jax.eval_shape(with_traced, xs[i])
+    except jonnx.errors.StaticValueError:
+        return False
+    return True
+
+
 def describe(case: Case, initializers: set[str]) -> str:
     shapes = ", ".join(
         f"{name}{'=const' if name in initializers else ''} {np.asarray(v).dtype.name}{list(np.shape(v))}"
         for name, v in case.inputs.items()
         if v is not None
     )
-    return f"{case.op} {case.attrs} ({shapes})"
+    op = f"{case.domain}.{case.op}" if case.domain else case.op
+    return f"{op} {case.attrs} ({shapes})"
+
+
+def run(
+    seed: int, cases: int, families: list[str], *, opset: int = 21, grad: bool = False, trace: bool = False
+) -> tuple[collections.Counter, list[str]]:
+    """Draw ``cases`` cases from ``families`` and check each; returns the count of each verdict
+    (and of ``no reference for <op>``) and the findings, each printed as it comes. int64 and
+    float64 are exact only with ``jax_enable_x64``, which the caller sets."""
+    d = Draw(seed)
+    verdicts: collections.Counter = collections.Counter()
+    findings = []
+    for number in range(cases):
+        case = FAMILIES[d.pick(families)](d)
+        if case is None:
+            continue
+        if grad:  # float64 throughout, initializers too, so finite differences are exact enough
+            case = case._replace(inputs={k: _widened(v) for k, v in case.inputs.items()})
+        initializers = {name for name in case.constants if case.inputs.get(name) is not None and d.chance(0.7)}
+        try:
+            model = node_model(
+                case.op,
+                case.inputs,
+                case.n_outputs,
+                opset=case.opset or (1 if case.domain else opset),
+                domain=case.domain,
+                initializers=sorted(initializers),
+                **{k: v for k, v in case.attrs.items() if k != "opset"},
+            )
+        except ValueError:  # an attribute onnx.helper cannot type (an empty list)
+            continue
+        if "opset" in case.attrs:  # QLinearSoftmax's attribute, which node_model's keyword would take
+            model.graph.node[0].attribute.append(onnx.helper.make_attribute("opset", case.attrs["opset"]))
+        feeds = {k: np.asarray(v) for k, v in case.inputs.items() if v is not None and k not in initializers}
+        if trace:
+            print(f"#{number} {describe(case, initializers)}", flush=True)
+        verdict, detail = check_gradient(case, model, feeds, d.rng) if grad else check(model, feeds)
+        verdicts[verdict] += 1
+        if verdict == "references fail":
+            verdicts[f"no reference for {case.op}"] += 1
+        if detail:
+            findings.append(f"#{number} {verdict}: {describe(case, initializers)}\n    {detail}")
+            print(findings[-1], flush=True)
+    return verdicts, findings
 
 
 def main() -> int:
@@ -575,31 +1021,20 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=500)
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=sorted(FAMILIES))
     parser.add_argument("--opset", type=int, default=21)
+    parser.add_argument("--trace", action="store_true", help="print each case before running it (to find a crash)")
+    parser.add_argument("--grad", action="store_true", help="check derivatives against finite differences instead")
     args = parser.parse_args()
     if args.opset > onnx.defs.onnx_opset_version():
         parser.error(f"onnx {onnx.__version__} knows opsets up to {onnx.defs.onnx_opset_version()}")
     jax.config.update("jax_enable_x64", True)  # int64 and float64 exact, as ONNX defines them
     warnings.filterwarnings("ignore")
     ort.set_default_logger_severity(4)
-    d = Draw(args.seed)
-    verdicts: collections.Counter = collections.Counter()
-    for number in range(args.cases):
-        case = FAMILIES[d.pick(args.families)](d)
-        if case is None:
-            continue
-        initializers = {name for name in case.constants if case.inputs.get(name) is not None and d.chance(0.7)}
-        try:
-            model = node_model(
-                case.op, case.inputs, case.n_outputs, opset=args.opset, initializers=sorted(initializers), **case.attrs
-            )
-        except ValueError:  # an attribute onnx.helper cannot type (an empty list)
-            continue
-        feeds = {k: np.asarray(v) for k, v in case.inputs.items() if v is not None and k not in initializers}
-        verdict, detail = check(model, feeds)
-        verdicts[verdict] += 1
-        if detail:
-            print(f"#{number} {verdict}: {describe(case, initializers)}\n    {detail}", flush=True)
-    print(f"{sum(verdicts.values())} cases (seed {args.seed}, opset {args.opset}): {dict(verdicts)}")
+    verdicts, _ = run(args.seed, args.cases, args.families, opset=args.opset, grad=args.grad, trace=args.trace)
+    unchecked = {k: n for k, n in verdicts.items() if k.startswith("no reference for ")}
+    counts = {k: n for k, n in verdicts.items() if k not in unchecked}
+    print(f"{sum(counts.values())} cases (seed {args.seed}, opset {args.opset}): {counts}")
+    if unchecked:
+        print(f"no reference ran: {unchecked}")
     return 0
 
 
