@@ -982,25 +982,32 @@ def test_loop_with_int64_max_trip_count_and_a_condition(x64):
         ) == {"while["}
 
 
-def test_loop_exit_by_iteration_number_with_scan_outputs():
-    # The condition depends on the iteration number only (i < 3): known at trace time once
-    # the loop is unrolled, so the scan outputs have a static length (4 iterations).
+def _exit_by_iteration_loop(loop_inputs, inits, **kwargs):
+    """A Loop whose body stops after iteration 3 (i < 3), adds x to a carried value and
+    emits its negation as a scan output."""
     body = [
         const("three", np.int64(3)),
         oh.make_node("Less", ["i", "three"], ["cond_out"]),
         oh.make_node("Add", ["a_in", "x"], ["a_out"]),
         oh.make_node("Neg", ["a_out"], ["s"]),
     ]
-    proto = _loop_model(
+    return _loop_model(
         body,
         [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2])],
         [vi("cond_out", B, []), vi("a_out", F, [2]), vi("s", F, [2])],
-        ["M", "", "a0"],
+        loop_inputs,
         ["a", "ss"],
         [vi("x", F, [2]), vi("a0", F, [2])],
         [vi("a", F, [2]), vi("ss", F, [None, 2])],
-        inits={"M": np.int64(10)},
+        inits=inits,
+        **kwargs,
     )
+
+
+def test_loop_exit_by_iteration_number_with_scan_outputs():
+    # The condition depends on the iteration number only (i < 3): known at trace time once
+    # the loop is unrolled, so the scan outputs have a static length (4 iterations).
+    proto = _exit_by_iteration_loop(["M", "", "a0"], {"M": np.int64(10)})
     feeds = [np.float32([1, 2]), np.float32([0.5, 0.25])]
     check(proto, feeds)
     assert run(proto, feeds)[1].shape == (4, 2)
@@ -1022,23 +1029,7 @@ def test_loop_without_trip_count_with_scan_outputs_ends_by_iteration_number(opse
     # No trip count, but a constant first condition and a body condition on the iteration
     # number (i < 3): unrolled, the scan outputs have a static length (4 rows, or 0 when the
     # condition is false from the start).
-    body = [
-        const("three", np.int64(3)),
-        oh.make_node("Less", ["i", "three"], ["cond_out"]),
-        oh.make_node("Add", ["a_in", "x"], ["a_out"]),
-        oh.make_node("Neg", ["a_out"], ["s"]),
-    ]
-    proto = _loop_model(
-        body,
-        [vi("i", I64, []), vi("cond_in", B, []), vi("a_in", F, [2])],
-        [vi("cond_out", B, []), vi("a_out", F, [2]), vi("s", F, [2])],
-        ["", "c", "a0"],
-        ["a", "ss"],
-        [vi("x", F, [2]), vi("a0", F, [2])],
-        [vi("a", F, [2]), vi("ss", F, [None, 2])],
-        inits={"c": np.bool_(flag)},
-        opset=opset,
-    )
+    proto = _exit_by_iteration_loop(["", "c", "a0"], {"c": np.bool_(flag)}, opset=opset)
     feeds = [np.float32([1, 2]), np.float32([0.5, 0.25])]
     check(proto, feeds, expected=onnxruntime_outputs(proto, feeds))
     assert run(proto, feeds)[1].shape == ((4, 2) if flag else (0, 2))
