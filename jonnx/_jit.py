@@ -27,8 +27,20 @@ JAX's compile events have no owner, so the listener is process-wide: once jonnx 
 anything, a user's own long compiles are trimmed after too (a few milliseconds each; glibc
 only, a no-op elsewhere).
 
-Every function jonnx compiles itself goes through :func:`jit`; a user's own ``jax.jit`` over
-``Model.apply`` can use :func:`jonnx.jit` (or ``compiler_options=jonnx.compiler_options()``).
+YNNPACK may take reductions too (and with them the dot before a reduction: attention's scores
+with their softmax, a LayerNorm's means), which is what the miscompile needs, but only where a
+contraction reads data computed from broadcasts alone. ``Model.__call__``, ``predict``,
+``evaluate``, the training steps of ``jonnx.training`` and :func:`jit` therefore compile each new signature
+with YNNPACK's reductions, read the compiled module (:func:`jonnx._hlo.ynn_fusions_are_safe`),
+and keep it only where every contraction in a YNNPACK fusion reads stored data; elsewhere they
+compile with single dots (:class:`DotChoosingJit`). BERT at batch 1 0.92x the time, its int8
+version 0.91x, the ResNet-18 training step 0.89x, the BERT fine-tuning step 0.96x; the CNNs at
+inference unchanged (docs/performance.md, "YNNPACK reductions"). :func:`jonnx.jit` does the
+same for any function; :func:`plain_jit` is the single-dot ``jax.jit``.
+
+Every function jonnx compiles itself goes through :func:`jit` or :func:`plain_jit`; a user's own
+``jax.jit`` over ``Model.apply`` can use :func:`jonnx.jit` (or
+``compiler_options=jonnx.compiler_options()``, single dots).
 
 Which library runs the dots is a second choice, made per compiled shape by ``Model.__call__``
 and ``jonnx.training.predict``/``evaluate`` (:class:`DotChoosingJit`, :func:`library_dots_for`).
@@ -45,6 +57,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,9 +66,20 @@ import jax
 import jax.extend.core as jax_core
 import numpy as np
 
+from jonnx import _hlo
+
 _YNN_FUSION_FLAG = "xla_cpu_experimental_ynn_fusion_type"
+_DOTS = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
 # The YNNPACK fusions allowed, by library_dots: single dots, or none (convolutions never).
-_SAFE_YNN_FUSIONS = {True: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT", False: ""}
+_SAFE_YNN_FUSIONS = {True: _DOTS, False: ""}
+# Single dots and reductions (a reduction may take the dot before it): faster, and safe where
+# the compiled module passes jonnx._hlo.ynn_fusions_are_safe (DotChoosingJit checks).
+_DOTS_AND_REDUCTIONS = f"{_DOTS},LIBRARY_FUSION_TYPE_REDUCE"
+
+# What DotChoosingJit compiles a signature with: the values of its ``choices``.
+XLA_DOTS = "XLA's dots"
+LIBRARY_DOTS = "YNNPACK's dots"
+LIBRARY_REDUCTIONS = "YNNPACK's dots and reductions"
 # library_dots_for: a dot of at least this many rows (a batched dot's batch times its rows)
 # is "large", and XLA's own dot is used when large dots do at least this share of the work.
 LARGE_DOT_ROWS = 1024
@@ -97,32 +121,62 @@ def library_dots_for(jaxpr: Any) -> bool:
 
 
 class DotChoosingJit:
-    """``fn`` compiled with YNNPACK's dots or XLA's own, chosen once per call signature.
+    """``fn`` compiled with the fusions that suit it, chosen once per call signature.
 
     ``signature_of(*args)`` gives what the compiled shapes depend on (shapes, dtypes, static
     values; :func:`signature` for a tree of arrays), asked only where there is a choice. The
-    first call with a signature traces ``fn`` (the trace the compilation then reuses) and asks
-    :func:`library_dots_for`. Off the CPU, or with a jaxlib without the YNNPACK option, it is
-    :func:`jit` (:attr:`default`).
+    first call with a signature traces ``fn`` (the trace the compilations then reuse) and
+    picks, recording it in :attr:`choices`:
+
+    - :data:`XLA_DOTS` where :func:`library_dots_for` says so (and ``xla_dots`` allows it);
+    - else :data:`LIBRARY_REDUCTIONS` where the module compiled with YNNPACK's reductions
+      passes :func:`jonnx._hlo.ynn_fusions_are_safe` (the call then reuses that compilation);
+    - else :data:`LIBRARY_DOTS`, what :func:`jit` gives.
+
+    Off the CPU, or with a jaxlib without the YNNPACK option, it is :func:`jit`
+    (:attr:`default`).
     """
 
-    def __init__(self, fn: Callable[..., Any], signature_of: Callable[..., Any], **jit_kwargs: Any):
+    def __init__(
+        self, fn: Callable[..., Any], signature_of: Callable[..., Any], *, xla_dots: bool = True, **jit_kwargs: Any
+    ):
         given = jit_kwargs.pop("compiler_options", None) or {}
-        xla_dots = {**compiler_options(library_dots=False), **given}
-        self.default = jit(fn, compiler_options=given, **jit_kwargs)
-        self._xla_dots = jit(fn, compiler_options=xla_dots, **jit_kwargs)
+        self.default = plain_jit(fn, compiler_options=given, **jit_kwargs)
         self._signature_of = signature_of
-        self.chooses = jax.default_backend() == "cpu" and xla_dots != {**compiler_options(), **given}
-        self.library_dots: dict[Any, bool] = {}  # per signature: True for YNNPACK's dots
+        self._variants = {LIBRARY_DOTS: self.default}
+        # The caller's own fusion option, or a jaxlib without one, leaves nothing to choose.
+        if jax.default_backend() == "cpu" and _knows_ynn_fusions() and _YNN_FUSION_FLAG not in given:
+            if xla_dots:
+                xla = {**given, _YNN_FUSION_FLAG: ""}
+                self._variants[XLA_DOTS] = plain_jit(fn, compiler_options=xla, **jit_kwargs)
+            if _knows_reduce_fusions():
+                reductions = {**given, _YNN_FUSION_FLAG: _DOTS_AND_REDUCTIONS}
+                self._variants[LIBRARY_REDUCTIONS] = plain_jit(fn, compiler_options=reductions, **jit_kwargs)
+        self.chooses = len(self._variants) > 1
+        self.choices: dict[Any, str] = {}  # per signature: a key of _variants
 
-    def __call__(self, *args: Any) -> Any:
-        if not self.chooses:
-            return self.default(*args)
-        key = self._signature_of(*args)
-        library = self.library_dots.get(key)
-        if library is None:
-            library = self.library_dots[key] = library_dots_for(self.default.trace(*args).jaxpr)
-        return (self.default if library else self._xla_dots)(*args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = self._signature_of(*args, **kwargs) if self.chooses else None
+        if key is None:
+            return self.default(*args, **kwargs)
+        choice = self.choices.get(key)
+        if choice is None:
+            choice = self.choices[key] = self._choose(args, kwargs)
+        return self._variants[choice](*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # lower, trace, eval_shape, __wrapped__...: the single-dot jax.jit function's.
+        return getattr(self.default, name)
+
+    def _choose(self, args: tuple, kwargs: dict) -> str:
+        if XLA_DOTS in self._variants and not library_dots_for(self.default.trace(*args, **kwargs).jaxpr):
+            return XLA_DOTS
+        reductions = self._variants.get(LIBRARY_REDUCTIONS)
+        if reductions is None:
+            return LIBRARY_DOTS
+        # Compiled here to be read; the call that follows finds this compilation in JAX's cache.
+        compiled = reductions.trace(*args, **kwargs).lower().compile()
+        return LIBRARY_REDUCTIONS if _hlo.ynn_fusions_are_safe(compiled.as_text()) else LIBRARY_DOTS
 
 
 def tracing_into_jaxpr() -> bool:
@@ -140,6 +194,39 @@ def signature(tree: Any) -> tuple:
     """Shapes and dtypes of a tree's leaves: what a compilation of them depends on. Asked on
     every call of a model, so the dtypes stay objects (hashable; ``str`` of one costs 3 us)."""
     return tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in jax.tree_util.tree_leaves(tree))
+
+
+def call_signature(static: tuple[frozenset, frozenset], args: tuple, kwargs: dict) -> tuple | None:
+    """What a ``jax.jit`` call compiles for: the static arguments' values (``static``: their
+    positions and names), the structure of the others and their leaves' shapes, dtypes and
+    weak types. None when a leaf is a tracer (the call is being traced into something else)."""
+    positions, names = static
+    fixed = tuple(a for i, a in enumerate(args) if i in positions or i - len(args) in positions)
+    fixed += tuple(sorted((k, v) for k, v in kwargs.items() if k in names))
+    dynamic = (
+        [a for i, a in enumerate(args) if i not in positions and i - len(args) not in positions],
+        {k: v for k, v in kwargs.items() if k not in names},
+    )
+    leaves, structure = jax.tree_util.tree_flatten(dynamic)
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return None
+    shapes = tuple((np.shape(x), getattr(x, "dtype", type(x)), getattr(x, "weak_type", None)) for x in leaves)
+    return fixed, structure, shapes
+
+
+def _static_arguments(fn: Callable[..., Any], jit_kwargs: dict) -> tuple[frozenset, frozenset]:
+    """The positions and names of ``fn``'s static arguments, as ``jax.jit`` takes them."""
+    numbers, names = jit_kwargs.get("static_argnums", ()), jit_kwargs.get("static_argnames", ())
+    numbers = (numbers,) if isinstance(numbers, int) else tuple(numbers or ())
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    try:  # jax.jit also treats a static position's parameter name as static, and the reverse
+        parameters = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        parameters = []
+    numbers = tuple(i % len(parameters) if parameters and -len(parameters) <= i < 0 else i for i in numbers)
+    numbers += tuple(parameters.index(n) for n in names if n in parameters)
+    names += tuple(parameters[i] for i in numbers if -len(parameters) <= i < len(parameters))
+    return frozenset(numbers), frozenset(names)
 
 
 def _dots(jaxpr: Any) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, bool]]:
@@ -176,6 +263,19 @@ def _knows_ynn_fusions() -> bool:
     return "ynn_fusion" in text
 
 
+@functools.cache
+def _knows_reduce_fusions() -> bool:
+    """Whether this jaxlib gives YNNPACK reductions when asked (see :func:`_knows_ynn_fusions`)."""
+    if not _knows_ynn_fusions():
+        return False
+    total = jax.jit(lambda x: x.sum(axis=0), compiler_options={_YNN_FUSION_FLAG: _DOTS_AND_REDUCTIONS})
+    try:
+        text = total.lower(jax.ShapeDtypeStruct((64, 64), np.float32)).compile().as_text()
+    except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such fusion type"
+        return False
+    return "ynn_fusion" in text
+
+
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _TRIM_AFTER_SECONDS = 0.5
 
@@ -207,11 +307,28 @@ def _listen_for_compiles() -> None:
         jax.monitoring.register_event_duration_secs_listener(_trim_after_compile)
 
 
-def jit(fn: Callable[..., Any], **jit_kwargs: Any) -> Callable[..., Any]:
-    """``jax.jit(fn, **jit_kwargs)`` with :func:`compiler_options` added.
+def jit(fn: Callable[..., Any], **jit_kwargs: Any) -> DotChoosingJit:
+    """``jax.jit(fn, **jit_kwargs)`` with jonnx's compiler options, and YNNPACK's reductions
+    where they are safe.
+
+    On the CPU each new call signature (the arguments' structure, shapes and dtypes, and the
+    static arguments' values) is compiled with YNNPACK's reductions first and kept if the
+    compiled module passes :func:`jonnx._hlo.ynn_fusions_are_safe`, else compiled with single
+    dots (:func:`compiler_options`); the dots stay YNNPACK's. Called with tracers it is
+    :func:`plain_jit` (which JAX refuses inside another transformation, as it refuses any jit
+    with compiler options there). ``lower``, ``trace``, ``eval_shape`` and the other attributes
+    of a ``jax.jit`` function are the single-dot one's.
 
     >>> fast_apply = jonnx.jit(model.apply)          # doctest: +SKIP
     """
+    static = _static_arguments(fn, jit_kwargs)
+    return DotChoosingJit(
+        fn, lambda *args, **kwargs: call_signature(static, args, kwargs), xla_dots=False, **jit_kwargs
+    )
+
+
+def plain_jit(fn: Callable[..., Any], **jit_kwargs: Any) -> Callable[..., Any]:
+    """``jax.jit(fn, **jit_kwargs)`` with :func:`compiler_options` added (YNNPACK single dots)."""
     _listen_for_compiles()
     options = {**compiler_options(), **(jit_kwargs.pop("compiler_options", None) or {})}
     return jax.jit(fn, compiler_options=options, **jit_kwargs)

@@ -30,7 +30,7 @@ from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
 from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph, run_main_nodes, run_nodes
 from jonnx._ir import Graph, ValueInfo
-from jonnx._jit import DotChoosingJit, jit, release_freed_memory, signature, tracing_into_jaxpr
+from jonnx._jit import DotChoosingJit, plain_jit, release_freed_memory, signature, tracing_into_jaxpr
 from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
 from jonnx._segments import SegmentPlan, plan_segments, weight_only_nodes
@@ -399,7 +399,7 @@ class Model:
         }
         self._prepared_exports = tuple(sorted(prepared_names & read_later))
         self._prepared: dict[str, jax.Array] | None = None  # computed at the first call
-        self._prepare = jit(self._prepare_impl)
+        self._prepare = plain_jit(self._prepare_impl)
         # What apply needs concrete: every static chain's graph inputs, host ops' included.
         traced_apply = static_values(self.graph) | preferred_static_inputs(self.graph)
         static_inputs = {v.name for v in self.graph.inputs if v.dtype == np.dtype(object)}
@@ -435,7 +435,7 @@ class Model:
         # Under jax.grad (outside jit) a segment is a custom_vjp whose forward is the compiled
         # segment above, run on the tracers' concrete values, and whose backward is this
         # (compiled per shape too; it recomputes the forward rather than keep its residuals).
-        self._segment_vjp = jit(self._segment_vjp_impl, static_argnums=(0, 3))
+        self._segment_vjp = plain_jit(self._segment_vjp_impl, static_argnums=(0, 3))
         n_values = sum(int(np.prod(p.shape)) for p in self._params.values())
         progress.close(summary=f"{len(self.graph.nodes)} nodes, {n_values:,} parameter values")
 

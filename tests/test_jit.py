@@ -156,10 +156,11 @@ def test_compiler_options_leave_convolutions_to_xla():
 
 
 def _choices(chooser: jonnx._jit.DotChoosingJit, rows: int) -> list[bool]:
-    """The choices made for calls whose inputs held a (rows, 64) float32 array (a segment's key
+    """Whether YNNPACK runs the dots, by the choices made for calls whose inputs held a (rows, 64) float32 array (a segment's key
     ends with its inputs' signature, predict's is that signature)."""
     array = ((rows, 64), "float32")
-    return [library for key, library in chooser.library_dots.items() if array in key or array in key[-1]]
+    choices = [choice for key, choice in chooser.choices.items() if array in key or array in key[-1]]
+    return [choice != jonnx._jit.XLA_DOTS for choice in choices]
 
 
 @pytest.mark.parametrize("constant_weights", [False, True])
@@ -195,3 +196,157 @@ def test_predict_chooses_the_dot_library_per_input_shape():
     (chooser,) = jonnx.training._inference._COMPILED[model].values()
     # One choice per compiled shape: the whole set, then its chunks.
     assert _choices(chooser, 2048) == _choices(chooser, 1024) == ([False] if chooser.chooses else [])
+
+
+# YNNPACK's reductions: taken per compiled signature where the compiled module passes the
+# miscompile check (jonnx/_hlo.py), single dots where it does not.
+
+_RECOMPILED_REPRODUCER = """\
+%fused_computation (param_0.2: f32[100,64]) -> f32[] {
+  %param_0.2 = f32[100,64]{1,0} parameter(0)
+  %constant.2 = f32[] constant(0.02)
+  %w = f32[64,64]{1,0} broadcast(%constant.2), dimensions={}
+  %dot_general.0 = f32[100,64]{1,0} dot(%param_0.2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %constant.1 = f32[] constant(0)
+  ROOT %reduce_sum.0 = f32[] reduce(%dot_general.0, %constant.1), dimensions={0,1}, to_apply=%region_0.1
+}
+
+ENTRY %main.2 (x.1: f32[100,64]) -> f32[] {
+  %x.1 = f32[100,64]{1,0} parameter(0), metadata={op_name="x"}
+  ROOT %ynn_fusion = f32[] fusion(%x.1), kind=kCustom, calls=%fused_computation, backend_config={"fusion_config":{"kind":"__ynn_fusion"}}
+}
+"""
+
+
+def test_fusion_check_reads_hlo_text():
+    # The reproducer of docs/known_issues.md as XLA compiles it with YNNPACK's reductions.
+    assert not jonnx._hlo.ynn_fusions_are_safe(_RECOMPILED_REPRODUCER)
+    # The same fusion with the weight passed in, or computed from it, reads dense data.
+    passed_in = _RECOMPILED_REPRODUCER.replace(
+        "%w = f32[64,64]{1,0} broadcast(%constant.2), dimensions={}", "%w = f32[64,64]{1,0} parameter(1)"
+    )
+    assert jonnx._hlo.ynn_fusions_are_safe(passed_in)
+    scaled = passed_in.replace(
+        "%w = f32[64,64]{1,0} parameter(1)",
+        "%v = f32[64,64]{1,0} parameter(1)\n  %s = f32[64,64]{1,0} broadcast(%constant.2), dimensions={}\n"
+        "  %w = f32[64,64]{1,0} multiply(%v, %s)",
+    )
+    assert jonnx._hlo.ynn_fusions_are_safe(scaled)
+    # A value computed from the broadcast alone (exp of an all-equal tensor) is not dense.
+    exp = _RECOMPILED_REPRODUCER.replace(
+        "%w = f32[64,64]{1,0} broadcast(%constant.2), dimensions={}",
+        "%b = f32[64,64]{1,0} broadcast(%constant.2), dimensions={}\n  %w = f32[64,64]{1,0} exponential(%b)",
+    )
+    assert not jonnx._hlo.ynn_fusions_are_safe(exp)
+    # A YNNPACK fusion whose computation is not in the text cannot be checked.
+    assert not jonnx._hlo.ynn_fusions_are_safe(_RECOMPILED_REPRODUCER.split("\n\n")[1])
+    assert jonnx._hlo.ynn_fusions_are_safe("HloModule empty\n")
+
+
+def _reductions_compiled(fn, *args) -> str:
+    options = {"xla_cpu_experimental_ynn_fusion_type": jonnx._jit._DOTS_AND_REDUCTIONS}
+    return jax.jit(fn, compiler_options=options).lower(*args).compile().as_text()
+
+
+def test_fusion_check_on_compiled_modules():
+    if jax.default_backend() != "cpu" or not jonnx._jit._knows_reduce_fusions():
+        pytest.skip("this jaxlib gives YNNPACK no reductions")
+    rng = np.random.default_rng(0)
+    x, w, s = rng.random((100, 64), np.float32), rng.random((64, 64), np.float32), np.float32(0.3)
+    # Weights XLA holds as a broadcast, or computes from one: miscompiled (known_issues.md).
+    full = np.full((64, 64), 0.02, np.float32)
+    assert not jonnx._hlo.ynn_fusions_are_safe(_reductions_compiled(lambda x: (x @ jax.numpy.asarray(full)).mean(), x))
+    all_equal = lambda x, s: (x @ jax.numpy.exp(jax.numpy.broadcast_to(s, (64, 64)))).mean(1)  # noqa: E731
+    assert not jonnx._hlo.ynn_fusions_are_safe(_reductions_compiled(all_equal, x, s))
+    # Weights passed in, scaled, or held as a constant that is not all-equal: computed right.
+    for fn, args, expected in [
+        (lambda x, w: (x @ w).mean(1), (x, w), (x @ w).mean(1)),
+        (
+            lambda x, w, s: (jax.numpy.maximum(x + s, 0) @ (w * s)).sum(1),
+            (x, w, s),
+            (np.maximum(x + s, 0) @ (w * s)).sum(1),
+        ),
+        (lambda x: (x @ jax.numpy.asarray(w)).mean(1), (x,), (x @ w).mean(1)),
+    ]:
+        assert jonnx._hlo.ynn_fusions_are_safe(_reductions_compiled(fn, *args))
+        options = {"xla_cpu_experimental_ynn_fusion_type": jonnx._jit._DOTS_AND_REDUCTIONS}
+        np.testing.assert_allclose(np.asarray(jax.jit(fn, compiler_options=options)(*args)), expected, rtol=1e-5)
+
+
+def _attention_block() -> onnx.ModelProto:
+    """Scores of a (n, 16, 32) input against itself through stored weights, then Softmax."""
+    rng = np.random.default_rng(3)
+    weights = [onnx.numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32) / 6, n) for n in "qk"]
+    nodes = [
+        oh.make_node("MatMul", ["x", "q"], ["xq"]),
+        oh.make_node("MatMul", ["x", "k"], ["xk"]),
+        oh.make_node("Transpose", ["xk"], ["kt"], perm=[0, 2, 1]),
+        oh.make_node("MatMul", ["xq", "kt"], ["scores"]),
+        oh.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "attention_block",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 16, 32])],
+        [oh.make_tensor_value_info("probs", onnx.TensorProto.FLOAT, ["n", 16, 16])],
+        initializer=weights,
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("constant_weights", [False, True])
+def test_call_takes_ynnpack_reductions_where_the_check_passes(constant_weights):
+    reductions = jax.default_backend() == "cpu" and jonnx._jit._knows_reduce_fusions()
+    rng = np.random.default_rng(4)
+    for proto, x, choice in [
+        (_attention_block(), rng.random((2, 16, 32), np.float32), jonnx._jit.LIBRARY_REDUCTIONS),
+        # The ConstantOfShape weight reaches XLA as a broadcast: single dots.
+        (_constant_weight_classifier(), rng.random((100, 64), np.float32), jonnx._jit.LIBRARY_DOTS),
+    ]:
+        session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        (expected,) = session.run(None, {"x": x})
+        model = jonnx.load(proto, optimize={"constant_weights": constant_weights})
+        np.testing.assert_allclose(np.asarray(model(x)[0]), expected, rtol=1e-5, atol=1e-6)
+        if reductions:
+            chooser = model._segments_params
+            if constant_weights:  # the call's own chooser closes over the weights
+                chooser = model._segments.__closure__[0].cell_contents
+            assert list(chooser.choices.values()) == [choice]
+
+
+def test_train_step_takes_ynnpack_reductions_where_the_check_passes():
+    import optax
+
+    model = jonnx.load(_attention_block())
+    x = np.random.default_rng(5).random((4, 16, 32), np.float32)
+    target = np.full((4, 16, 16), 1 / 16, np.float32)
+
+    def loss(outputs, batch):
+        return ((outputs[0] - batch["target"]) ** 2).mean()
+
+    step = jonnx.training.make_train_step(model, loss, optax.sgd(0.5))
+    state = step.init()
+    reference = jonnx._jit.plain_jit(step.fn)(state, {"x": x, "target": target}, None)  # single dots
+    new_state, metrics = step(state, {"x": x, "target": target})
+    np.testing.assert_allclose(float(metrics["loss"]), float(reference[1]["loss"]), rtol=1e-6)
+    for name, value in new_state.params.items():
+        np.testing.assert_allclose(np.asarray(value), np.asarray(reference[0].params[name]), rtol=1e-5, atol=1e-7)
+    if jax.default_backend() == "cpu" and jonnx._jit._knows_reduce_fusions():
+        assert list(step._jitted.choices.values()) == [jonnx._jit.LIBRARY_REDUCTIONS]
+
+
+def test_jonnx_jit_chooses_per_call_signature():
+    def scaled(x, n, *, offset=0.0, power=1):
+        return ((x @ x.T) ** power).sum(axis=1) * n + offset
+
+    f = jonnx.jit(scaled, static_argnames=("power",))
+    x = np.random.default_rng(6).random((8, 4), np.float32)
+    for n, offset, power in [(2.0, 0.0, 1), (3.0, 1.0, 1), (2.0, 0.0, 2)]:
+        expected = ((x @ x.T) ** power).sum(axis=1) * n + offset
+        np.testing.assert_allclose(np.asarray(f(x, n, offset=offset, power=power)), expected, rtol=1e-5)
+    if f.chooses:
+        # Python numbers are traced (one signature for any value); the static power is not.
+        assert len(f.choices) == 2
+    # A jax.jit function's attributes are the single-dot compilation's.
+    assert f.__wrapped__ is scaled
+    np.testing.assert_allclose(np.asarray(f.lower(x, 2.0).compile()(x, 2.0)), (x @ x.T).sum(axis=1) * 2, rtol=1e-5)
