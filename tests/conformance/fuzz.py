@@ -6,7 +6,8 @@ dimensions about a quarter of the time, broadcasting partners, attributes across
 inputs as graph inputs or as initializers), runs each through onnxruntime (or, where
 onnxruntime refuses it, the ReferenceEvaluator) and through ``jonnx.load(model)(*inputs)``, and
 prints every case where jonnx raises or differs. A difference from onnxruntime where jonnx
-equals the ReferenceEvaluator is only counted: the two references disagree there. The
+equals the ReferenceEvaluator is only counted: the two references disagree there; so is one
+on a case where a reference departs from the specification as listed below (``DEPARTURES``). The
 ``microsoft`` and ``microsoft_quantized`` families draw onnxruntime's contrib ops, which only
 onnxruntime can check. ``--grad`` checks jonnx's derivatives (float64, every float input not
 needed at trace time) against central finite differences instead; ``--trace`` prints each case
@@ -849,7 +850,8 @@ def difference(got: np.ndarray, want: np.ndarray) -> str | None:
         return f"dtype {got.dtype} against {want.dtype}"
     if want.dtype.kind in "fc":
         if not np.allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True):
-            return f"values differ by up to {np.nanmax(np.abs(got.astype(float) - want.astype(float))):.3g}"
+            gap = np.abs(got.astype(float) - want.astype(float))  # NaN where either is NaN
+            return f"values differ by up to {np.max(gap, initial=0.0, where=~np.isnan(gap)):.3g}"
     elif not np.array_equal(got, want):
         return "values differ"
     return None
@@ -886,6 +888,52 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, st
         except Exception:  # noqa: BLE001
             pass
     return "differs", f"{'; '.join(found)} (against {source})"
+
+
+def _same_padded_and_dilated(case: Case) -> bool:
+    dilated = any(d > 1 for d in case.attrs.get("dilations", ()))
+    return str(case.attrs.get("auto_pad", "")).startswith("SAME") and dilated
+
+
+def _first_input(case: Case) -> np.ndarray:
+    return np.asarray(next(iter(case.inputs.values())))
+
+
+def _all_equal(x: np.ndarray) -> bool:
+    return x.size == 0 or bool(np.all(x == x.flat[0]))
+
+
+# Where the references depart from the specification (the module docstring's list), as
+# predicates on a case: a difference or an error there is counted as a "known departure"
+# under its reason, not printed as a finding. Each is narrow enough that a real bug in the
+# same op, on other cases, still shows.
+DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
+    (
+        "ConvTranspose, SAME and dilations: onnxruntime's output shape",
+        lambda c: c.op == "ConvTranspose" and _same_padded_and_dilated(c),
+    ),
+    (
+        "MaxPool, SAME and dilations: onnxruntime pads for the undilated window",
+        lambda c: c.op == "MaxPool" and _same_padded_and_dilated(c),
+    ),
+    (
+        "pooling, VALID with ceil_mode: onnxruntime's padded formula",
+        lambda c: (
+            c.op in ("MaxPool", "AveragePool") and c.attrs.get("auto_pad") == "VALID" and bool(c.attrs.get("ceil_mode"))
+        ),
+    ),
+    (
+        "DynamicQuantizeLinear of a constant or empty tensor: onnxruntime's scale 1",
+        lambda c: c.op == "DynamicQuantizeLinear" and _all_equal(_first_input(c)),
+    ),
+    ("ReduceMean of an empty set: undefined", lambda c: c.op == "ReduceMean" and _first_input(c).size == 0),
+    ("NonZero of a scalar: onnxruntime reads it as 1-D", lambda c: c.op == "NonZero" and _first_input(c).ndim == 0),
+]
+
+
+def known_departure(case: Case) -> str | None:
+    """The reason a difference on ``case`` is a documented departure of a reference, or None."""
+    return next((reason for reason, applies in DEPARTURES if applies(case)), None)
 
 
 # Ops whose outputs are integers, or piecewise constant in their float inputs, or whose
@@ -1006,6 +1054,9 @@ def run(
         if trace:
             print(f"#{number} {describe(case, initializers)}", flush=True)
         verdict, detail = check_gradient(case, model, feeds, d.rng) if grad else check(model, feeds)
+        if not grad and verdict in ("differs", "raises") and (reason := known_departure(case)):
+            verdict, detail = "known departure", None
+            verdicts[f"known departure: {reason}"] += 1
         verdicts[verdict] += 1
         if verdict == "references fail":
             verdicts[f"no reference for {case.op}"] += 1
@@ -1031,10 +1082,13 @@ def main() -> int:
     ort.set_default_logger_severity(4)
     verdicts, _ = run(args.seed, args.cases, args.families, opset=args.opset, grad=args.grad, trace=args.trace)
     unchecked = {k: n for k, n in verdicts.items() if k.startswith("no reference for ")}
-    counts = {k: n for k, n in verdicts.items() if k not in unchecked}
+    departures = {k: n for k, n in verdicts.items() if k.startswith("known departure: ")}
+    counts = {k: n for k, n in verdicts.items() if k not in unchecked and k not in departures}
     print(f"{sum(counts.values())} cases (seed {args.seed}, opset {args.opset}): {counts}")
     if unchecked:
         print(f"no reference ran: {unchecked}")
+    if departures:
+        print(f"known departures: {departures}")
     return 0
 
 
