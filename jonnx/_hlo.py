@@ -6,9 +6,9 @@ broadcasts alone (an all-equal constant is a broadcast; so is ``exp`` of one): d
 jonnx compiles with YNNPACK given single dots only, which cannot form that fusion. Letting
 YNNPACK take reductions too (and so a dot with the reduction that follows it: attention's scores
 with their softmax) is faster (docs/performance.md, "YNNPACK reductions"), and computes
-correctly wherever each contraction reads data computed from at least one stored value of its
-size -- a fusion input or a literal constant -- as the reproducer does with its weight passed in,
-scaled by a broadcast scalar, or held as a constant that is not all-equal.
+correctly wherever each contraction reads data computed from at least one stored array -- a
+fusion input or a literal constant, not a scalar -- as the reproducer does with its weight passed
+in, scaled by a broadcast scalar, or held as a constant that is not all-equal.
 :func:`ynn_fusions_are_safe` checks that on the compiled text; callers compile with the
 reductions, check, and fall back to single dots where the check fails.
 """
@@ -39,9 +39,9 @@ _YNN_FUSION = '"kind":"__ynn_fusion"'
 def ynn_fusions_are_safe(hlo_text: str) -> bool:
     """Whether every dot and convolution inside a YNNPACK fusion of ``hlo_text`` (a compiled
     module's ``as_text()``) reads dense data: each operand must be computed, within the fusion,
-    from at least one stored value of its own size or larger -- a fusion parameter or a literal
-    constant -- rather than only from broadcasts (or iotas). Anything it cannot read counts as
-    unsafe."""
+    from at least one stored array -- a fusion parameter or a literal constant of more than one
+    element, reached without passing through a broadcast -- rather than from broadcasts (or
+    iotas) alone. Anything it cannot read counts as unsafe."""
     computations = _computations(hlo_text)
     for line in hlo_text.splitlines():
         if _YNN_FUSION not in line:
@@ -64,18 +64,15 @@ class _Instruction(NamedTuple):
 
 def _reads_stored(body: dict[str, _Instruction], operand: str) -> bool:
     """Whether ``operand``'s values come, through any instructions short of a broadcast, from a
-    parameter or constant holding at least as many elements."""
-    size = body[operand].size if operand in body else None
-    if size is None:
-        return False
+    parameter or constant of more than one element (so they are not a broadcast's)."""
     pending, seen = [operand], set()
     while pending:
         name = pending.pop()
         if name in seen or name not in body:
             continue
         seen.add(name)
-        opcode, operands, leaf_size = body[name]
-        if opcode in _STORED and leaf_size is not None and leaf_size >= size:
+        opcode, operands, size = body[name]
+        if opcode in _STORED and size is not None and size > 1:
             return True
         if opcode not in _GENERATED:
             pending.extend(operands)

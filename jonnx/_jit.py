@@ -208,10 +208,29 @@ def call_signature(static: tuple[frozenset, frozenset], args: tuple, kwargs: dic
         {k: v for k, v in kwargs.items() if k not in names},
     )
     leaves, structure = jax.tree_util.tree_flatten(dynamic)
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+    array = _array_type()
+    try:  # a jax array's aval is its shape, dtype and weak type (asked on every call: kept cheap)
+        shapes = tuple([x.aval if type(x) is array else _leaf_signature(x) for x in leaves])
+    except _Traced:
         return None
-    shapes = tuple((np.shape(x), getattr(x, "dtype", type(x)), getattr(x, "weak_type", None)) for x in leaves)
     return fixed, structure, shapes
+
+
+class _Traced(Exception):
+    """A call's argument is a tracer."""
+
+
+def _leaf_signature(x: Any) -> tuple:
+    if isinstance(x, jax.core.Tracer):
+        raise _Traced
+    return np.shape(x), getattr(x, "dtype", type(x))
+
+
+@functools.cache
+def _array_type() -> type:
+    """The class of jax's concrete arrays (``isinstance(x, jax.Array)`` is a slower ABC check,
+    and true of tracers too)."""
+    return type(jax.device_put(np.zeros((), np.float32)))
 
 
 def _static_arguments(fn: Callable[..., Any], jit_kwargs: dict) -> tuple[frozenset, frozenset]:
@@ -220,12 +239,18 @@ def _static_arguments(fn: Callable[..., Any], jit_kwargs: dict) -> tuple[frozens
     numbers = (numbers,) if isinstance(numbers, int) else tuple(numbers or ())
     names = (names,) if isinstance(names, str) else tuple(names or ())
     try:  # jax.jit also treats a static position's parameter name as static, and the reverse
-        parameters = list(inspect.signature(fn).parameters)
+        parameters = [
+            name
+            for name, p in inspect.signature(fn).parameters.items()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         parameters = []
-    numbers = tuple(i % len(parameters) if parameters and -len(parameters) <= i < 0 else i for i in numbers)
+    # A negative position counts from the end of the call's positional arguments; kept as given
+    # (call_signature reads it so) and, where the parameters are known, as the index it names.
+    numbers += tuple(i + len(parameters) for i in numbers if parameters and -len(parameters) <= i < 0)
     numbers += tuple(parameters.index(n) for n in names if n in parameters)
-    names += tuple(parameters[i] for i in numbers if -len(parameters) <= i < len(parameters))
+    names += tuple(parameters[i] for i in numbers if 0 <= i < len(parameters))
     return frozenset(numbers), frozenset(names)
 
 

@@ -232,6 +232,14 @@ def test_fusion_check_reads_hlo_text():
         "  %w = f32[64,64]{1,0} multiply(%v, %s)",
     )
     assert jonnx._hlo.ynn_fusions_are_safe(scaled)
+    # A product of the fusion's own product (attention's probabilities times values), though
+    # larger than what it is computed from, is dense.
+    chained = passed_in.replace(
+        "%w = f32[64,64]{1,0} parameter(1)",
+        "%a = f32[64,1]{1,0} parameter(1)\n  %b = f32[1,64]{1,0} parameter(2)\n"
+        "  %w = f32[64,64]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+    )
+    assert jonnx._hlo.ynn_fusions_are_safe(chained)
     # A value computed from the broadcast alone (exp of an all-equal tensor) is not dense.
     exp = _RECOMPILED_REPRODUCER.replace(
         "%w = f32[64,64]{1,0} broadcast(%constant.2), dimensions={}",
@@ -350,3 +358,18 @@ def test_jonnx_jit_chooses_per_call_signature():
     # A jax.jit function's attributes are the single-dot compilation's.
     assert f.__wrapped__ is scaled
     np.testing.assert_allclose(np.asarray(f.lower(x, 2.0).compile()(x, 2.0)), (x @ x.T).sum(axis=1) * 2, rtol=1e-5)
+
+
+def test_static_arguments_as_jax_jit_reads_them():
+    def fn(x, n, *, mode="a"):
+        return x
+
+    static = jonnx._jit._static_arguments
+    assert static(fn, {"static_argnums": -1}) == (frozenset({-1, 1}), frozenset({"n"}))
+    assert static(fn, {"static_argnames": ("n", "mode")}) == (frozenset({1}), frozenset({"n", "mode"}))
+    # Static values are part of the signature; traced arguments only by shape and dtype.
+    x = np.zeros(3, np.float32)
+    signature = jonnx._jit.call_signature(static(fn, {"static_argnums": 1}), (x, 2), {})
+    assert signature == jonnx._jit.call_signature(static(fn, {"static_argnums": 1}), (x + 1, 2), {})
+    assert signature != jonnx._jit.call_signature(static(fn, {"static_argnums": 1}), (x, 3), {})
+    assert signature != jonnx._jit.call_signature(static(fn, {"static_argnums": 1}), (x[:2], 2), {})
