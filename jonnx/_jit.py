@@ -142,6 +142,7 @@ class DotChoosingJit:
     ):
         given = jit_kwargs.pop("compiler_options", None) or {}
         self.default = plain_jit(fn, compiler_options=given, **jit_kwargs)
+        self.__doc__ = self.default.__doc__  # fn's, as jax.jit keeps it (other names: __getattr__)
         self._signature_of = signature_of
         self._variants = {LIBRARY_DOTS: self.default}
         # The caller's own fusion option, or a jaxlib without one, leaves nothing to choose.
