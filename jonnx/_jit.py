@@ -131,9 +131,9 @@ class DotChoosingJit:
     - :data:`XLA_DOTS` where :func:`library_dots_for` says so (and ``xla_dots`` allows it);
     - else :data:`LIBRARY_REDUCTIONS` where the module compiled with YNNPACK's reductions
       passes :func:`jonnx._hlo.ynn_fusions_are_safe` (the call then reuses that compilation);
-    - else :data:`LIBRARY_DOTS`, what :func:`jit` gives.
+    - else :data:`LIBRARY_DOTS`, what :func:`plain_jit` gives.
 
-    Off the CPU, or with a jaxlib without the YNNPACK option, it is :func:`jit`
+    Off the CPU, or with a jaxlib without the YNNPACK option, it is :func:`plain_jit`
     (:attr:`default`).
     """
 
@@ -280,24 +280,22 @@ def _knows_ynn_fusions() -> bool:
     """Whether this jaxlib takes the YNNPACK fusion option with the values jonnx passes and
     acts on it: one small product compiled with the longer value, whose fusion types include
     the other's. jaxlib 0.8.1 accepts the option but leaves the product to XLA."""
-    options = {_YNN_FUSION_FLAG: _SAFE_YNN_FUSIONS[True]}
-    product = jax.jit(lambda x: x @ x.T, compiler_options=options)
-    try:
-        text = product.lower(jax.ShapeDtypeStruct((8, 64), np.float32)).compile().as_text()
-    except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such option"
-        return False
-    return "ynn_fusion" in text
+    return _gives_ynn_fusion(lambda x: x @ x.T, _SAFE_YNN_FUSIONS[True])
 
 
 @functools.cache
 def _knows_reduce_fusions() -> bool:
     """Whether this jaxlib gives YNNPACK reductions when asked (see :func:`_knows_ynn_fusions`)."""
-    if not _knows_ynn_fusions():
-        return False
-    total = jax.jit(lambda x: x.sum(axis=0), compiler_options={_YNN_FUSION_FLAG: _DOTS_AND_REDUCTIONS})
+    return _knows_ynn_fusions() and _gives_ynn_fusion(lambda x: x.sum(axis=0), _DOTS_AND_REDUCTIONS)
+
+
+def _gives_ynn_fusion(fn: Callable[[Any], Any], fusion_types: str) -> bool:
+    """Whether ``fn`` of a (64, 64) float32 array, compiled with these YNNPACK fusion types,
+    runs in a YNNPACK fusion."""
+    compiled = jax.jit(fn, compiler_options={_YNN_FUSION_FLAG: fusion_types})
     try:
-        text = total.lower(jax.ShapeDtypeStruct((64, 64), np.float32)).compile().as_text()
-    except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such fusion type"
+        text = compiled.lower(jax.ShapeDtypeStruct((64, 64), np.float32)).compile().as_text()
+    except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such option or type"
         return False
     return "ynn_fusion" in text
 
