@@ -155,7 +155,13 @@ def run_nodes(
     """
     updates: dict[str, Any] = {}
     for index in positions:
-        _step(graph, index, graph.nodes[index], env, options, updates)
+        try:
+            _step(graph, index, graph.nodes[index], env, options, updates)
+        except errors.StaticValueError as e:
+            # Each enclosing run overwrites it, so it ends naming the outermost graph's node:
+            # the one Model.__call__ can move to the host.
+            e.where = (graph, index)
+            raise
         if progress is not None:
             progress.update()
     return updates

@@ -19,11 +19,6 @@ from google.protobuf.message import DecodeError
 from jax.experimental import checkify
 from jax.sharding import Mesh, NamedSharding
 
-try:  # newer jax re-exports it in jax.extend.core; jax 0.8 (the declared minimum) in jax.core
-    from jax.extend.core import concrete_or_error
-except ImportError:
-    from jax.core import concrete_or_error
-
 from jonnx import errors, optimize as optimization
 from jonnx._bounded import bound_sizes
 from jonnx._build import GraphBuilder, default_memory_limit
@@ -33,9 +28,10 @@ from jonnx._ir import Graph, ValueInfo
 from jonnx._jit import DotChoosingJit, plain_jit, release_freed_memory, signature, tracing_into_jaxpr
 from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
-from jonnx._segments import SegmentPlan, plan_segments, weight_only_nodes
+from jonnx._segments import SegmentPlan, Stage, plan_segments, weight_only_nodes
 from jonnx._state import StatePlan, plan_state
 from jonnx._static import preferred_static_inputs, setting_values, static_values
+from jonnx._values import concrete_or_error
 from jonnx._wire import InlineData, WireError, read_model
 from jonnx.sharding import Rules, param_specs
 
@@ -390,9 +386,11 @@ class Model:
         prepare = once and not self.optimize["constant_weights"]
         self._prepared_nodes = weight_only_nodes(self._call_graph, weights, self._constants) if prepare else ()
         prepared_names = {o for p in self._prepared_nodes for o in self._call_graph.nodes[p].outputs if o}
-        self.segment_plan: SegmentPlan = plan_segments(
-            self._call_graph, self._constants, weights | prepared_names, shape_like, self._prepared_nodes
+        self._plan = functools.partial(
+            plan_segments, self._call_graph, self._constants, weights | prepared_names, shape_like, self._prepared_nodes
         )
+        self._forced_host: frozenset[int] = frozenset()  # nodes found to need the host (__call__)
+        self.segment_plan: SegmentPlan = self._plan()
         # What the segments and the graph outputs read of them.
         read_later = set(self.output_names) | {
             r for p, n in enumerate(self._call_graph.nodes) if p not in set(self._prepared_nodes) for r in n.reads
@@ -416,7 +414,7 @@ class Model:
         # signature (DotChoosingJit: XLA's where nearly all the dot work is on many rows).
         self._segments_params = DotChoosingJit(
             run,
-            lambda index, params, dynamic, static, key: _segment_signature(index, static, dynamic),
+            lambda stage, params, dynamic, static, key: _segment_signature(stage, static, dynamic),
             static_argnums=(0, 3),
         )
         if self.optimize["constant_weights"] and mesh is None:
@@ -425,11 +423,11 @@ class Model:
             # while tracing, and XLA specializes on the rest. Sharded weights stay arguments.
             weights = {n: np.asarray(v) if jax.default_backend() == "cpu" else v for n, v in self._params.items()}
             chooser = DotChoosingJit(
-                lambda index, dynamic, static, key: run(index, weights, dynamic, static, key),
-                lambda index, dynamic, static, key: _segment_signature(index, static, dynamic),
+                lambda stage, dynamic, static, key: run(stage, weights, dynamic, static, key),
+                lambda stage, dynamic, static, key: _segment_signature(stage, static, dynamic),
                 static_argnums=(0, 2),
             )
-            self._segments = lambda index, params, dynamic, static, key: chooser(index, dynamic, static, key)
+            self._segments = lambda stage, params, dynamic, static, key: chooser(stage, dynamic, static, key)
         else:
             self._segments = self._segments_params
         # Under jax.grad (outside jit) a segment is a custom_vjp whose forward is the compiled
@@ -671,6 +669,11 @@ class Model:
         params through the Gather/Compress that follow NonMaxSuppression, NonZero, Unique or a
         computed TopK ``k`` (docs/dynamic_shapes.md).
 
+        A Loop found, while compiling, to stack a data-dependent number of iterations (scan
+        outputs with an exit condition computed from runtime data), or an If, Loop or Scan
+        whose body needs values known at trace time (a NonZero in a branch), is moved to the
+        host the same way, once per model: it then runs on concrete values (a Loop unrolled).
+
         Under the caller's ``jax.jit`` (or ``lax.scan``, ``jax.checkpoint``) the call is traced
         into that jit as :meth:`apply` would be (``jonnx.jit`` adds jonnx's compiler options);
         a model with host nodes is refused there (below).
@@ -680,6 +683,30 @@ class Model:
                 ``jax.jit``) when the model runs nodes on the host or needs static inputs:
                 use ``Model.apply`` there (see docs/dynamic_shapes.md).
         """
+        while True:
+            try:
+                return self._call(inputs, named_inputs, key, params)
+            except errors.StaticValueError as e:
+                if not self._move_to_host(e):
+                    raise
+
+    def _move_to_host(self, error: errors.StaticValueError) -> bool:
+        """Re-plan with the node that raised ``error`` while compiling on the host, where it
+        holds subgraphs (an If, Loop or Scan: :class:`jonnx.errors.RuntimeShapeError`, or a body
+        needing values known at trace time); False where that cannot help (another node, or
+        one already on the host)."""
+        graph, position = error.where or (None, None)
+        if graph is not self._call_graph or position in self._forced_host:
+            return False
+        if not graph.nodes[position].subgraphs:
+            return False
+        self._forced_host |= {position}
+        self.segment_plan = self._plan(forced_host=self._forced_host)
+        return True
+
+    def _call(
+        self, inputs: tuple, named_inputs: Mapping[str, Any], key: jax.Array | None, params: Mapping[str, Any] | None
+    ) -> tuple[Any, ...]:
         values = self.bind(*inputs, **named_inputs)
         _check_inputs(self.graph.inputs, list(values.values()))
         segments = self._segments
@@ -709,7 +736,7 @@ class Model:
             else None
         )
         staged: bool | None = None  # whether the call is traced into the caller's jit, once known
-        for index, stage in enumerate(self.segment_plan.stages):
+        for stage in self.segment_plan.stages:
             if stage.host_nodes:
                 self._run_host(stage.host_nodes, env, params, options)
             if not stage.nodes:
@@ -732,12 +759,12 @@ class Model:
                 # caller's to functionalize, as with apply. Asked once per call.
                 staged = tracing_into_jaxpr() if staged is None else staged
                 segment = self._segment_impl if staged else self._differentiable_segment
-                results = segment(index, params, dynamic, static, key)
+                results = segment(stage, params, dynamic, static, key)
             elif staged:
-                results = self._segment_impl(index, params, dynamic, static, key)
+                results = self._segment_impl(stage, params, dynamic, static, key)
             else:
                 try:
-                    results = segments(index, params, dynamic, static, key)
+                    results = segments(stage, params, dynamic, static, key)
                 except ValueError:
                     # Concrete values inside the caller's jit (a closure over numpy arrays):
                     # JAX refuses the compiled segment's options there. Asked only on this
@@ -747,7 +774,7 @@ class Model:
                     if self.segment_plan.host_nodes:
                         raise self._host_nodes_error("inside jax.jit") from None
                     staged = True
-                    results = self._segment_impl(index, params, dynamic, static, key)
+                    results = self._segment_impl(stage, params, dynamic, static, key)
             if self.checked and not staged:
                 error, results = results
                 message = error.get()
@@ -755,7 +782,7 @@ class Model:
                     raise errors.NumericCheckError(message.split(" (`check` failed)")[0])
             env.update(results)
             if self._segment_host_values:  # strings a segment made while tracing
-                env.update(self._segment_host_values.get(_segment_signature(index, static, dynamic), {}))
+                env.update(self._segment_host_values.get(_segment_signature(stage, static, dynamic), {}))
         constants = self._constants
         return tuple(_as_output(env[n] if n in env else constants[n]) for n in self.output_names)
 
@@ -797,12 +824,13 @@ class Model:
 
         Under ``jax.grad`` a value arrives as a tracer over a concrete value. The inputs that
         decide the output's shape (the node's static inputs: a condition, boxes and scores)
-        are read as numpy; the others (Compress's data) stay tracers, so what the node
-        gathers from them keeps its gradient.
+        and those that drive control flow (an If's condition, a Loop's trip count) are read
+        as numpy; the others (Compress's data, a Loop's carried values) stay tracers, so what
+        the node computes from them keeps its gradient.
         """
         for position in positions:
             node = self._call_graph.nodes[position]
-            static = {n for i, n in enumerate(node.inputs) if i in node.static_inputs}
+            static = {n for i, n in enumerate(node.inputs) if i in node.static_inputs or i in node.prefer_static}
             local = {}
             for n in (*node.inputs, *_outer_reads(node)):
                 if n:
@@ -872,8 +900,7 @@ class Model:
                 return table[name]
         raise KeyError(name)
 
-    def _segment_impl(self, index: int, params, dynamic: dict, static: tuple, key) -> dict:
-        stage = self.segment_plan.stages[index]
+    def _segment_impl(self, stage: Stage, params, dynamic: dict, static: tuple, key) -> dict:
         env: dict[str, Any] = {**self._constants, **self._state, **self._params, **params, **dynamic}
         env.update((name, s.value) for name, s in static)
         # The graph's own mode (train=None); statistics a training-mode graph computes are
@@ -885,10 +912,10 @@ class Model:
         results = {n: env[n] for n in stage.exports}
         host = {n: v for n, v in results.items() if _is_host_value(v)}
         if host:
-            self._segment_host_values[_segment_signature(index, static, dynamic)] = host
+            self._segment_host_values[_segment_signature(stage, static, dynamic)] = host
         return {n: v for n, v in results.items() if n not in host}
 
-    def _differentiable_segment(self, index: int, params, dynamic: dict, static: tuple, key) -> Any:
+    def _differentiable_segment(self, stage: Stage, params, dynamic: dict, static: tuple, key) -> Any:
         """The compiled segment for tracers over concrete values (``jax.grad`` outside jit).
 
         A jit with XLA compiler options cannot be traced into (JAX allows them only on a
@@ -898,7 +925,7 @@ class Model:
 
         @jax.custom_vjp
         def segment(params, dynamic):
-            return self._segments_params.default(index, params, dynamic, static, key)
+            return self._segments_params.default(stage, params, dynamic, static, key)
 
         def forward(params, dynamic):
             return segment(params, dynamic), (params, dynamic)
@@ -906,14 +933,14 @@ class Model:
         def backward(saved, cotangents):
             if self.checked:  # the forward's error part has no cotangent
                 cotangents = cotangents[1]
-            return self._segment_vjp(index, *saved, static, key, cotangents)
+            return self._segment_vjp(stage, *saved, static, key, cotangents)
 
         segment.defvjp(forward, backward)
         return segment(params, dynamic)
 
-    def _segment_vjp_impl(self, index: int, params, dynamic: dict, static: tuple, key, cotangents: dict) -> tuple:
+    def _segment_vjp_impl(self, stage: Stage, params, dynamic: dict, static: tuple, key, cotangents: dict) -> tuple:
         def run(params, dynamic):
-            results = self._segment_impl(index, params, dynamic, static, key)
+            results = self._segment_impl(stage, params, dynamic, static, key)
             return {n: v for n, v in results.items() if n in cotangents}
 
         _, pullback = jax.vjp(run, params, dynamic)
@@ -1116,9 +1143,9 @@ def _outer_reads(node: Any) -> tuple[str, ...]:
     return tuple(sorted({n for g in node.subgraphs for n in g.outer_names}))
 
 
-def _segment_signature(index: int, static: tuple, dynamic: Any) -> tuple:
+def _segment_signature(stage: Stage, static: tuple, dynamic: Any) -> tuple:
     """What a segment's compilation (and its trace's host values) depends on."""
-    return index, static, signature(dynamic)
+    return stage, static, signature(dynamic)
 
 
 def _as_output(value: Any) -> Any:

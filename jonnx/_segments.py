@@ -15,6 +15,10 @@ or the host step before that segment), found in one pass over the nodes in topol
 order. A value needed at trace time (a static input) that a segment computes from data is
 fetched after that segment and handed to the next one as a static argument: that is where
 a computed TopK ``k`` or Reshape shape cuts the graph.
+
+Some nodes are found to need the host only while a segment is traced: an If or Loop whose
+output shape turns out to depend on runtime data (``jonnx.errors.RuntimeShapeError``).
+``Model.__call__`` then re-plans with those positions in ``forced_host``.
 """
 
 from __future__ import annotations
@@ -28,9 +32,13 @@ from jonnx._static import static_values
 __all__ = ["SegmentPlan", "Stage", "plan_segments", "weight_only_nodes"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Stage:
     """One step of a segmented run: host nodes, then one compiled segment.
+
+    Compared and hashed by identity: ``Model`` keys its compiled segments by the stage
+    itself (a static argument, hashed on every call), so a re-plan (a node moved to the host,
+    ``forced_host`` below) never reuses another plan's compilation.
 
     Attributes:
         host_nodes: positions (in ``graph.nodes``) of the nodes run on the host, in order,
@@ -119,6 +127,7 @@ def plan_segments(
     traced: Iterable[str],
     static_inputs: Iterable[str] = (),
     prepared: Iterable[int] = (),
+    forced_host: Iterable[int] = (),
 ) -> SegmentPlan:
     """Split ``graph`` into stages (see the module docstring).
 
@@ -131,8 +140,11 @@ def plan_segments(
             from them stays concrete while tracing (an If's condition, a Reshape target).
         prepared: positions of nodes computed before any stage (:func:`weight_only_nodes`):
             no stage runs them, and their outputs reach every segment like ``traced`` values.
+        forced_host: positions of nodes run on the host although their op is not a host op:
+            those found, while compiling, to make an output whose length depends on runtime
+            data (a Loop with scan outputs and a data-dependent exit; ``Model.__call__``).
     """
-    prepared = set(prepared)
+    prepared, forced_host = set(prepared), set(forced_host)
     graph_inputs = set(graph.input_names)
     # Per value: its level, whether it is concrete while its segment traces, and the first
     # level whose host step (or static arguments) can have it as numpy.
@@ -156,7 +168,7 @@ def plan_segments(
             node_on_host.append(False)
             continue
         reads = _reads(node, level)
-        host = node.op.runs_on_host(node.attrs) and not all(concrete[r] for r in reads)
+        host = (node.op.runs_on_host(node.attrs) or position in forced_host) and not all(concrete[r] for r in reads)
         if host:
             at = max((on_host_at[r] for r in reads), default=0)
             out_concrete = False

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
-__all__ = ["is_concrete"]
+try:  # newer jax re-exports it in jax.extend.core; jax 0.8 (the declared minimum) in jax.core
+    from jax.extend.core import concrete_or_error
+except ImportError:
+    from jax.core import concrete_or_error
+
+__all__ = ["concrete_or_error", "is_concrete", "known_value"]
 
 
 def is_concrete(value: Any) -> bool:
@@ -27,3 +33,17 @@ def is_concrete(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return all(is_concrete(v) for v in value)
     return False
+
+
+def known_value(value: Any) -> np.ndarray | None:
+    """``value`` as numpy where it is known now, else None.
+
+    Known: numpy, a computed ``jax.Array``, or a tracer that carries its value (``jax.grad``
+    outside any jit or vmap); unknown: an abstract tracer (``jax.jit``, ``jax.vmap``).
+    """
+    if isinstance(value, jax.core.Tracer):
+        try:
+            return concrete_or_error(np.asarray, value)
+        except jax.errors.ConcretizationTypeError:
+            return None
+    return np.asarray(value)

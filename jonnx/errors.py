@@ -14,6 +14,7 @@ __all__ = [
     "ModelStructureError",
     "UnsupportedOpError",
     "StaticValueError",
+    "RuntimeShapeError",
     "InputError",
     "NodeError",
     "NumericCheckError",
@@ -53,15 +54,35 @@ class UnsupportedOpError(LoadError):
 
 
 class StaticValueError(JonnxError):
-    """A value that must be known at trace time (a shape, axes, ...) depends on runtime data."""
+    """A value that must be known at trace time (a shape, axes, ...) depends on runtime data.
 
+    Attributes:
+        where: ``(graph, position)`` of the node of the outermost graph being run whose
+            evaluation raised it (a Loop inside an If's branch names the If), or None when
+            raised outside the interpreter.
+    """
 
-class InputError(JonnxError):
-    """The inputs given to a model do not match its graph inputs."""
+    where: tuple | None = None
 
 
 class NodeError(JonnxError):
     """A node failed while running: invalid attributes or inputs for its op."""
+
+
+class RuntimeShapeError(StaticValueError, NodeError):
+    """A node's output shape depends on runtime data inside one compiled computation.
+
+    A Loop whose exit condition is runtime data while it has scan outputs or carries a
+    sequence (how many rows it stacks is known only by running it), or an If on runtime data
+    whose branches give different shapes. ``Model(*inputs)`` catches this while compiling a
+    segment and runs that node on the host instead (on concrete values, differentiable under
+    ``jax.grad`` with ``params=``); under ``jax.jit``, ``jax.vmap`` or ``Model.apply`` it is
+    raised.
+    """
+
+
+class InputError(JonnxError):
+    """The inputs given to a model do not match its graph inputs."""
 
 
 class NumericCheckError(JonnxError):

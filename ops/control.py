@@ -9,7 +9,9 @@ so bodies may read outer values at any nesting depth.
   freezes the carried values once the condition turns false. Without a trip count (or with
   a huge one, INT64_MAX from exporters) it is ``lax.while_loop``. Loops that carry sequences
   or empty optionals, whose inputs are all known at trace time, or whose scan outputs end by
-  a condition known only per iteration, are unrolled at trace time.
+  a condition known only per iteration, are unrolled at trace time. Where such a loop's exit
+  depends on runtime data it raises ``RuntimeShapeError``, and ``Model.__call__`` runs it on
+  the host instead (so too an If on runtime data whose branches differ in shape).
 * ``Scan`` is ``lax.scan`` with the scan axes moved to the front.
 """
 
@@ -26,7 +28,7 @@ from jax import lax
 from jonnx import errors
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._static import static_values
-from jonnx._values import is_concrete
+from jonnx._values import is_concrete, known_value
 from jonnx.ops._util import canonical, index_dtype, normalize_axis
 
 # Loops unrolled at trace time (sequence-carrying or fully static ones) stop with an error
@@ -72,10 +74,12 @@ def if_(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         (a.shape, a.dtype) != (b.shape, b.dtype)
         for a, b in zip(jax.tree_util.tree_leaves(then_shapes), jax.tree_util.tree_leaves(else_shapes))
     ):
-        raise ctx.error(
-            "the condition depends on runtime data, and the branches' outputs differ in shape or "
-            f"type ({_describe(then_shapes)} vs {_describe(else_shapes)}), which one compiled "
-            "computation cannot hold; make the condition known at trace time"
+        raise errors.RuntimeShapeError(
+            f"{ctx.where()}: the condition depends on runtime data, and the branches' outputs differ "
+            f"in shape or type ({_describe(then_shapes)} vs {_describe(else_shapes)}), which one "
+            "compiled computation cannot hold. Model(*inputs) runs such an If on the host, on "
+            "concrete values; under jax.jit, jax.vmap or Model.apply make the condition known at "
+            "trace time"
         )
     return lax.cond(jnp.reshape(cond, ()).astype(bool), run(then_branch), run(else_branch))
 
@@ -126,10 +130,10 @@ def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     if static_trip and (carries_structure or everything_static or needs_static_step):
         return _unrolled(trip, cond, state, step, scan_infos, ctx)
     if carries_structure:
-        raise ctx.error(
+        raise _runtime_length(
+            ctx,
             "the loop carries a sequence or an empty optional, so it runs at trace time and needs "
-            "its trip count then, but M depends on runtime data; pass M as a concrete value "
-            "(Model.__call__ does)"
+            "its trip count then, but M depends on runtime data",
         )
     if trip is not None and static_trip:
         length = _trip_count(trip)
@@ -174,12 +178,17 @@ def _unrolled(trip, cond, state, step, scan_infos, ctx):
     scans: list[list] = [[] for _ in range(n_scan)]
     first = state
     i = 0
-    while (limit is None or i < limit) and (not is_concrete(flag) or _is_true(flag)):
-        if not is_concrete(flag):
-            raise ctx.error(
+    while limit is None or i < limit:
+        # Known also under jax.grad on the host, where the flag is a tracer over its value.
+        known = known_value(flag)
+        if known is None:
+            raise _runtime_length(
+                ctx,
                 "the loop condition depends on runtime data while the loop carries a sequence "
-                "or has scan outputs, whose length would then depend on runtime data"
+                "or has scan outputs, whose length would then depend on runtime data",
             )
+        if not _is_true(known):
+            break
         if i >= MAX_UNROLLED_ITERATIONS:
             raise ctx.error(f"the loop ran {i} iterations at trace time, the most jonnx unrolls, without ending")
         flag, state, outs = step(np.asarray(i, np.int64), flag, state)
@@ -189,6 +198,13 @@ def _unrolled(trip, cond, state, step, scan_infos, ctx):
     if n_scan and not i:
         return (*state, *_empty_scan_outputs(step, first, scan_infos, ctx))
     return (*state, *(jnp.stack([jnp.asarray(v) for v in acc]) for acc in scans))
+
+
+def _runtime_length(ctx: OpContext, why: str) -> errors.RuntimeShapeError:
+    return errors.RuntimeShapeError(
+        f"{ctx.where()}: {why}. Model(*inputs) runs such a loop on the host, on concrete "
+        "values; under jax.jit, jax.vmap or Model.apply one compiled computation cannot hold it"
+    )
 
 
 def _empty_scan_outputs(step, state, scan_infos, ctx) -> list:

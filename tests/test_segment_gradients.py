@@ -17,7 +17,7 @@ from onnx import TensorProto, numpy_helper
 
 import jonnx
 from jonnx import errors
-from tests.test_segments import _detector, _init
+from tests.test_segments import _detector, _early_exit_network, _init
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -247,3 +247,25 @@ def test_params_override_the_compiled_in_weights():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
     grads = jax.grad(lambda p: jnp.sum(model(x, params=p)[0]))(model.params)
     assert float(jnp.abs(grads["w"]).sum()) > 0
+
+
+@pytest.mark.parametrize("inside_if", [False, True], ids=["loop", "loop-in-if"])
+def test_grad_through_a_loop_run_on_the_host_matches_finite_differences(inside_if):
+    # The Loop stacks a data-dependent number of rows, so it runs on the host, unrolled on the
+    # gradient's tracers: the parameters it reads from the outer scope (w, v) and the one
+    # before it (w0) get their gradients through it.
+    proto = _early_exit_network(inside_if=inside_if)
+    model = jonnx.load(proto)
+    feeds = {"x": np.float32([1.0, 2.0, 3.0]), "limit": np.array(500.0, np.float32)}
+    weights = np.float32([0.3, -0.7, 1.1])
+
+    def loss(params):
+        h_last, total = model(**feeds, params=params)
+        return jnp.sum(h_last * weights) + jnp.sum(total)
+
+    names = ["w0", "w", "v"]
+    grads = jax.grad(loss)({n: model.params[n] for n in names})
+    assert model.segment_plan.host_nodes
+    _check_directional_derivatives(
+        proto, model, grads, feeds, lambda out: float(np.sum(out[0] * weights) + np.sum(out[1])), names
+    )

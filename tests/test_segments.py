@@ -526,3 +526,145 @@ def test_a_graph_with_no_node_left_to_run(kept):
     np.testing.assert_array_equal(np.asarray(got[0]), x)
     if kept:
         np.testing.assert_array_equal(np.asarray(got[1]), w * w)
+
+
+def _early_exit_network(*, inside_if: bool = False) -> onnx.ModelProto:
+    """x * w0 -> Loop (h = h * w + v while sum(h^2) < limit, at most 20 times, stacking h^2)
+    -> sum of the stacked rows: the Loop's scan outputs have a data-dependent length.
+    With ``inside_if`` the Loop sits in the then-branch of an If on ``sum(x) > 0``."""
+    f = TensorProto.FLOAT
+    body = oh.make_graph(
+        [
+            oh.make_node("Mul", ["h_in", "w"], ["hw"]),
+            oh.make_node("Add", ["hw", "v"], ["h_out"]),
+            oh.make_node("Mul", ["h_out", "h_out"], ["sq"]),
+            oh.make_node("ReduceSum", ["sq"], ["energy"], keepdims=0),
+            oh.make_node("Less", ["energy", "limit"], ["c_out"]),
+        ],
+        "body",
+        [
+            oh.make_tensor_value_info("i", TensorProto.INT64, []),
+            oh.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+            oh.make_tensor_value_info("h_in", f, [3]),
+        ],
+        [
+            oh.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+            oh.make_tensor_value_info("h_out", f, [3]),
+            oh.make_tensor_value_info("sq", f, [3]),
+        ],
+    )
+    loop = oh.make_node("Loop", ["M", "go", "h0"], ["h_last", "stacked"], body=body, name="growth")
+    nodes = [oh.make_node("Mul", ["x", "w0"], ["h0"])]
+    if inside_if:
+        other = oh.make_graph(
+            [oh.make_node("Identity", ["h0"], ["h_last_e"]), oh.make_node("Unsqueeze", ["h0", "axis0"], ["stacked_e"])],
+            "else",
+            [],
+            [oh.make_tensor_value_info("h_last_e", f, [3]), oh.make_tensor_value_info("stacked_e", f, [None, 3])],
+        )
+        then = oh.make_graph(
+            [loop],
+            "then",
+            [],
+            [oh.make_tensor_value_info("h_last", f, [3]), oh.make_tensor_value_info("stacked", f, [None, 3])],
+        )
+        nodes += [
+            oh.make_node("ReduceSum", ["x"], ["sx"], keepdims=0),
+            oh.make_node("Greater", ["sx", "zero"], ["positive"]),
+            oh.make_node("If", ["positive"], ["h_last", "stacked"], then_branch=then, else_branch=other),
+        ]
+    else:
+        nodes.append(loop)
+    nodes.append(oh.make_node("ReduceSum", ["stacked", "axis0"], ["total"], keepdims=0))
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", f, [3]), oh.make_tensor_value_info("limit", f, [])],
+        [oh.make_tensor_value_info("h_last", f, [3]), oh.make_tensor_value_info("total", f, [3])],
+        [
+            _init("w0", np.float32([0.5, 1.0, -0.5])),
+            _init("w", np.float32([1.5, 1.2, 1.3])),
+            _init("v", np.float32([0.1, -0.2, 0.3])),
+            _init("M", np.int64(20)),
+            _init("go", np.bool_(True)),
+            _init("axis0", np.array([0], np.int64)),
+            _init("zero", np.float32(0)),
+        ],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("inside_if", [False, True], ids=["loop", "loop-in-if"])
+def test_loop_with_a_data_dependent_exit_and_scan_outputs_runs_on_the_host(inside_if):
+    # Found while compiling the first segment: the Loop (or the If holding it) moves to the
+    # host once, and the segments around it compile once per shape, not per limit.
+    proto = _early_exit_network(inside_if=inside_if)
+    model = jonnx.load(proto)
+    assert not model.segment_plan.host_nodes
+    x = np.float32([1.0, 2.0, 3.0])
+    for limit in (5.0, 50.0, 500.0, 5000.0, 50000.0):  # 1 to 15 iterations
+        feeds = {"x": x, "limit": np.array(limit, np.float32)}
+        want = _ort(proto, feeds)
+        got = model(**feeds)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5)
+    [position] = model.segment_plan.host_nodes
+    assert model._call_graph.nodes[position].op_type == ("If" if inside_if else "Loop")
+    with count_compiles() as compiles:
+        for limit in (7.0, 70.0, 700.0):
+            model(x, np.array(limit, np.float32))
+    assert not compiles
+    # The else branch (no Loop) runs the same host plan.
+    feeds = {"x": -x, "limit": np.array(50.0, np.float32)}
+    for g, w in zip(model(**feeds), _ort(proto, feeds)):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5)
+
+
+def test_loop_with_a_data_dependent_exit_under_jit_names_the_loop():
+    model = jonnx.load(_early_exit_network())
+    x, limit = np.float32([1.0, 2.0, 3.0]), np.array(50.0, np.float32)
+    with pytest.raises(errors.RuntimeShapeError, match="'growth'.*runtime data.*Model\\(\\*inputs\\) runs such a loop"):
+        jax.jit(model.apply)(model.params, x, limit)
+    # Once moved to the host by a plain call, the call under jit names it as a host node.
+    model(x, limit)
+    with pytest.raises(errors.StaticValueError, match="host nodes \\(Loop node 'growth'\\)"):
+        jax.jit(model)(x, limit)
+
+
+def test_nonzero_in_an_if_branch_on_runtime_data_runs_on_the_host():
+    # The branch's NonZero gets its input as a static argument (computed by the first
+    # segment); the If's condition is runtime data and its branches differ in shape, so the If
+    # moves to the host, where the condition is known.
+    f = TensorProto.FLOAT
+    then = oh.make_graph(
+        [oh.make_node("NonZero", ["r"], ["nz"]), oh.make_node("Cast", ["nz"], ["o"], to=f)],
+        "then",
+        [],
+        [oh.make_tensor_value_info("o", f, None)],
+    )
+    other = oh.make_graph(
+        [oh.make_node("Unsqueeze", ["r", "axis0"], ["o2"])], "else", [], [oh.make_tensor_value_info("o2", f, None)]
+    )
+    graph = oh.make_graph(
+        [
+            oh.make_node("Mul", ["x", "w"], ["r"]),
+            oh.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+            oh.make_node("Greater", ["s", "zero"], ["c"]),
+            oh.make_node("If", ["c"], ["out"], then_branch=then, else_branch=other, name="choose"),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", f, [4])],
+        [oh.make_tensor_value_info("out", f, None)],
+        [
+            _init("w", np.float32([1, -1, 0, 2])),
+            _init("zero", np.float32(0)),
+            _init("axis0", np.array([0], np.int64)),
+        ],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = jonnx.load(proto)
+    for x in (np.float32([1, 2, 0, 3]), np.float32([-1, -2, 0, 3]), np.float32([1, 0, 5, 3])):
+        (want,) = _ort(proto, {"x": x})
+        (got,) = model(x)
+        np.testing.assert_array_equal(np.asarray(got), want)
+    assert [model._call_graph.nodes[p].name for p in model.segment_plan.host_nodes] == ["choose"]
