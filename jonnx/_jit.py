@@ -142,6 +142,7 @@ class DotChoosingJit:
     ):
         given = jit_kwargs.pop("compiler_options", None) or {}
         self.default = plain_jit(fn, compiler_options=given, **jit_kwargs)
+        self._nested = jax.jit(fn, **jit_kwargs)  # inside the caller's jit, whose options apply
         self.__doc__ = self.default.__doc__  # fn's, as jax.jit keeps it (other names: __getattr__)
         self._signature_of = signature_of
         self._variants = {LIBRARY_DOTS: self.default}
@@ -159,7 +160,7 @@ class DotChoosingJit:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = self._signature_of(*args, **kwargs) if self.chooses else None
         if key is None:
-            return self.default(*args, **kwargs)
+            return self._call_default(args, kwargs)
         choice = self.choices.get(key)
         if choice is None:
             choice = self.choices[key] = self._choose(args, kwargs)
@@ -168,6 +169,26 @@ class DotChoosingJit:
     def __getattr__(self, name: str) -> Any:
         # lower, trace, eval_shape, __wrapped__...: the single-dot jax.jit function's.
         return getattr(self.default, name)
+
+    def _call_default(self, args: tuple, kwargs: dict) -> Any:
+        try:
+            return self.default(*args, **kwargs)
+        except ValueError as e:
+            # JAX refuses a jit with compiler options inside another transformation (vmap
+            # alone keeps it top-level): asked only then, so plain calls pay nothing.
+            if "compiler_options" not in str(e):
+                raise
+            if tracing_into_jaxpr():
+                # Inside the caller's jit (or scan, checkpoint): traced into it as any nested
+                # jax.jit; the outermost jit's compiler options govern the whole computation.
+                return self._nested(*args, **kwargs)
+            name = getattr(self.default, "__name__", "f")
+            raise ValueError(
+                f"jonnx.jit({name}) was called under jax.grad (or jvp, linearize, vjp) outside any jit. "
+                "JAX allows compiler options only on the outermost jit, and jonnx's keep XLA's CPU "
+                "backend from a fusion that miscompiles (docs/known_issues.md): put the "
+                "transformation inside, jonnx.jit(jax.grad(f)), or differentiate the function itself"
+            ) from None
 
     def _choose(self, args: tuple, kwargs: dict) -> str:
         if XLA_DOTS in self._variants and not library_dots_for(self.default.trace(*args, **kwargs).jaxpr):
@@ -338,10 +359,13 @@ def jit(fn: Callable[..., Any], **jit_kwargs: Any) -> DotChoosingJit:
     On the CPU each new call signature (the arguments' structure, shapes and dtypes, and the
     static arguments' values) is compiled with YNNPACK's reductions first and kept if the
     compiled module passes :func:`jonnx._hlo.ynn_fusions_are_safe`, else compiled with single
-    dots (:func:`compiler_options`); the dots stay YNNPACK's. Called with tracers it is
-    :func:`plain_jit` (which JAX refuses inside another transformation, as it refuses any jit
-    with compiler options there). ``lower``, ``trace``, ``eval_shape`` and the other attributes
-    of a ``jax.jit`` function are the single-dot one's.
+    dots (:func:`compiler_options`); the dots stay YNNPACK's. Called inside the caller's
+    ``jax.jit`` (or ``lax.scan``, ``jax.checkpoint``) it is traced into it as a nested
+    ``jax.jit``, whose compiler options are the outermost jit's (make that one ``jonnx.jit``);
+    under ``jax.vmap`` it stays a top-level jit with jonnx's options; under ``jax.grad``
+    outside any jit it raises a ``ValueError`` saying to write ``jonnx.jit(jax.grad(f))``, as
+    JAX refuses compiler options there. ``lower``, ``trace``, ``eval_shape`` and the other
+    attributes of a ``jax.jit`` function are the single-dot one's.
 
     >>> fast_apply = jonnx.jit(model.apply)          # doctest: +SKIP
     """

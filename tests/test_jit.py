@@ -9,6 +9,7 @@ returns garbage (docs/known_issues.md); everything jonnx compiles must not.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import onnx
 import onnx.helper as oh
@@ -373,3 +374,32 @@ def test_static_arguments_as_jax_jit_reads_them():
     assert signature == jonnx._jit.call_signature(static(fn, {"static_argnums": 1}), (x + 1, 2), {})
     assert signature != jonnx._jit.call_signature(static(fn, {"static_argnums": 1}), (x, 3), {})
     assert signature != jonnx._jit.call_signature(static(fn, {"static_argnums": 1}), (x[:2], 2), {})
+
+
+def test_jonnx_jit_inside_other_transformations():
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w))
+
+    f = jonnx.jit(loss)
+    rng = np.random.default_rng(7)
+    w, x = rng.random((4, 3), np.float32), rng.random((5, 4), np.float32)
+    expected = np.tanh(x.astype(np.float64) @ w).sum()
+    # Inside the caller's jit (and a scan body) it is a nested jit, under the outer options.
+    np.testing.assert_allclose(float(jonnx.jit(lambda w: f(w, x))(w)), expected, rtol=1e-5)
+    np.testing.assert_allclose(float(jax.jit(lambda w: f(w, x))(w)), expected, rtol=1e-5)
+    _, ys = jax.lax.scan(lambda c, w: (c, f(w, x)), 0.0, np.stack([w, 2 * w]))
+    np.testing.assert_allclose(np.asarray(ys), [expected, np.tanh(x.astype(np.float64) @ (2 * w)).sum()], rtol=1e-5)
+    # Differentiated inside a jit: against the derivative by hand, sum(x^T (1 - tanh^2)).
+    want_grad = x.T.astype(np.float64) @ (1 - np.tanh(x.astype(np.float64) @ w) ** 2)
+    np.testing.assert_allclose(np.asarray(jonnx.jit(jax.grad(loss))(w, x)), want_grad, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(f))(w, x)), want_grad, rtol=1e-5)
+    # jax.vmap keeps it top-level.
+    batched = jax.vmap(f, (None, 0))(w, x[:, None])
+    np.testing.assert_allclose(np.asarray(batched), np.tanh(x.astype(np.float64) @ w).sum(axis=1), rtol=1e-5)
+    # Under jax.grad outside any jit, JAX refuses compiler options (a jaxlib without the
+    # YNNPACK option has none to give): the error says what to write.
+    if jonnx.compiler_options():
+        with pytest.raises(
+            ValueError, match=r"jonnx.jit\(loss\) was called under jax.grad.*jonnx.jit\(jax.grad\(f\)\)"
+        ):
+            jax.grad(f)(w, x)
