@@ -23,7 +23,7 @@ from jonnx import errors, optimize as optimization
 from jonnx._bounded import bound_sizes
 from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
-from jonnx._interpreter import RunOptions, narrowing, narrowing_advice, run_graph, run_main_nodes, run_nodes
+from jonnx._interpreter import LoopBodies, RunOptions, narrowing, narrowing_advice, run_graph, run_main_nodes, run_nodes
 from jonnx._ir import Graph, ValueInfo
 from jonnx._jit import DotChoosingJit, plain_jit, release_freed_memory, signature, tracing_into_jaxpr
 from jonnx._progress import Progress
@@ -390,6 +390,7 @@ class Model:
             plan_segments, self._call_graph, self._constants, weights | prepared_names, shape_like, self._prepared_nodes
         )
         self._forced_host: frozenset[int] = frozenset()  # nodes found to need the host (__call__)
+        self._loop_bodies = LoopBodies()  # the bodies of loops run on the host, compiled
         self.segment_plan: SegmentPlan = self._plan()
         # What the segments and the graph outputs read of them.
         read_later = set(self.output_names) | {
@@ -731,7 +732,13 @@ class Model:
         # per-shape compilation jnp.asarray costs.
         env: dict[str, Any] = {**values, **prepared}
         options = (
-            RunOptions(key=key, state=frozenset(self._state), memory_limit=self.memory_limit, checked=self.checked)
+            RunOptions(
+                key=key,
+                state=frozenset(self._state),
+                memory_limit=self.memory_limit,
+                checked=self.checked,
+                bodies=self._loop_bodies,
+            )
             if self.segment_plan.host_nodes
             else None
         )

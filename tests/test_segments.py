@@ -610,6 +610,7 @@ def test_loop_with_a_data_dependent_exit_and_scan_outputs_runs_on_the_host(insid
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5)
     [position] = model.segment_plan.host_nodes
     assert model._call_graph.nodes[position].op_type == ("If" if inside_if else "Loop")
+    assert len(model._loop_bodies) == 1  # its body runs compiled, once per shape
     with count_compiles() as compiles:
         for limit in (7.0, 70.0, 700.0):
             model(x, np.array(limit, np.float32))
@@ -668,3 +669,48 @@ def test_nonzero_in_an_if_branch_on_runtime_data_runs_on_the_host():
         (got,) = model(x)
         np.testing.assert_array_equal(np.asarray(got), want)
     assert [model._call_graph.nodes[p].name for p in model.segment_plan.host_nodes] == ["choose"]
+
+
+def test_loop_carrying_a_sequence_with_a_data_dependent_exit_runs_on_the_host():
+    # A sequence is Python structure: on the host this loop runs node by node (LoopBodies
+    # compiles only bodies over arrays), and each iteration appends one tensor.
+    f = TensorProto.FLOAT
+    body = oh.make_graph(
+        [
+            oh.make_node("Mul", ["h_in", "two"], ["h_out"]),
+            oh.make_node("SequenceInsert", ["seq_in", "h_out"], ["seq_out"]),
+            oh.make_node("ReduceSum", ["h_out"], ["total"], keepdims=0),
+            oh.make_node("Less", ["total", "limit"], ["c_out"]),
+        ],
+        "body",
+        [
+            oh.make_tensor_value_info("i", TensorProto.INT64, []),
+            oh.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+            oh.make_tensor_value_info("h_in", f, [2]),
+            oh.make_value_info("seq_in", oh.make_sequence_type_proto(oh.make_tensor_type_proto(f, [2]))),
+        ],
+        [
+            oh.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+            oh.make_tensor_value_info("h_out", f, [2]),
+            oh.make_value_info("seq_out", oh.make_sequence_type_proto(oh.make_tensor_type_proto(f, [2]))),
+        ],
+        [_init("two", np.float32(2))],
+    )
+    graph = oh.make_graph(
+        [
+            oh.make_node("SequenceEmpty", [], ["seq0"], dtype=f),
+            oh.make_node("Loop", ["M", "go", "x", "seq0"], ["h_last", "seq"], body=body),
+            oh.make_node("ConcatFromSequence", ["seq"], ["rows"], axis=0, new_axis=1),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", f, [2]), oh.make_tensor_value_info("limit", f, [])],
+        [oh.make_tensor_value_info("h_last", f, [2]), oh.make_tensor_value_info("rows", f, [None, 2])],
+        [_init("M", np.int64(50)), _init("go", np.bool_(True))],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = jonnx.load(proto)
+    for limit in (3.0, 100.0, 1e5):
+        feeds = {"x": np.float32([0.5, 1.0]), "limit": np.array(limit, np.float32)}
+        for got, want in zip(model(**feeds), _ort(proto, feeds)):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    assert model.segment_plan.host_nodes and not len(model._loop_bodies)
