@@ -6,8 +6,9 @@ a static size: the valid rows first, then rows of -1. Nothing else in the graph 
 Gather of the selected boxes gathers the valid ones first (and the last box for each padding
 row, ONNX's meaning of index -1): compare results up to the valid count. Compress pads with
 zeros, which cannot be told from data, so its node gets a second output with the valid count,
-appended to the graph's outputs (``COUNTED_OPS``); Unique pads ``indices`` with -1 and
-``counts`` with 0.
+appended to the graph's outputs (``COUNTED_OPS``); so does a Loop with a data-dependent exit,
+whose scan outputs get a row per step of one scan (zeros past the exit) and whose count is the
+number of iterations that ran. Unique pads ``indices`` with -1 and ``counts`` with 0.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from jonnx import errors
 from jonnx._ir import Graph, ValueInfo
+from jonnx.ops.control import loop_bounded
 from jonnx.ops.detection import non_max_suppression_bounded
 from jonnx.ops.indexing import compress_bounded, non_zero_bounded, unique_bounded
 
@@ -31,11 +33,12 @@ BOUNDED_OPS = {
     "NonZero": (non_zero_bounded, frozenset()),
     "Compress": (compress_bounded, frozenset()),
     "Unique": (unique_bounded, frozenset()),
+    "Loop": (loop_bounded, frozenset()),
 }
 
 #: ops whose bounded form has one more output, the valid count, appended to the graph's
 #: outputs as ``<the node's first output>_count`` (an int64 scalar).
-COUNTED_OPS = frozenset({"Compress"})
+COUNTED_OPS = frozenset({"Compress", "Loop"})
 
 
 def bound_sizes(graph: Graph, size_bounds: Mapping[str, int | None]) -> Graph:
@@ -45,7 +48,8 @@ def bound_sizes(graph: Graph, size_bounds: Mapping[str, int | None]) -> Graph:
         graph: the main graph.
         size_bounds: node name or op type -> the output's row count (None: the op's natural
             bound, batches x classes x ``max_output_boxes_per_class`` for NonMaxSuppression,
-            the input's size for NonZero, the axis's size for Compress and Unique).
+            the input's size for NonZero, the axis's size for Compress and Unique, the trip
+            count for Loop).
 
     Raises:
         jonnx.errors.ModelStructureError: a key names no node of a supported op, or a bound

@@ -104,20 +104,10 @@ def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Loop``, all opsets: ``lax.scan`` for a static trip count, else ``lax.while_loop``."""
     trip, cond, *state = inputs
     body = attrs["body"]
-    n_state = len(state)
-    n_scan = len(body.outputs) - 1 - n_state
-    if n_scan < 0 or len(body.inputs) != 2 + n_state:
-        raise ctx.error(
-            f"the body takes {len(body.inputs)} inputs and gives {len(body.outputs)} outputs, "
-            f"which does not fit {n_state} loop-carried values"
-        )
+    n_scan = _scan_count(body, len(state), ctx)
     names = body.input_names
-    scan_infos = body.outputs[1 + n_state :]
-
-    def step(i, flag, carried):
-        values = {names[0]: i, names[1]: flag, **dict(zip(names[2:], carried))}
-        out = ctx.run_graph(body, values, iteration=i)
-        return out[0], list(out[1 : 1 + n_state]), list(out[1 + n_state :])
+    scan_infos = body.outputs[1 + len(state) :]
+    step = _body_step(body, ctx)
 
     static_trip = trip is None or is_concrete(trip)
     # Sequences and empty optionals are Python structure (a list, None), which one compiled
@@ -162,6 +152,79 @@ def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return _while(trip, cond, state, step, ctx)
 
 
+def _scan_count(body, n_state: int, ctx) -> int:
+    """How many scan outputs a Loop body gives beside ``n_state`` carried values."""
+    n_scan = len(body.outputs) - 1 - n_state
+    if n_scan < 0 or len(body.inputs) != 2 + n_state:
+        raise ctx.error(
+            f"the body takes {len(body.inputs)} inputs and gives {len(body.outputs)} outputs, "
+            f"which does not fit {n_state} loop-carried values"
+        )
+    return n_scan
+
+
+def _body_step(body, ctx):
+    """A Loop body as ``step(i, flag, carried) -> (flag, new carried values, scan rows)``."""
+    names = body.input_names
+    n_state = len(names) - 2
+
+    def step(i, flag, carried):
+        out = ctx.run_graph(body, {names[0]: i, names[1]: flag, **dict(zip(names[2:], carried))}, iteration=i)
+        return out[0], list(out[1 : 1 + n_state]), list(out[1 + n_state :])
+
+    return step
+
+
+def loop_bounded(inputs, attrs, ctx, max_rows: int | None = None):
+    """``Loop`` with scan outputs of a static length (``jonnx.load(..., size_bounds=...)``), for
+    a loop whose exit depends on runtime data: one ``lax.scan`` of ``max_rows`` steps (default:
+    the trip count, which must then be known at trace time), the rows of the iterations that
+    ran first and zeros after them; the carried values as the loop left them (past the bound
+    it runs on as a ``lax.while_loop``, keeping no more rows); and, appended, the number of
+    valid rows, ``min(iterations, max_rows)``. Runs under ``jax.jit``; reverse-mode
+    differentiable where the bound covers the trip count (the default), not past a smaller
+    bound, whose ``while_loop`` reverse mode cannot pass.
+    """
+    trip, cond, *state = inputs
+    body = attrs["body"]
+    _scan_count(body, len(state), ctx)
+    names = body.input_names
+    step = _body_step(body, ctx)
+    if any(isinstance(s, list) or s is None for s in state) or static_values(body) & set(names[:1] + names[2:]):
+        raise ctx.error(
+            "bounded mode runs the loop as one compiled scan, but it carries a sequence or an "
+            "optional, or its body needs the iteration number or a carried value at trace time"
+        )
+    static_trip = trip is not None and is_concrete(trip)
+    if max_rows is None:
+        if not static_trip or _trip_count(trip) > MAX_SCAN_LENGTH:
+            raise ctx.error(
+                "bounded mode without a bound needs the trip count M known at trace time; give "
+                "size_bounds a row count for this loop"
+            )
+        max_rows = _trip_count(trip)
+    length = min(max_rows, _trip_count(trip)) if static_trip else max_rows
+    limit = None if trip is None or static_trip else jnp.reshape(jnp.asarray(trip), ()).astype(index_dtype())
+
+    def scan_step(carry, i):
+        runs, carried, count = carry  # whether iteration i runs: the condition so far
+        if limit is not None:
+            runs = jnp.logical_and(runs, i < limit)
+        flag, new_state, outs = step(i, runs, carried)
+        kept = [jnp.where(runs, n, c) for n, c in zip(_match(new_state, carried, ctx), carried)]
+        rows = [jnp.where(runs, jnp.asarray(o), jnp.zeros_like(jnp.asarray(o))) for o in outs]
+        next_runs = jnp.logical_and(runs, jnp.reshape(jnp.asarray(flag), ()).astype(bool))
+        return (next_runs, kept, count + runs.astype(index_dtype())), rows
+
+    runs0 = jnp.asarray(True) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
+    init = (runs0, [jnp.asarray(s) for s in state], jnp.asarray(0, index_dtype()))
+    (runs, final, count), scans = lax.scan(scan_step, init, jnp.arange(length, dtype=index_dtype()))
+    if not static_trip or _trip_count(trip) > length:
+        # Past the bound the loop runs on for its carried values; no more rows are kept.
+        final = _while(trip, runs, final, step, ctx, start=length)
+    return (*final, *scans, count)
+
+
 def _trip_count(trip) -> int:
     return int(np.asarray(trip).reshape(-1)[0])
 
@@ -203,7 +266,8 @@ def _unrolled(trip, cond, state, step, scan_infos, ctx):
 def _runtime_length(ctx: OpContext, why: str) -> errors.RuntimeShapeError:
     return errors.RuntimeShapeError(
         f"{ctx.where()}: {why}. Model(*inputs) runs such a loop on the host, on concrete "
-        "values; under jax.jit, jax.vmap or Model.apply one compiled computation cannot hold it"
+        "values; under jax.jit, jax.vmap or Model.apply one compiled computation cannot hold it, "
+        f"unless jonnx.load(..., size_bounds={{{ctx.node!r}: rows}}) pads its scan outputs"
     )
 
 
@@ -264,8 +328,9 @@ def _match(new_state, carried, ctx):
     return out
 
 
-def _while(trip, cond, state, step, ctx):
-    """``lax.while_loop`` for loops bounded by a runtime trip count or condition only."""
+def _while(trip, cond, state, step, ctx, start: int = 0):
+    """``lax.while_loop`` for loops bounded by a runtime trip count or condition only, from
+    iteration ``start`` on."""
     if trip is None:
         limit = None
     elif is_concrete(trip):  # INT64_MAX, say, when the index type is int32
@@ -283,7 +348,7 @@ def _while(trip, cond, state, step, ctx):
         new_flag, new_state, _ = step(i, flag, carried)
         return i + 1, jnp.reshape(jnp.asarray(new_flag), ()).astype(bool), _match(new_state, carried, ctx)
 
-    init = (jnp.asarray(0, index_dtype()), flag0, [jnp.asarray(s) for s in state])
+    init = (jnp.asarray(start, index_dtype()), flag0, [jnp.asarray(s) for s in state])
     _, _, final = lax.while_loop(keep_going, body, init)
     return tuple(final)
 

@@ -269,3 +269,29 @@ def test_grad_through_a_loop_run_on_the_host_matches_finite_differences(inside_i
     _check_directional_derivatives(
         proto, model, grads, feeds, lambda out: float(np.sum(out[0] * weights) + np.sum(out[1])), names
     )
+
+
+def test_grad_through_a_bounded_loop_inside_jit_matches_finite_differences():
+    # size_bounds={"Loop": None}: one scan of the trip count's length, differentiable in jit.
+    proto = _early_exit_network()
+    model = jonnx.load(proto, size_bounds={"Loop": None})
+    feeds = {"x": np.float32([1.0, 2.0, 3.0]), "limit": np.array(500.0, np.float32)}
+    weights = np.float32([0.3, -0.7, 1.1])
+    names = ["w0", "w", "v"]
+
+    @jax.jit
+    def grads(params):
+        def loss(params):
+            h_last, total, _ = model.apply({**model.params, **params}, *feeds.values())
+            return jnp.sum(h_last * weights) + jnp.sum(total)
+
+        return jax.grad(loss)(params)
+
+    _check_directional_derivatives(
+        proto,
+        model,
+        grads({n: model.params[n] for n in names}),
+        feeds,
+        lambda out: float(np.sum(out[0] * weights) + np.sum(out[1])),
+        names,
+    )

@@ -714,3 +714,54 @@ def test_loop_carrying_a_sequence_with_a_data_dependent_exit_runs_on_the_host():
         for got, want in zip(model(**feeds), _ort(proto, feeds)):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
     assert model.segment_plan.host_nodes and not len(model._loop_bodies)
+
+
+def _with_stacked_output(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The early-exit network with the Loop's scan output as a graph output too."""
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    proto.graph.output.append(oh.make_tensor_value_info("stacked", TensorProto.FLOAT, [None, 3]))
+    return proto
+
+
+@pytest.mark.parametrize("bound", [None, 4])
+def test_bounded_loop_runs_inside_users_jit_and_matches_up_to_padding(bound):
+    # One scan of `bound` steps (default: the trip count, 20): rows past the exit are zeros, the
+    # count is the number of valid rows, and a loop running past a smaller bound keeps going
+    # for its carried values. One compilation for every limit.
+    proto = _with_stacked_output(_early_exit_network())
+    model = jonnx.load(proto, size_bounds={"Loop": bound})
+    assert not model.segment_plan.segmented
+    assert model.output_names == ("h_last", "total", "stacked", "h_last_count")
+    run = jax.jit(model.apply)
+    rows = 20 if bound is None else bound
+    with count_compiles() as compiles:
+        for limit in (5.0, 50.0, 500.0, 5000.0, 1e30):
+            feeds = {"x": np.float32([1.0, 2.0, 3.0]), "limit": np.array(limit, np.float32)}
+            h_last, total, stacked, count = (np.asarray(o) for o in run(model.params, *feeds.values()))
+            want_h_last, want_total, want_stacked = _ort(proto, feeds)
+            np.testing.assert_allclose(h_last, want_h_last, rtol=1e-5)
+            assert stacked.shape == (rows, 3)
+            assert count == min(len(want_stacked), rows)
+            np.testing.assert_allclose(stacked[:count], want_stacked[:count], rtol=1e-5)
+            assert not stacked[count:].any()
+            if len(want_stacked) <= rows:
+                np.testing.assert_allclose(total, want_total, rtol=1e-5)
+    assert len(compiles) == 1
+
+
+def test_bounded_loop_refuses_what_one_scan_cannot_run():
+    proto = _early_exit_network()
+    # A trip count given at run time leaves the default bound unknown.
+    proto.graph.input.append(oh.make_tensor_value_info("M", TensorProto.INT64, []))
+    del proto.graph.initializer[[t.name for t in proto.graph.initializer].index("M")]
+    model = jonnx.load(proto, size_bounds={"Loop": None})
+    x, limit = np.float32([1.0, 2.0, 3.0]), np.array(50.0, np.float32)
+    with pytest.raises(errors.NodeError, match="'growth'.*needs the trip count M known at trace time"):
+        jax.jit(model.apply)(model.params, x, limit, np.int64(20))
+    # With a bound it runs, the trip count traced.
+    model = jonnx.load(proto, size_bounds={"growth": 8})
+    want = _ort(proto, {"x": x, "limit": limit, "M": np.array(20, np.int64)})
+    h_last, total, count = jax.jit(model.apply)(model.params, x, limit, np.int64(20))
+    np.testing.assert_allclose(np.asarray(h_last), want[0], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(total), want[1], rtol=1e-5)
+    assert int(count) == 6
