@@ -130,7 +130,7 @@ def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         scannable = length <= MAX_SCAN_LENGTH
         if scannable and (cond is None or (is_concrete(cond) and _is_true(cond))):
             try:
-                return _scanned(length, step, state, n_scan, ctx, static_flag=True)
+                return _scanned(length, step, state, ctx)
             except _DynamicExit:
                 pass
         if n_scan:
@@ -138,7 +138,7 @@ def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
             # unrolled, each iteration finds out, and the scan outputs get a static length.
             return _unrolled(trip, cond, state, step, scan_infos, ctx)
         if scannable:
-            return _scanned(length, step, state, n_scan, ctx, static_flag=False, cond=cond)
+            return tuple(_freezing_scan(length, step, cond, state, ctx)[1])
     if n_scan and trip is None:
         # Without a trip count the exit may still be known at trace time (a constant false
         # condition, or one computed from the iteration number): unrolled, each iteration
@@ -206,19 +206,7 @@ def loop_bounded(inputs, attrs, ctx, max_rows: int | None = None):
     length = min(max_rows, _trip_count(trip)) if static_trip else max_rows
     limit = None if trip is None or static_trip else jnp.reshape(jnp.asarray(trip), ()).astype(index_dtype())
 
-    def scan_step(carry, i):
-        runs, carried, count = carry  # whether iteration i runs: the condition so far
-        if limit is not None:
-            runs = jnp.logical_and(runs, i < limit)
-        flag, new_state, outs = step(i, runs, carried)
-        kept = [jnp.where(runs, n, c) for n, c in zip(_match(new_state, carried, ctx), carried)]
-        rows = [jnp.where(runs, jnp.asarray(o), jnp.zeros_like(jnp.asarray(o))) for o in outs]
-        next_runs = jnp.logical_and(runs, jnp.reshape(jnp.asarray(flag), ()).astype(bool))
-        return (next_runs, kept, count + runs.astype(index_dtype())), rows
-
-    runs0 = jnp.asarray(True) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
-    init = (runs0, [jnp.asarray(s) for s in state], jnp.asarray(0, index_dtype()))
-    (runs, final, count), scans = lax.scan(scan_step, init, jnp.arange(length, dtype=index_dtype()))
+    runs, final, count, scans = _freezing_scan(length, step, cond, state, ctx, limit)
     if not static_trip or _trip_count(trip) > length:
         # Past the bound the loop runs on for its carried values; no more rows are kept.
         final = _while(trip, runs, final, step, ctx, start=length)
@@ -293,25 +281,39 @@ def _declared_empty(info, cause, ctx) -> jax.Array:
     return jnp.zeros((0, *dims), canonical(info.dtype))
 
 
-def _scanned(length, step, state, n_scan, ctx, *, static_flag: bool, cond=None):
-    """``lax.scan`` over a static trip count; with a dynamic exit, carried values freeze."""
+def _scanned(length, step, state, ctx):
+    """``lax.scan`` over a static trip count whose condition stays true at trace time; raises
+    ``_DynamicExit`` where it turns out to be runtime data."""
+
+    def body(carried, i):
+        new_flag, new_state, outs = step(_iteration(i), np.asarray(True), carried)
+        if not (is_concrete(new_flag) and _is_true(new_flag)):
+            raise _DynamicExit
+        return _match(new_state, carried, ctx), [jnp.asarray(o) for o in outs]
+
+    final, scans = lax.scan(body, [jnp.asarray(s) for s in state], jnp.arange(length))
+    return (*final, *scans)
+
+
+def _freezing_scan(length, step, cond, state, ctx, limit=None):
+    """``lax.scan`` of ``length`` steps for a loop whose exit is runtime data: once the
+    condition (or ``i < limit``) turns false, the carried values freeze and the scan rows are
+    zeros. Returns ``(still running, carried values, iterations run, scan outputs)``."""
 
     def body(carry, i):
-        flag, carried = carry
-        if static_flag:
-            new_flag, new_state, outs = step(_iteration(i), np.asarray(True), carried)
-            if not (is_concrete(new_flag) and _is_true(new_flag)):
-                raise _DynamicExit
-            return (flag, _match(new_state, carried, ctx)), [jnp.asarray(o) for o in outs]
-        new_flag, new_state, outs = step(_iteration(i), flag, carried)
-        new_state = _match(new_state, carried, ctx)
-        kept = [jnp.where(flag, n, c) for n, c in zip(new_state, carried)]
-        return (jnp.logical_and(flag, jnp.reshape(new_flag, ()).astype(bool)), kept), [jnp.asarray(o) for o in outs]
+        runs, carried, count = carry  # whether iteration i runs: the condition so far
+        if limit is not None:
+            runs = jnp.logical_and(runs, i < limit)
+        flag, new_state, outs = step(i, runs, carried)
+        kept = [jnp.where(runs, n, c) for n, c in zip(_match(new_state, carried, ctx), carried)]
+        rows = [jnp.where(runs, jnp.asarray(o), jnp.zeros_like(jnp.asarray(o))) for o in outs]
+        next_runs = jnp.logical_and(runs, jnp.reshape(jnp.asarray(flag), ()).astype(bool))
+        return (next_runs, kept, count + runs.astype(index_dtype())), rows
 
-    flag0 = jnp.asarray(True) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
-    init = (flag0, [jnp.asarray(s) for s in state])
-    (_, final), scans = lax.scan(body, init, jnp.arange(length))
-    return (*final, *scans)
+    runs0 = jnp.asarray(True) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
+    init = (runs0, [jnp.asarray(s) for s in state], jnp.asarray(0, index_dtype()))
+    (runs, final, count), scans = lax.scan(body, init, jnp.arange(length, dtype=index_dtype()))
+    return runs, final, count, scans
 
 
 def _match(new_state, carried, ctx):
