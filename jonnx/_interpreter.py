@@ -78,19 +78,25 @@ class LoopBodies:
     an iteration); compiled, an iteration is one call of the body's computation. A body runs
     compiled only where that is the same computation: its inputs and the outer values it
     reads are arrays (no sequences, optionals or strings), none of them tracers (``jax.grad``
-    runs node by node, so gradients flow), none needed at trace time (a shape), not in
-    checked mode; and at most ``MAX_SIGNATURES`` shapes per body (a state that grows every
-    iteration would compile every iteration).
+    runs node by node, so gradients flow), none needed at trace time (a shape, also one found
+    only while tracing), not in checked mode; and at most ``MAX_SIGNATURES`` shapes per body
+    (a state that grows every iteration would compile every iteration).
     """
 
     MAX_SIGNATURES = 16
 
+    @dataclasses.dataclass
+    class _Body:
+        fn: Any  # the compiled body, or None once it is known to run node by node
+        needed: frozenset[str]  # names the body needs at trace time
+        signatures: set = dataclasses.field(default_factory=set)
+
     def __init__(self) -> None:
-        self._compiled: dict[tuple, tuple[Any, frozenset[str], set]] = {}
+        self._bodies: dict[tuple, LoopBodies._Body] = {}
 
     def __len__(self) -> int:
-        """How many (body, settings) pairs have a compilation."""
-        return len(self._compiled)
+        """How many (body, settings) pairs run compiled."""
+        return sum(b.fn is not None for b in self._bodies.values())
 
     def run(
         self, sub: Graph, inputs: Mapping[str, Any], scope: Mapping[str, Any], options: RunOptions, key
@@ -102,24 +108,35 @@ class LoopBodies:
         if not all(_is_plain_array(v) for v in (*inputs.values(), *outer.values())):
             return None
         entry_key = (id(sub), options.train, options.precision, options.state, options.memory_limit)
-        entry = self._compiled.get(entry_key)
-        if entry is None:
-            from jonnx._jit import plain_jit  # the interpreter otherwise knows nothing of jit
-
-            def body(values, outer_values, key):
-                run_options = dataclasses.replace(options, key=key, bodies=None)
-                return run_graph(sub, values, run_options, outer=outer_values)[0]
-
-            entry = self._compiled[entry_key] = (plain_jit(body), static_values(sub), set())
-        fn, needed, signatures = entry
-        if needed & (set(inputs) | set(outer)):
+        body = self._bodies.get(entry_key)
+        if body is None:
+            body = self._bodies[entry_key] = self._Body(_compiled_body(sub, options), static_values(sub))
+        if body.fn is None or body.needed & (set(inputs) | set(outer)):
             return None
         signature = tuple((n, np.shape(v), v.dtype) for n, v in (*inputs.items(), *sorted(outer.items())))
-        if signature not in signatures:
-            if len(signatures) >= self.MAX_SIGNATURES:
+        if signature not in body.signatures:
+            if len(body.signatures) >= self.MAX_SIGNATURES:
                 return None
-            signatures.add(signature)
-        return fn(dict(inputs), outer, key)
+            body.signatures.add(signature)
+        try:
+            return body.fn(dict(inputs), outer, key)
+        except errors.StaticValueError:
+            # Found while tracing it: the body needs a value at trace time after all (an If
+            # inside it on a carried value, whose branches differ in shape). Node by node,
+            # each iteration sees its values.
+            body.fn = None
+            return None
+
+
+def _compiled_body(sub: Graph, options: RunOptions) -> Any:
+    """``sub`` as one compiled function of its inputs, the outer values it reads and a key."""
+    from jonnx._jit import plain_jit  # the interpreter otherwise knows nothing of jit
+
+    def body(values, outer_values, key):
+        run_options = dataclasses.replace(options, key=key, bodies=None)
+        return run_graph(sub, values, run_options, outer=outer_values)[0]
+
+    return plain_jit(body)
 
 
 def _is_plain_array(value: Any) -> bool:

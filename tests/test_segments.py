@@ -765,3 +765,58 @@ def test_bounded_loop_refuses_what_one_scan_cannot_run():
     np.testing.assert_allclose(np.asarray(h_last), want[0], rtol=1e-5)
     np.testing.assert_allclose(np.asarray(total), want[1], rtol=1e-5)
     assert int(count) == 6
+
+
+def test_loop_whose_body_holds_an_if_of_varying_shape_runs_node_by_node_on_the_host():
+    # The body's If, on a carried value, gives 3 or 6 values: no compiled body can hold it,
+    # which is found while compiling the body on the host; it then runs node by node.
+    f = TensorProto.FLOAT
+    then = oh.make_graph(
+        [oh.make_node("Identity", ["h_in"], ["y_t"])], "t", [], [oh.make_tensor_value_info("y_t", f, None)]
+    )
+    other = oh.make_graph(
+        [oh.make_node("Concat", ["h_in", "h_in"], ["y_e"], axis=0)],
+        "e",
+        [],
+        [oh.make_tensor_value_info("y_e", f, None)],
+    )
+    body = oh.make_graph(
+        [
+            oh.make_node("ReduceSum", ["h_in"], ["s_in"], keepdims=0),
+            oh.make_node("Greater", ["s_in", "zero"], ["positive"]),
+            oh.make_node("If", ["positive"], ["y"], then_branch=then, else_branch=other),
+            oh.make_node("ReduceSum", ["y"], ["total"], keepdims=0),
+            oh.make_node("Mul", ["h_in", "w"], ["h_out"]),
+            oh.make_node("Less", ["total", "limit"], ["c_out"]),
+        ],
+        "body",
+        [
+            oh.make_tensor_value_info("i", TensorProto.INT64, []),
+            oh.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+            oh.make_tensor_value_info("h_in", f, [3]),
+        ],
+        [
+            oh.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+            oh.make_tensor_value_info("h_out", f, [3]),
+            oh.make_tensor_value_info("total", f, []),
+        ],
+    )
+    graph = oh.make_graph(
+        [oh.make_node("Loop", ["M", "go", "x"], ["h_last", "totals"], body=body)],
+        "g",
+        [oh.make_tensor_value_info("x", f, [3]), oh.make_tensor_value_info("limit", f, [])],
+        [oh.make_tensor_value_info("h_last", f, [3]), oh.make_tensor_value_info("totals", f, [None])],
+        [
+            _init("M", np.int64(30)),
+            _init("go", np.bool_(True)),
+            _init("w", np.float32([-1.5, -1.5, -1.5])),
+            _init("zero", np.float32(0)),
+        ],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = jonnx.load(proto)
+    for limit in (3.0, 30.0, 300.0):
+        feeds = {"x": np.float32([0.5, 1.0, 1.5]), "limit": np.array(limit, np.float32)}
+        for got, want in zip(model(**feeds), _ort(proto, feeds)):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    assert model.segment_plan.host_nodes and not len(model._loop_bodies)
