@@ -35,9 +35,16 @@ result open or onnxruntime departs from it:
   as SAME_UPPER;
 - pooling with auto_pad VALID and ceil_mode: jonnx takes the specified VALID length,
   ``ceil((input - window + 1) / stride)``, onnxruntime applies ceil_mode to its padded formula;
+- a Loop body that passes its iteration number straight through as a scan output: onnxruntime
+  1.32 stacks the final count in every row (``[4, 4, 4, 4]`` for four iterations; with an
+  Identity node between, ``[0, 1, 2, 3]``, as the specification has it, and jonnx either way);
 - Pad removing more than an empty axis holds, a pooling window larger than its input, and
   pooling whose SAME padding would be negative: jonnx refuses or clamps where onnxruntime
   accepts or refuses.
+
+The ``loop`` family draws Loops whose exit depends on a runtime limit, with scan outputs,
+which ``Model(*inputs)`` runs on the host; its first runs (2026-11-29, 2,000 cases) found
+only the onnxruntime bug above.
 
 The contrib families found nothing in their first 4,000 cases (2026-11-29). onnxruntime 1.32
 crashes the process on LayerNormalization written with a trailing empty input name (bias
@@ -981,6 +988,48 @@ def attention(d: Draw) -> Case | None:
     return Case("Attention", inputs, attrs, n_out, ("mask",), opset=23)
 
 
+def loop(d: Draw) -> Case | None:
+    """A Loop of at most 12 iterations over a carried tensor ``h``, with an exit condition on
+    ``h`` and a runtime ``limit`` (carried unchanged) and 0-2 scan outputs: where the exit is
+    runtime data and the loop has scan outputs, ``Model(*inputs)`` runs it on the host."""
+    dtype = d.pick(FLOATS)
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    h = d.array(d.shape(d.int(0, 2), empty=0.1), dtype)
+    make = onnx.helper.make_node
+    nodes = [
+        make("Mul", ["h_in", "scale"], ["scaled"]),
+        make(d.pick(["Tanh", "Abs", "Neg", "Identity"]), ["scaled"], ["stepped"]),
+        make("Add", ["stepped", "h_in"], ["h_out"]),
+        make(d.pick(["ReduceSum", "ReduceMax", "ReduceL1"]), ["h_out"], ["energy"], keepdims=0),
+        make(d.pick(["Less", "Greater"]), ["energy", "limit_in"], ["c_out"]),
+        make("Identity", ["limit_in"], ["limit_out"]),
+        make("Identity", ["i"], ["i_row"]),
+    ]
+    # "i" straight from the body's input meets an onnxruntime bug (DEPARTURES); "i_row" not.
+    scans = d.pick([[], ["h_out"], ["energy"], ["h_out", "i_row"], ["i"]])
+    info = onnx.helper.make_tensor_value_info
+    body = onnx.helper.make_graph(
+        nodes,
+        "body",
+        [
+            info("i", onnx.TensorProto.INT64, []),
+            info("c_in", onnx.TensorProto.BOOL, []),
+            info("h_in", elem, h.shape),
+            info("limit_in", elem, []),
+        ],
+        [onnx.helper.make_empty_tensor_value_info(n) for n in ["c_out", "h_out", "limit_out", *scans]],
+        [onnx.helper.make_tensor("scale", elem, [], [d.pick([1.5, -1.3, 0.7, 2.0])])],
+    )
+    inputs = {
+        "M": np.int64(d.int(0, 12)),
+        "cond": None if d.chance(0.3) else np.bool_(d.chance(0.8)),
+        "h": h,
+        "limit": np.asarray(d.pick([-3.0, 0.0, 2.0, 10.0, 100.0]), dtype),
+    }
+    opset = d.pick([13, 16, 19, 21])
+    return Case("Loop", inputs, {"body": body}, 2 + len(scans), ("M", "cond"), opset=opset)
+
+
 FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "elementwise": elementwise,
     "reduce": reduce,
@@ -995,6 +1044,7 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "microsoft": microsoft,
     "microsoft_quantized": microsoft_quantized,
     "attention": attention,
+    "loop": loop,
 }
 
 
@@ -1088,6 +1138,10 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
     ),
     ("ReduceMean of an empty set: undefined", lambda c: c.op == "ReduceMean" and _first_input(c).size == 0),
     ("NonZero of a scalar: onnxruntime reads it as 1-D", lambda c: c.op == "NonZero" and _first_input(c).ndim == 0),
+    (
+        "Loop with its iteration number passed straight out as a scan output: onnxruntime stacks the last count",
+        lambda c: c.op == "Loop" and c.attrs["body"].input[0].name in {o.name for o in c.attrs["body"].output},
+    ),
 ]
 
 

@@ -1149,3 +1149,21 @@ def test_random_ops_in_a_scan_body_draw_afresh_each_step():
     )
     assert len({d.tobytes() for d in draws}) == 5
     np.testing.assert_allclose(s, draws.sum(0), rtol=1e-5, atol=1e-6)
+
+
+def test_loop_iteration_number_passed_straight_out_stacks_each_iteration():
+    # The specification stacks each iteration's value; onnxruntime 1.32 stacks the last count
+    # when the body output is the iteration-number input itself (tests/conformance/fuzz.py).
+    body = [oh.make_node("Identity", ["cond_in"], ["cond_out"])]
+    proto = _loop_model(
+        body,
+        [vi("i", I64, []), vi("cond_in", B, [])],
+        [vi("cond_out", B, []), vi("i", I64, [])],
+        ["M", ""],
+        ["iters"],
+        [vi("M", I64, [])],
+        [vi("iters", I64, [None])],
+    )
+    # Scan outputs need the trip count at trace time: under jit it is a static argument.
+    for mode in ("call", "apply"):
+        assert_same(run(proto, [np.int64(4)], mode)[0], np.arange(4, dtype=np.int64))
