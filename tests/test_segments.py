@@ -528,19 +528,12 @@ def test_a_graph_with_no_node_left_to_run(kept):
         np.testing.assert_array_equal(np.asarray(got[1]), w * w)
 
 
-def _early_exit_network(*, inside_if: bool = False) -> onnx.ModelProto:
-    """x * w0 -> Loop (h = h * w + v while sum(h^2) < limit, at most 20 times, stacking h^2)
-    -> sum of the stacked rows: the Loop's scan outputs have a data-dependent length.
-    With ``inside_if`` the Loop sits in the then-branch of an If on ``sum(x) > 0``."""
+def _loop_body(nodes: list, scan: str, scan_shape: list) -> onnx.GraphProto:
+    """A Loop body carrying a float ``h`` of 3 values (inputs ``i``, ``c_in``, ``h_in``; outputs
+    ``c_out``, ``h_out``) with one float scan output."""
     f = TensorProto.FLOAT
-    body = oh.make_graph(
-        [
-            oh.make_node("Mul", ["h_in", "w"], ["hw"]),
-            oh.make_node("Add", ["hw", "v"], ["h_out"]),
-            oh.make_node("Mul", ["h_out", "h_out"], ["sq"]),
-            oh.make_node("ReduceSum", ["sq"], ["energy"], keepdims=0),
-            oh.make_node("Less", ["energy", "limit"], ["c_out"]),
-        ],
+    return oh.make_graph(
+        nodes,
         "body",
         [
             oh.make_tensor_value_info("i", TensorProto.INT64, []),
@@ -550,8 +543,26 @@ def _early_exit_network(*, inside_if: bool = False) -> onnx.ModelProto:
         [
             oh.make_tensor_value_info("c_out", TensorProto.BOOL, []),
             oh.make_tensor_value_info("h_out", f, [3]),
-            oh.make_tensor_value_info("sq", f, [3]),
+            oh.make_tensor_value_info(scan, f, scan_shape),
         ],
+    )
+
+
+def _early_exit_network(*, inside_if: bool = False) -> onnx.ModelProto:
+    """x * w0 -> Loop (h = h * w + v while sum(h^2) < limit, at most 20 times, stacking h^2)
+    -> sum of the stacked rows: the Loop's scan outputs have a data-dependent length.
+    With ``inside_if`` the Loop sits in the then-branch of an If on ``sum(x) > 0``."""
+    f = TensorProto.FLOAT
+    body = _loop_body(
+        [
+            oh.make_node("Mul", ["h_in", "w"], ["hw"]),
+            oh.make_node("Add", ["hw", "v"], ["h_out"]),
+            oh.make_node("Mul", ["h_out", "h_out"], ["sq"]),
+            oh.make_node("ReduceSum", ["sq"], ["energy"], keepdims=0),
+            oh.make_node("Less", ["energy", "limit"], ["c_out"]),
+        ],
+        "sq",
+        [3],
     )
     loop = oh.make_node("Loop", ["M", "go", "h0"], ["h_last", "stacked"], body=body, name="growth")
     nodes = [oh.make_node("Mul", ["x", "w0"], ["h0"])]
@@ -780,7 +791,7 @@ def test_loop_whose_body_holds_an_if_of_varying_shape_runs_node_by_node_on_the_h
         [],
         [oh.make_tensor_value_info("y_e", f, None)],
     )
-    body = oh.make_graph(
+    body = _loop_body(
         [
             oh.make_node("ReduceSum", ["h_in"], ["s_in"], keepdims=0),
             oh.make_node("Greater", ["s_in", "zero"], ["positive"]),
@@ -789,17 +800,8 @@ def test_loop_whose_body_holds_an_if_of_varying_shape_runs_node_by_node_on_the_h
             oh.make_node("Mul", ["h_in", "w"], ["h_out"]),
             oh.make_node("Less", ["total", "limit"], ["c_out"]),
         ],
-        "body",
-        [
-            oh.make_tensor_value_info("i", TensorProto.INT64, []),
-            oh.make_tensor_value_info("c_in", TensorProto.BOOL, []),
-            oh.make_tensor_value_info("h_in", f, [3]),
-        ],
-        [
-            oh.make_tensor_value_info("c_out", TensorProto.BOOL, []),
-            oh.make_tensor_value_info("h_out", f, [3]),
-            oh.make_tensor_value_info("total", f, []),
-        ],
+        "total",
+        [],
     )
     graph = oh.make_graph(
         [oh.make_node("Loop", ["M", "go", "x"], ["h_last", "totals"], body=body)],
