@@ -822,3 +822,18 @@ def test_loop_whose_body_holds_an_if_of_varying_shape_runs_node_by_node_on_the_h
         for got, want in zip(model(**feeds), _ort(proto, feeds)):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
     assert model.segment_plan.host_nodes and not len(model._loop_bodies)
+
+
+def test_bounded_loop_under_vmap_runs_each_row_its_own_number_of_iterations():
+    proto = _early_exit_network()
+    model = jonnx.load(proto, size_bounds={"Loop": None})
+    xs = np.float32([[1.0, 2.0, 3.0], [0.1, 0.2, 0.3], [-2.0, 0.5, 1.0]])
+    limit = np.array(50.0, np.float32)
+    h_last, total, count = jax.vmap(lambda x: model.apply(model.params, x, limit))(xs)
+    counts = set()
+    for i, x in enumerate(xs):
+        want_h_last, want_total = _ort(proto, {"x": x, "limit": limit})
+        np.testing.assert_allclose(np.asarray(h_last[i]), want_h_last, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(total[i]), want_total, rtol=1e-5)
+        counts.add(int(count[i]))
+    assert len(counts) > 1, "the rows should run different numbers of iterations"
