@@ -141,8 +141,8 @@ def plan_segments(
         prepared: positions of nodes computed before any stage (:func:`weight_only_nodes`):
             no stage runs them, and their outputs reach every segment like ``traced`` values.
         forced_host: positions of nodes run on the host although their op is not a host op:
-            those found, while compiling, to make an output whose length depends on runtime
-            data (a Loop with scan outputs and a data-dependent exit; ``Model.__call__``).
+            those found, while compiling, to need concrete values (``Model.__call__``: a Loop
+            stacking a data-dependent number of rows, an If whose branches differ in shape).
     """
     prepared, forced_host = set(prepared), set(forced_host)
     graph_inputs = set(graph.input_names)
