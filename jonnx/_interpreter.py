@@ -16,6 +16,7 @@ import contextvars
 import dataclasses
 import operator
 import warnings
+from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -317,7 +318,8 @@ def _run_node(
         if key is not None and iteration is not None:  # a fresh Dropout mask per iteration
             sub_key = jax.random.fold_in(key, jnp.asarray(iteration).astype(jnp.uint32))
         if options.bodies is not None and iteration is not None:
-            outputs = options.bodies.run(sub, inputs, {**env, **(outer_env or {})}, options, sub_key)
+            # A view, not a merged copy: this runs once per iteration.
+            outputs = options.bodies.run(sub, inputs, ChainMap(outer_env or {}, env), options, sub_key)
             if outputs is not None:
                 return outputs
         # Statistics updated inside a body have no single new value; Model refuses to train
@@ -349,16 +351,13 @@ def _run_node(
         except Exception:  # noqa: BLE001 -- run it traced below, which reports its own errors
             fold = False
     try:
-        if fold and op.runs_on_host(node.attrs) and all(i in node.static_inputs for i in range(len(args))):
-            # Every input reaches the op as numpy and it computes in numpy (NonMaxSuppression,
-            # NonZero, Unique, the string ops): a trace would only wrap its result, and a
-            # segmented model runs it on every call (the trace was a sixth of a small
-            # detector's call).
-            with jax.enable_x64(True), jax.ensure_compile_time_eval():
-                return _to_numpy(op.fn(args, node.attrs, ctx))
-        if fold and node.subgraphs:
-            # Control flow over concrete values: its bodies' nodes fold one by one (and on the
-            # host a loop's body runs compiled, LoopBodies). Traced whole first, as below, a
+        host_op = op.runs_on_host(node.attrs) and all(i in node.static_inputs for i in range(len(args)))
+        if fold and (host_op or node.subgraphs):
+            # Run directly, not traced first as below. A host op gets every input as numpy and
+            # computes in numpy (NonMaxSuppression, NonZero, Unique, the string ops): a trace
+            # would only wrap its result, and a segmented model runs it on every call (the
+            # trace was a sixth of a small detector's call). Control flow's bodies fold node
+            # by node (on the host a loop's body runs compiled, LoopBodies); traced whole, a
             # loop would be traced through every iteration only to be run again.
             with jax.enable_x64(True), jax.ensure_compile_time_eval():
                 return _to_numpy(op.fn(args, node.attrs, ctx))

@@ -697,9 +697,7 @@ class Model:
         needing values known at trace time); False where that cannot help (another node, or
         one already on the host)."""
         graph, position = error.where or (None, None)
-        if graph is not self._call_graph or position in self._forced_host:
-            return False
-        if not graph.nodes[position].subgraphs:
+        if graph is not self._call_graph or position in self._forced_host or not graph.nodes[position].subgraphs:
             return False
         self._forced_host |= {position}
         self.segment_plan = self._plan(forced_host=self._forced_host)
@@ -837,7 +835,7 @@ class Model:
         """
         for position in positions:
             node = self._call_graph.nodes[position]
-            static = {n for i, n in enumerate(node.inputs) if i in node.static_inputs or i in node.prefer_static}
+            static = {n for i, n in enumerate(node.inputs) if i in node.static_inputs | node.prefer_static}
             local = {}
             for n in (*node.inputs, *_outer_reads(node)):
                 if n:

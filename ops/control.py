@@ -105,19 +105,13 @@ def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     trip, cond, *state = inputs
     body = attrs["body"]
     n_scan = _scan_count(body, len(state), ctx)
-    names = body.input_names
     scan_infos = body.outputs[1 + len(state) :]
     step = _body_step(body, ctx)
 
     static_trip = trip is None or is_concrete(trip)
-    # Sequences and empty optionals are Python structure (a list, None), which one compiled
-    # loop cannot carry: such loops run at trace time.
-    carries_structure = any(isinstance(s, list) or s is None for s in state)
+    carries_structure = _carries_structure(state)
     everything_static = static_trip and is_concrete(cond) and is_concrete(state)
-    # A body that needs its iteration number or a carried value at trace time (to slice by
-    # it, say) cannot be one scan step; unrolled, each iteration sees them as constants.
-    needs_static_step = bool(static_values(body) & set(names[:1] + names[2:]))
-    if static_trip and (carries_structure or everything_static or needs_static_step):
+    if static_trip and (carries_structure or everything_static or _needs_static_step(body)):
         return _unrolled(trip, cond, state, step, scan_infos, ctx)
     if carries_structure:
         raise _runtime_length(
@@ -150,6 +144,19 @@ def loop(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
             "length would depend on runtime data"
         )
     return _while(trip, cond, state, step, ctx)
+
+
+def _carries_structure(state) -> bool:
+    """Sequences and empty optionals are Python structure (a list, None), which one compiled
+    loop cannot carry: such loops run at trace time."""
+    return any(isinstance(s, list) or s is None for s in state)
+
+
+def _needs_static_step(body) -> bool:
+    """A body that needs its iteration number or a carried value at trace time (to slice by
+    it, say) cannot be one scan step; unrolled, each iteration sees them as constants."""
+    names = body.input_names
+    return bool(static_values(body) & set(names[:1] + names[2:]))
 
 
 def _scan_count(body, n_state: int, ctx) -> int:
@@ -188,9 +195,8 @@ def loop_bounded(inputs, attrs, ctx, max_rows: int | None = None):
     trip, cond, *state = inputs
     body = attrs["body"]
     _scan_count(body, len(state), ctx)
-    names = body.input_names
     step = _body_step(body, ctx)
-    if any(isinstance(s, list) or s is None for s in state) or static_values(body) & set(names[:1] + names[2:]):
+    if _carries_structure(state) or _needs_static_step(body):
         raise ctx.error(
             "bounded mode runs the loop as one compiled scan, but it carries a sequence or an "
             "optional, or its body needs the iteration number or a carried value at trace time"
