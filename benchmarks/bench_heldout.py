@@ -13,7 +13,7 @@ medians:
 - onnxruntime (CPU provider), the reference for both values and time.
 
 Files onnxruntime cannot run on such inputs (a decoder wanting a past of a given length) are
-listed as skipped with the reason. Usage: ``python benchmarks/bench_heldout.py [--repeats 20]``
+listed as skipped with the reason. Usage: ``python benchmarks/bench_heldout.py [--repeats 20] [--only small_cnn]``
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from _order import balanced_orders
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = (ROOT / "tests" / "models", ROOT / "examples" / "models")
+BLOCK_S = 0.05
 
 
 def _inputs(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -109,12 +110,16 @@ def bench(path: pathlib.Path, repeats: int) -> str:
         "written": lambda: _block(written(**feeds)),
         "ort": lambda: session.run(None, feeds),
     }
+    # Each round times a block of calls lasting at least BLOCK_S (a model of 0.1 ms would
+    # otherwise be timed over five calls, and its ratios moved by 20-40% between runs).
+    probe = max(_median_ms(fn, 3) for fn in calls.values()) / 1e3
+    per_block = max(1, repeats // 6, int(BLOCK_S / max(probe, 1e-6)))
     times = {k: [] for k in calls}
     names = list(calls)
     for order in balanced_orders(3):  # six rounds of medians, interleaved: each engine follows
         # each other equally often (onnxruntime's threads spin after its call returns, _order).
         for k in (names[i] for i in order):
-            times[k].append(_median_ms(calls[k], max(1, repeats // 6)))
+            times[k].append(_median_ms(calls[k], per_block))
     ms = {k: statistics.median(v) for k, v in times.items()}
     return (
         f"{name:<62}{ms['default']:>9.2f}{ms['written']:>9.2f}{ms['ort']:>8.2f}"
@@ -125,10 +130,11 @@ def bench(path: pathlib.Path, repeats: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--only", default="", help="time only the files whose path contains this")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     ort.set_default_logger_severity(3)  # a refused feed is reported on its row, not logged
-    paths = sorted(p for folder in FOLDERS for p in folder.rglob("*.onnx"))
+    paths = sorted(p for folder in FOLDERS for p in folder.rglob("*.onnx") if args.only in str(p))
     print(f"{'model':<62}{'dflt ms':>9}{'as wrtn':>9}{'ort ms':>8}{'d/wrtn':>8}{'d/ort':>8}{'rel err':>10}")
     for path in paths:
         try:

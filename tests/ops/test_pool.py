@@ -94,6 +94,26 @@ def test_max_pool(case):
     assert_matches_reference("MaxPool", {"x": x}, opset=opset, expected=expected, **attrs)
 
 
+# Windows that do not overlap (stride >= kernel) take the maximum over edge-clamped slices on
+# CPU; with pads, ceil_mode and a stride past the kernel.
+DISJOINT_CASES = [
+    ((2, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
+    ((1, 2, 7, 6), dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 0, 0, 1])),
+    ((1, 2, 9), dict(kernel_shape=[3], strides=[3], pads=[2, 1])),
+    ((1, 2, 7, 7), dict(kernel_shape=[2, 2], strides=[3, 2], ceil_mode=1)),
+    ((1, 1, 5, 6, 4), dict(kernel_shape=[2, 3, 2], strides=[2, 3, 2], pads=[1, 0, 1, 0, 2, 0])),
+]
+
+
+@pytest.mark.parametrize("case", range(len(DISJOINT_CASES)))
+def test_max_pool_disjoint_windows(case):
+    xs, attrs = DISJOINT_CASES[case]
+    x = rand(*xs)
+    expected = ort_expected("MaxPool", {"x": x}, opset=12, **attrs)
+    assert_matches_reference("MaxPool", {"x": x}, opset=12, expected=expected, **attrs)
+    check_op_grads("MaxPool", {"x": x}, opset=12, **attrs)
+
+
 CEIL_CASES = [
     ((1, 1, 5, 5), dict(kernel_shape=[3, 3], strides=[2, 2])),
     ((1, 2, 6, 6), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
