@@ -143,7 +143,7 @@ def _max_window(x, kernel, strides, lo, hi, extra, channels_last: bool = False):
         # XLA CPU's reduce-window is a slow loop, and what made ``v`` (a BatchNorm and ReLU, a
         # stem's multiply-adds) fuses into it: windows that do not overlap, which read each
         # cell once, take the maximum of their taps in one vectorized loop instead (a 3->8 stem,
-        # BatchNorm, ReLU and 2x2/2 pool on 16x16: batch 2 0.16 -> 0.09 ms, batch 32 0.56 ->
+        # BatchNorm, ReLU and 2x2/2 pool on 16x16: batch 2 0.14 -> 0.09 ms, batch 32 0.56 ->
         # 0.30). Overlapping ones would recompute that producer per window (a 3x3 stem into a
         # 3x3/2 pool: 3-5x slower) and keep the reduce-window.
         edge = None
