@@ -94,8 +94,8 @@ def test_max_pool(case):
     assert_matches_reference("MaxPool", {"x": x}, opset=opset, expected=expected, **attrs)
 
 
-# Windows that do not overlap (stride >= kernel) take the maximum over edge-clamped slices on
-# CPU; with pads, ceil_mode and a stride past the kernel.
+# Windows that do not overlap (stride >= kernel) take the maximum (without pads, the sum) of
+# their taps on CPU; with pads, ceil_mode and a stride past the kernel.
 DISJOINT_CASES = [
     ((2, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
     ((1, 2, 7, 6), dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 0, 0, 1])),
@@ -105,13 +105,14 @@ DISJOINT_CASES = [
 ]
 
 
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
 @pytest.mark.parametrize("case", range(len(DISJOINT_CASES)))
-def test_max_pool_disjoint_windows(case):
+def test_pool_disjoint_windows(op, case):
     xs, attrs = DISJOINT_CASES[case]
     x = rand(*xs)
-    expected = ort_expected("MaxPool", {"x": x}, opset=12, **attrs)
-    assert_matches_reference("MaxPool", {"x": x}, opset=12, expected=expected, **attrs)
-    check_op_grads("MaxPool", {"x": x}, opset=12, **attrs)
+    expected = ort_expected(op, {"x": x}, opset=19, **attrs)
+    assert_matches_reference(op, {"x": x}, opset=19, expected=expected, **attrs)
+    check_op_grads(op, {"x": x}, opset=19, **attrs)
 
 
 CEIL_CASES = [
