@@ -45,7 +45,9 @@ def _pool_setup(x, attrs, ctx, channels_last: bool = False):
     return kernel, strides, dilations, lo, hi, extra
 
 
-def _reduce_window(x, init, op, kernel, strides, dilations, lo, hi, extra, channels_last: bool = False):
+def _reduce_window(
+    x, init, op, kernel, strides, dilations, lo, hi, extra, channels_last: bool = False, *, row_major_ties: bool = False
+):
     """``op`` (max or add) over each window, padded with ``init``.
 
     On CPU, one reduce-window per spatial axis: a window's maximum (or sum) is that of its
@@ -56,13 +58,15 @@ def _reduce_window(x, init, op, kernel, strides, dilations, lo, hi, extra, chann
     pool (224x224) 1.90 -> 1.39 ms at batch 1, 94 -> 78 at batch 32, but 16.4 -> 20.0 at batch
     8, where the extra pass's buffer takes the call's temporaries past glibc's mmap threshold
     and every call faults in fresh pages (docs/performance.md, "Large batches"; with
-    ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` 10.3 ms). The last axis goes first, so that
-    JAX's derivative of a window maximum (symbolic shapes, large windows: select-and-scatter
-    per pass) still credits a tie to the first position in row-major order.
+    ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` 10.3 ms). The outer axes go first (NCHW, a
+    3x3/2 pool over 64x112x112: 0.31 ms, last axis first 0.39, one pass 0.53), except with
+    ``row_major_ties``: a window maximum that JAX differentiates itself (select-and-scatter per
+    pass) then still credits a tie to the first position in row-major order.
     """
     if jax.default_backend() != "cpu":
         return _reduce_window_once(x, init, op, kernel, strides, dilations, lo, hi, extra, channels_last)
-    for axis in reversed(range(len(kernel))):
+    axes = range(len(kernel))
+    for axis in reversed(axes) if row_major_ties else axes:
 
         def along(values, other, axis=axis):
             return tuple(v if i == axis else other for i, v in enumerate(values))
@@ -273,7 +277,7 @@ def max_pool_core(x, attrs, ctx, with_indices: bool, channels_last: bool = False
         y = _max_window(x, kernel, strides, lo, hi, extra, channels_last)
     else:
         # Integer inputs, a symbolic dimension (jax.export) or int64-sized tensors, large windows.
-        y = _reduce_window(x, _lowest(jnp.result_type(x)), lax.max, *window, channels_last)
+        y = _reduce_window(x, _lowest(jnp.result_type(x)), lax.max, *window, channels_last, row_major_ties=True)
     if not with_indices:
         return (y,)
     if attrs.get("storage_order"):
