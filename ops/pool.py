@@ -96,6 +96,25 @@ def _lowest(dtype):
     return -np.inf if jnp.issubdtype(dtype, jnp.floating) else np.iinfo(dtype).min
 
 
+# Windows up to this many positions run as passes over their taps on CPU (each position is
+# one unrolled step of the fused loop); larger ones keep reduce-window and select-and-scatter.
+_MAX_WINDOW_TAPS = 49
+
+
+def _taps_fit(x, kernel) -> bool:
+    """Whether pooling ``x`` over ``kernel`` runs as fused passes over the window's taps (the
+    maxima, their positions and the derivative that reads them, disjoint sums): on CPU, for a
+    float input of static shape under 2^31 elements and at most ``_MAX_WINDOW_TAPS`` taps."""
+    shape = jnp.shape(x)
+    return (
+        jax.default_backend() == "cpu"
+        and jnp.issubdtype(jnp.result_type(x), jnp.floating)
+        and math.prod(kernel) <= _MAX_WINDOW_TAPS
+        and static_sizes(shape)
+        and math.prod(shape) < 2**31
+    )
+
+
 def _first_max(x, kernel, strides, dilations, lo, hi, extra, channels_last: bool):
     """For each window of ``x`` (static shape, under 2^31 elements): the row-major flat index
     (int32, over the whole tensor) of its first maximal cell, and whether that cell is an input
@@ -131,13 +150,7 @@ def _first_max(x, kernel, strides, dilations, lo, hi, extra, channels_last: bool
 def _argmax_window(x, kernel, strides, dilations, lo, hi, extra, channels_last: bool = False):
     """Row-major flat index (over the whole tensor) of each window's maximum."""
     shape = jnp.shape(x)
-    if (
-        jax.default_backend() == "cpu"
-        and jnp.issubdtype(jnp.result_type(x), jnp.floating)
-        and math.prod(kernel) <= _MAX_WINDOW_TAPS
-        and static_sizes(shape)
-        and math.prod(shape) < 2**31
-    ):
+    if _taps_fit(x, kernel):
         # XLA CPU runs the two-result reduce-window below as a slow scalar loop: a 3x3/2 pool's
         # indices over 64x112x112 took 3.9 ms (onnxruntime 2.1).
         flat, inside = _first_max(x, kernel, strides, dilations, lo, hi, extra, channels_last)
@@ -179,11 +192,6 @@ def _column_major(idx, shape):
         col = col + coord * step
         step *= size
     return base + col
-
-
-# Windows up to this many positions take the gather-based derivative on CPU (each position is
-# one unrolled compare in the loop that finds the maxima); larger ones keep select-and-scatter.
-_MAX_WINDOW_TAPS = 49
 
 
 def _max_window(x, kernel, strides, lo, hi, extra, channels_last: bool = False):
@@ -286,13 +294,7 @@ def max_pool_core(x, attrs, ctx, with_indices: bool, channels_last: bool = False
         # JAX cannot transpose a dilated max window (no VJP for select_and_gather), so read the
         # maxima through their indices: a gather, differentiable in both modes.
         y = take(jnp.reshape(x, (-1,)), idx, mode="clip")
-    elif (
-        jax.default_backend() == "cpu"
-        and jnp.issubdtype(jnp.result_type(x), jnp.floating)
-        and math.prod(kernel) <= _MAX_WINDOW_TAPS
-        and static_sizes(jnp.shape(x))
-        and math.prod(jnp.shape(x)) < 2**31
-    ):
+    elif _taps_fit(x, kernel):
         y = _max_window(x, kernel, strides, lo, hi, extra, channels_last)
     else:
         # Integer inputs, a symbolic dimension (jax.export) or int64-sized tensors, large windows.
@@ -342,11 +344,10 @@ def average_pool_core(x, attrs, ctx, channels_last: bool = False):
     window = _pool_setup(x, attrs, ctx, channels_last)
     kernel, strides, dilations, lo, hi, extra = window
     if (
-        jax.default_backend() == "cpu"
+        _taps_fit(x, kernel)
         and not any(lo + hi + extra)
         and all(d == 1 for d in dilations)
         and all(s >= k for s, k in zip(strides, kernel))
-        and static_sizes(jnp.shape(x))
     ):
         # Windows that neither overlap nor need padding: the sum of their taps (strided
         # slices), one vectorized loop (2x2/2 over 56x56x128: 0.092 -> 0.053 ms at batch 1).
