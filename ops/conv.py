@@ -22,6 +22,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import _window as geo
+from jonnx.ops._tap_weights import tap_weight_term
 from jonnx.ops._util import spread_product, static_ints, static_sizes
 
 # Weight layouts a channels-last Conv reads, "HW" standing for the spatial axes: "HWIO", what
@@ -336,8 +337,11 @@ def _shifted_products_jvp(kernel, strides, dilations, out, channels_last, primal
         else:
             terms.append(_tap_sum(geo.taps(t_xp, kernel, strides, dilations, out, channels_last), taps))
     if not isinstance(t_taps, SymbolicZero):
-        windows = geo.taps(xp, kernel, strides, dilations, out, channels_last)
-        terms.append(_tap_sum(windows, t_taps, spread_product))
+        if not channels_last and static_sizes(jnp.shape(xp)):
+            terms.append(tap_weight_term(xp, t_taps, kernel, strides, dilations, out))
+        else:
+            windows = geo.taps(xp, kernel, strides, dilations, out, channels_last)
+            terms.append(_tap_sum(windows, t_taps, spread_product))
     return y, functools.reduce(operator.add, terms) if terms else jnp.zeros_like(y)
 
 

@@ -6,13 +6,14 @@ between them."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import onnxruntime as ort
 import pytest
 from jax.test_util import check_grads
 
 import jonnx
-from jonnx.ops import _window, conv as conv_ops
+from jonnx.ops import _tap_weights, _window, conv as conv_ops
 from jonnx.ops._util import spread, spread_product
 from jonnx.ops.channels_last import DOMAIN
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model
@@ -26,7 +27,8 @@ CASES = [
     ("matmul", (1, 3, 9), (2, 3, 1), {"strides": [2]}),
     ("matmul", (1, 20, 5, 4), (6, 20, 1, 1), {"strides": [2, 1], "pads": [0, 1, 1, 0]}),  # channels-last too
     ("depthwise", (2, 6, 7, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
-    # An odd batch: the weight gradient's tree of halves (ops/_util.py spread) and its tail.
+    # An odd batch: the tail of the weight gradient's tree of halves (ops/_util.py spread), which
+    # the channels-last runs of these cases take (tests/test_layout.py).
     ("depthwise", (5, 3, 4, 5), (3, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
     (
         "depthwise",
@@ -121,12 +123,70 @@ def test_strided_depthwise_gradients(case):
 
 @pytest.mark.parametrize("strides", [[1, 1], [1, 2]])
 def test_depthwise_second_derivatives(strides):
-    # The depthwise lowering's custom JVP is written in plain JAX, so derivatives of every
-    # order follow; checked to second order, forward and reverse, over a batch whose tree of
-    # halves has a tail (7 = 4 + 2 + 1). Unstrided, the input's tangent is the one placed at
-    # opaque offsets (conv_ops._input_tangent), here with a dilation.
+    # The depthwise lowering's custom JVP is plain JAX but for the weights' term, a bilinear
+    # primitive whose derivatives are plain sums (ops/_tap_weights.py), so derivatives of every
+    # order follow; checked to second order, forward and reverse. Unstrided, the input's
+    # tangent is the one placed at opaque offsets (conv_ops._input_tangent), here with a dilation.
     inputs = {"x": rand(7, 2, 5, 4), "w": rand(2, 1, 3, 2)}
     check_op_grads("Conv", inputs, opset=22, order=2, group=2, pads=[1, 0, 2, 1], strides=strides, dilations=[2, 1])
+
+
+def _depthwise(x, w, strides, dilations=(1, 1)):
+    """The depthwise lowering (NCHW, pads 1), as the Conv op calls it."""
+    return conv_ops._conv_depthwise(x, w, strides, dilations, (1, 1), (1, 1), None, False, "OIHW")
+
+
+def _xla_depthwise(x, w, strides, dilations=(1, 1)):
+    return jax.lax.conv_general_dilated(
+        x, w, strides, [(1, 1), (1, 1)], rhs_dilation=dilations, feature_group_count=x.shape[1]
+    )
+
+
+@pytest.mark.parametrize("strides", [(1, 1), (2, 2)])
+def test_depthwise_weight_gradient_primitive(strides, monkeypatch):
+    # NCHW, the weights' term of the depthwise JVP is a primitive whose transpose sums every
+    # tap in one variadic reduction (ops/_tap_weights.py): gradients, vmapped gradients (over
+    # the inputs, the weights, both) and forward mode against XLA's convolution in float64.
+    calls = []
+    real = _tap_weights.tap_sums
+    monkeypatch.setattr(_tap_weights, "tap_sums", lambda *a: calls.append(1) or real(*a))
+    with jax.enable_x64(True):
+        x, w = RNG.standard_normal((3, 4, 9, 8)), RNG.standard_normal((4, 1, 3, 3))
+        ct = RNG.standard_normal(_xla_depthwise(x, w, strides).shape)
+
+        def loss(f):
+            return lambda x, w: jnp.sum(jnp.tanh(f(jnp.sin(x), w, strides)) * ct)
+
+        got, want = jax.grad(loss(_depthwise), (0, 1)), jax.grad(loss(_xla_depthwise), (0, 1))
+        for a, b in zip(got(x, w), want(x, w)):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+        assert calls, "the weight gradient did not go through tap_sums"
+        xs, ws = np.stack([x, 2 * x]), np.stack([w, -w])
+        for axes, args in [((0, None), (xs, w)), ((None, 0), (x, ws)), ((0, 0), (xs, ws))]:
+            for a, b in zip(jax.vmap(got, axes)(*args), jax.vmap(want, axes)(*args)):
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+        tangents = (RNG.standard_normal(x.shape), RNG.standard_normal(w.shape))
+        np.testing.assert_allclose(
+            jax.jvp(loss(_depthwise), (x, w), tangents)[1],
+            jax.jvp(loss(_xla_depthwise), (x, w), tangents)[1],
+            rtol=1e-10,
+        )
+
+
+def test_depthwise_weight_gradient_is_accurate_in_float32():
+    # The taps' sums run one axis at a time: one reduction over the batch and the map together
+    # (8 x 128 x 128 terms here) was 1.3e-5 off in float32, these are about 2e-7.
+    shape = (8, 8, 128, 128)
+    x, w = RNG.uniform(0, 6, shape), RNG.standard_normal((8, 1, 3, 3))
+    ct = RNG.standard_normal(shape) + 0.3
+
+    def weight_gradient(x, w, ct):
+        return jax.vjp(lambda v: _depthwise(x, v, (1, 1)), w)[1](ct)[0]
+
+    with jax.enable_x64(True):
+        want = np.asarray(jax.jit(weight_gradient)(x, w, ct))
+    got = np.asarray(jax.jit(weight_gradient)(*(np.asarray(a, np.float32) for a in (x, w, ct))))
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-6
 
 
 def test_forcing_xla_gives_the_same_values(monkeypatch):
