@@ -11,9 +11,9 @@ from one pass that computes each cotangent element once and reads the windows fr
 NC(D)HW only: there the reduction keeps the channel axis outside the map. Channels-last it
 would keep the minor axis, where XLA CPU reduces slowly (a 3x3 over 144 channels at 56x56,
 batch 16, forward and both gradients: 1.20x slower), so ``conv`` keeps its halves' tree
-there. Channels-first, that layer took 0.72 of the time (0.24-0.74 over MobileNetV2's shapes
-at batch 16), and MobileNetV2's training step (batch 16, 224x224) 0.87-0.93
-(docs/performance.md).
+there. Channels-first, that layer took 0.68 of the time (0.23-0.91 over MobileNetV2's shapes
+at batch 16, 0.50-0.84 for 7x7 kernels), and MobileNetV2's training step (batch 16,
+224x224) 0.92-0.96 (docs/performance.md).
 
 Everything else is the plain sum: evaluation and lowering, forward mode (the product is
 bilinear), the input's transpose, and batching (a ``vmap`` over the batch folds into the
@@ -24,6 +24,7 @@ plain per-tap sums, so every order of derivative follows.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 
 import jax
@@ -89,19 +90,27 @@ ad.defbilinear(_tap_weight_p, _input_transpose, _taps_transpose)
 batching.primitive_batchers[_tap_weight_p] = _batch
 
 
+# Maps of at most this many cells are summed in one reduction (see tap_sums).
+JOINT_MAX_CELLS = 3136
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5))
 def tap_sums(xp, ct, kernel, strides, dilations, out):
     """For each tap i, the sum of ``window_i(xp) * ct`` over all but the channel axis: (K, C).
 
-    Variadic reductions over one axis at a time (the map's, last first), then a sum over the
-    batch: XLA accumulates a reduction in order, so one over the batch and the map together
-    (16 x 112 x 112 terms) was up to 1.7e-4 off in float32 (relative to the largest sum), one
-    over each image's map up to 6.6e-6 at 224 x 224, one axis at a time under 2.5e-7 (the
-    halves' tree: 1e-7) at the same speed. The JVP is the plain per-tap sums (bilinear)."""
+    A variadic reduction over each image's map, then a sum over the batch. XLA accumulates a
+    reduction in order, so one over the batch and the map together (16 x 112 x 112 terms) was
+    up to 1.7e-4 off in float32 (relative to the largest sum), one over a 224 x 224 map 6.6e-6;
+    maps of more than ``JOINT_MAX_CELLS`` (56 x 56) cells are therefore summed one axis at a
+    time, last first (under 2.5e-7; the halves' tree: 1e-7). On small maps with many taps that
+    is slow (a 7x7 over 384 channels at 14x14, batch 16: 1.36x the trees' time; in one
+    reduction 0.55x). The JVP is the plain per-tap sums (the function is bilinear)."""
     products = [w * ct for w in _windows(xp, kernel, strides, dilations, out)]
     zeros = [jnp.zeros((), p.dtype) for p in products]
-    for axis in reversed(range(2, jnp.ndim(ct))):
-        products = list(lax.reduce(products, zeros, lambda a, b: tuple(map(operator.add, a, b)), (axis,)))
+    spatial = tuple(range(2, jnp.ndim(ct)))
+    joint = math.prod(jnp.shape(ct)[2:]) <= JOINT_MAX_CELLS
+    for axes in [spatial] if joint else [(a,) for a in reversed(spatial)]:
+        products = list(lax.reduce(products, zeros, lambda a, b: tuple(map(operator.add, a, b)), axes))
     return jnp.stack([jnp.sum(p, axis=0) for p in products])
 
 
