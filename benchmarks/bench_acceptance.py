@@ -10,18 +10,21 @@ process, ``--repeats`` rounds, medians. Ratios are jonnx / onnxruntime and jonnx
 jonnx is faster); relative errors are against onnxruntime. Peak RSS: the process's high-water
 mark after each model, or each model's own with ``--isolate`` (a fresh subprocess per model).
 
-``--train [resnet18] [bert]`` adds training steps, each jitted, jonnx against the hand-written
-JAX step and against PyTorch eager CPU when ``--torch-python`` names a Python with torch
-(benchmarks/torch_resnet18_step.py, torch_bert_step.py, in their own processes, one with
+``--train [resnet18] [bert] [mobilenet_v2]`` adds training steps, each jitted, jonnx against the
+hand-written JAX step and against PyTorch eager CPU when ``--torch-python`` names a Python with
+torch (benchmarks/torch_resnet18_step.py, torch_bert_step.py, torch_mobilenet_v2_step.py, in their own processes, one with
 torch's default threads and one with a single thread, from the same weights and batch: the
 first-step losses printed must agree), all called in turn, one step each per round:
 - ResNet-18 (batch 32, 64x64, 10 classes, BatchNormalization in training mode, SGD momentum
   0.9, lr 0.01, cross-entropy); the hand-written step uses ``lax.conv_general_dilated`` NHWC.
 - BERT fine-tuning: the encoder above plus a linear head on the first token (2 classes),
   batch 8, seq 128, AdamW (lr 1e-4, weight decay 0.01), every linear and LayerNorm trained.
+- MobileNetV2 (batch 16, 224x224, 1000 classes), as ResNet-18 otherwise; not an acceptance
+  target of the speed issue, the depthwise network's training step (its hand-written step's
+  depthwise convolutions are ``feature_group_count`` ones, slow on XLA CPU).
 
 Usage: ``python benchmarks/bench_acceptance.py [--models resnet50 bert] [--batches 1 32] [--repeats 10]
-[--train [resnet18 bert]] [--torch-python PY] [--isolate]``
+[--train [resnet18 bert mobilenet_v2]] [--torch-python PY] [--isolate]``
 The machine this runs on may be shared: ratios taken in one process, alternating, are what
 to compare, not absolute times.
 """
@@ -210,18 +213,26 @@ def _cross_entropy(logits, labels):
     return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
 
 
-def resnet18_steps() -> tuple[dict, np.ndarray, np.ndarray, onnx.ModelProto]:
-    """The ResNet-18 SGD-momentum steps (batch 32, 64x64, BN in training mode), jonnx's and the
-    hand-written ``lax.conv`` one: ``({name: (jitted step, carry)}, x, labels, proto)``, where
-    ``step(*carry, x, labels)`` returns the new carry followed by the loss."""
+# The CNN training steps: (the proto's builder, batch, image size, classes, PyTorch baseline script).
+CNN_STEPS = {
+    "resnet18": (lambda: nets.resnet18(size=64, classes=10), 32, 64, 10, "torch_resnet18_step.py"),
+    "mobilenet_v2": (nets.mobilenet_v2, 16, 224, 1000, "torch_mobilenet_v2_step.py"),
+}
+
+
+def cnn_steps(name: str = "resnet18") -> tuple[dict, np.ndarray, np.ndarray, onnx.ModelProto]:
+    """A CNN's SGD-momentum steps (BN in training mode; ``CNN_STEPS`` gives the batch), jonnx's
+    and the hand-written ``lax.conv`` one: ``({name: (jitted step, carry)}, x, labels, proto)``,
+    where ``step(*carry, x, labels)`` returns the new carry followed by the loss."""
     import jax
     import jax.numpy as jnp
 
-    proto = nets.resnet18(size=64, classes=10)
+    build, batch, size, classes, _ = CNN_STEPS[name]
+    proto = build()
     model = jonnx.load(proto)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((32, 3, 64, 64)).astype(np.float32)
-    labels = rng.integers(0, 10, 32)
+    x = rng.standard_normal((batch, 3, size, size)).astype(np.float32)
+    labels = rng.integers(0, classes, batch)
 
     def jonnx_loss(params, state, x, labels):
         (logits,), new_state = model.apply(params, x, state=state, train=True)
@@ -243,29 +254,40 @@ def resnet18_steps() -> tuple[dict, np.ndarray, np.ndarray, onnx.ModelProto]:
         return step
 
     steps = {}
-    for name, loss, params, state, jit in [
+    for label, loss, params, state, jit in [
         ("jonnx", jonnx_loss, model.params, model.state, jonnx.jit),
         ("hand", hand_loss, hand_params, hand_state, jax.jit),
     ]:
-        steps[name] = (make_step(loss, jit), [params, jax.tree_util.tree_map(jnp.zeros_like, params), state])
+        steps[label] = (make_step(loss, jit), [params, jax.tree_util.tree_map(jnp.zeros_like, params), state])
     return steps, x, labels, proto
 
 
-def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
-    """ResNet-18 SGD-momentum step (batch 32, 64x64, BN in training mode): jonnx, hand-written lax.conv, torch."""
-    steps, x, labels, proto = resnet18_steps()
-    runs = {name: _first_step(step, carry, x, labels) for name, (step, carry) in steps.items()}
+def _bench_train_cnn(name: str, repeats: int, torch_python: str | None) -> None:
+    """A CNN's SGD-momentum step (``CNN_STEPS``): jonnx, hand-written lax.conv, torch."""
+    _, batch, size, _, script = CNN_STEPS[name]
+    steps, x, labels, proto = cnn_steps(name)
+    runs = {label: _first_step(step, carry, x, labels) for label, (step, carry) in steps.items()}
     arrays = dict(x=x, labels=labels, **hand_jax.torch_resnet_weights(proto)) if torch_python else {}
-    med, torch = _time_steps(runs, repeats, torch_python, "torch_resnet18_step.py", arrays)
+    med, torch = _time_steps(runs, repeats, torch_python, script, arrays)
     j, h = med["jonnx"] * 1e3, med["hand"] * 1e3
     print(
-        f"resnet18 train step b32 64x64 SGD momentum: jonnx {j:.0f} ms (compile {runs['jonnx'][1]:.1f} s, "
+        f"{name} train step b{batch} {size}x{size} SGD momentum: jonnx {j:.0f} ms (compile {runs['jonnx'][1]:.1f} s, "
         f"1st loss {runs['jonnx'][2]:.6f}), hand lax.conv NHWC {h:.0f} ms (compile {runs['hand'][1]:.1f} s, "
         f"1st loss {runs['hand'][2]:.6f}): jonnx/hand {j / h:.2f}",
         flush=True,
     )
     if torch:
         _report_torch(torch, med, j, h)
+
+
+def bench_train_resnet18(repeats: int, torch_python: str | None = None) -> None:
+    """ResNet-18 SGD-momentum step (batch 32, 64x64, BN in training mode): jonnx, hand-written lax.conv, torch."""
+    _bench_train_cnn("resnet18", repeats, torch_python)
+
+
+def bench_train_mobilenet_v2(repeats: int, torch_python: str | None = None) -> None:
+    """MobileNetV2 SGD-momentum step (batch 16, 224x224, BN in training mode): jonnx, hand-written, torch."""
+    _bench_train_cnn("mobilenet_v2", repeats, torch_python)
 
 
 # The BERT fine-tuning step: the nets.py encoder (4 layers, hidden 768, seq 128) plus a
@@ -275,7 +297,7 @@ BERT_BATCH, BERT_CLASSES = 8, 2
 
 
 def bert_steps() -> tuple[dict, np.ndarray, np.ndarray, dict, onnx.ModelProto]:
-    """The BERT fine-tuning steps, jonnx's and the hand-written one, as :func:`resnet18_steps`
+    """The BERT fine-tuning steps, jonnx's and the hand-written one, as :func:`cnn_steps`
     gives them, plus the classification head's weights: ``(steps, x, labels, head, proto)``."""
     import jax
     import optax
@@ -372,7 +394,7 @@ def _time_steps(runs: dict, repeats: int, torch_python: str | None, script: str,
                 torch.close()
 
 
-TRAIN = {"resnet18": bench_train_resnet18, "bert": bench_train_bert}
+TRAIN = {"resnet18": bench_train_resnet18, "bert": bench_train_bert, "mobilenet_v2": bench_train_mobilenet_v2}
 
 
 HEADER = (
@@ -400,7 +422,7 @@ def main() -> None:
         "--train",
         nargs="*",
         choices=list(TRAIN),
-        help="training steps to time (all when named alone): ResNet-18 and the BERT fine-tuning step",
+        help="training steps to time (all when named alone): ResNet-18, the BERT fine-tuning step, MobileNetV2",
     )
     parser.add_argument(
         "--isolate",

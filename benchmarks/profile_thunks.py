@@ -2,7 +2,7 @@
 
 Profiles one of the acceptance benchmark's computations (bench_acceptance.py builds them):
 jonnx's default call of a model at a batch size (``jonnx.load(proto)`` then ``model(x)``), or a
-training step (``--train resnet18|bert``: jonnx's, or ``--hand`` the hand-written one). It runs a
+training step (``--train resnet18|mobilenet_v2|bert``: jonnx's, or ``--hand`` the hand-written one). It runs a
 few warm calls, records ``--calls`` more with ``jax.profiler``, and reads the trace back
 (``jax.profiler.ProfileData``) against the compiled HLO (XLA dumps it to a temporary folder), to
 print per call:
@@ -45,7 +45,7 @@ def _parse_args() -> argparse.Namespace:
     # bench_acceptance.MODELS's names: that module imports JAX, which must wait for the
     # affinity and XLA_FLAGS set in main().
     what.add_argument("--model", choices=["resnet50", "mobilenet_v2", "bert", "bert_int8"])
-    what.add_argument("--train", choices=["resnet18", "bert"])
+    what.add_argument("--train", choices=["resnet18", "mobilenet_v2", "bert"])
     parser.add_argument("--batch", type=int, default=1, help="inference batch size (with --model)")
     parser.add_argument("--hand", action="store_true", help="profile the hand-written JAX step (with --train)")
     parser.add_argument("--one-core", action="store_true", help="pin to one CPU: thunks run one at a time")
@@ -71,8 +71,10 @@ def _computation(args: argparse.Namespace):
             jax.block_until_ready(model(x))
 
         return run, f"{args.model} batch {args.batch}, the default call"
-    build = {"resnet18": bench_acceptance.resnet18_steps, "bert": bench_acceptance.bert_steps}[args.train]
-    steps, x, labels = build()[:3]
+    if args.train == "bert":
+        steps, x, labels = bench_acceptance.bert_steps()[:3]
+    else:
+        steps, x, labels = bench_acceptance.cnn_steps(args.train)[:3]
     step, carry = steps["hand" if args.hand else "jonnx"]
 
     def run():
