@@ -12,8 +12,8 @@ NC(D)HW only: there the reduction keeps the channel axis outside the map. Channe
 would keep the minor axis, where XLA CPU reduces slowly (a 3x3 over 144 channels at 56x56,
 batch 16, forward and both gradients: 1.20x slower), so ``conv`` keeps its halves' tree
 there. Channels-first, that layer took 0.68 of the time (0.23-0.91 over MobileNetV2's shapes
-at batch 16, 0.50-0.84 for 7x7 kernels), and MobileNetV2's training step (batch 16,
-224x224) 0.92-0.96 (docs/performance.md).
+at batch 16, 0.50-0.84 for 7x7 kernels), and MobileNetV2's training step at 224x224 0.83
+(batch 4), 0.92-0.96 (16) and 0.90 (32) (docs/performance.md).
 
 Everything else is the plain sum: evaluation and lowering, forward mode (the product is
 bilinear), the input's transpose, and batching (a ``vmap`` over the batch folds into the

@@ -315,7 +315,7 @@ def _shifted_products(xp, taps, kernel, strides, dilations, out, channels_last):
     forward 40 ms at batch 32 channels-last, weight gradient 280 ms. Channels-first (the
     training layout) with static sizes, the taps' tangents enter through a primitive whose
     transpose sums every tap in one variadic reduction (:func:`tap_weight_term`: 0.24-0.74 of
-    a layer's time against the trees below, MobileNetV2's step 0.92-0.96). Channels-last, where
+    a layer's time against the trees below, MobileNetV2's step 0.83-0.96). Channels-last, where
     that reduction would keep the minor axis, each tap's weight tangent meets its window
     through :func:`spread_product`, whose transpose adds the batch's halves in one fused loop
     and sums on as a tree of halves: 120-130 ms there. Those windows are plain slices (opaque
