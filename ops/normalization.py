@@ -31,7 +31,7 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
-from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype, static_sizes
+from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype
 
 
 def rsqrt_eps(v, eps):
@@ -44,16 +44,11 @@ def stash_dtype(x, stash_type) -> np.dtype:
     return np.dtype(jnp.promote_types(stash, dtype_of(x)))
 
 
-def _plain_mean(x, axes):
-    return jnp.mean(x, axis=axes, keepdims=True)
-
-
-def moments(x, axes, mean_over=_plain_mean):
-    """Mean and population variance over ``axes`` (kept as size-1 dims), the means taken by
-    ``mean_over(x, axes)``."""
-    mean = mean_over(x, axes)
+def moments(x, axes):
+    """Mean and population variance over ``axes`` (kept as size-1 dims), in two passes."""
+    mean = jnp.mean(x, axis=axes, keepdims=True)
     centered = x - mean
-    var = mean_over(centered * centered, axes)
+    var = jnp.mean(centered * centered, axis=axes, keepdims=True)
     return mean, var
 
 
@@ -93,31 +88,17 @@ def _bn_inference(x, scale, bias, mean, var, eps, spatial=True, channels_last=Fa
     return y.astype(dtype)
 
 
-def _mean_over(x, axes):
-    """``x``'s mean over ``axes``, kept as size-1 dims; on CPU a product with ones.
-
-    XLA CPU's reduction loop is slow where the kept axis is minor in memory, which is how its
-    convolutions leave their outputs even in an NCHW graph: a per-channel sum of a 32x32x32x64
-    activation held so took 7.3 ms (1.1 GB/s), as a matrix-vector product with ones 0.62 ms.
-    The ones are the left operand, so that XLA reads the activation as the product's right one,
-    summed axes major, without the transposed copy it makes of a left operand. A ResNet-18
-    training step's forward reductions: 22 -> 3.5 ms of thunks; a MobileNetV2 step, whose
-    activations are held NCHW, unchanged (1.004-1.007x). The backward's per-channel sums stay
-    reductions: JAX's transpose puts the cotangent on the left, and spreading the tangent by
-    halves (``ops._util.spread``) made that MobileNetV2 step 1.49x slower (docs/performance.md).
-    """
-    shape = jnp.shape(x)
-    sizes = [shape[a] for a in axes]
-    if jax.default_backend() != "cpu" or dtype_of(x) not in (np.float32, np.float64) or not static_sizes(sizes):
-        return _plain_mean(x, axes)
-    total = lax.dot_general(jnp.ones(sizes, dtype_of(x)), x, ((tuple(range(len(axes))), axes), ((), ())))
-    kept_shape = [1 if a in axes else n for a, n in enumerate(shape)]
-    return jnp.reshape(total, kept_shape) / math.prod(sizes)
-
-
 def _bn_batch_stats(x, spatial: bool, channels_last: bool = False):
-    """The batch's mean and population variance, shaped like the running statistics."""
-    mean, var = moments(x, _bn_axes(x, spatial, channels_last), _mean_over)
+    """The batch's mean and population variance, shaped like the running statistics.
+
+    Plain reductions. Until 2026-11-29 these were products with ones on CPU, for XLA's own
+    reductions, slow where the kept axis is minor (as XLA's convolutions leave their outputs).
+    With YNNPACK's reductions (what ``jonnx.jit`` picks for training steps) plain ones are as
+    fast there (ResNet-18 step 0.98-0.99 of the time), avoid the transposed copy a product
+    made of activations held NCHW (MobileNetV2's step 0.92) and are more accurate (the mean of
+    16 x 112 x 112 values in float32: 1.3e-7 against 1.9e-5). docs/performance.md.
+    """
+    mean, var = moments(x, _bn_axes(x, spatial, channels_last))
     return jnp.squeeze(mean, 0), jnp.squeeze(var, 0)
 
 
