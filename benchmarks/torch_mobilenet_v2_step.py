@@ -11,12 +11,8 @@ torch_resnet18_step.py does.
 
 from __future__ import annotations
 
-import argparse
-
-import _torch_loop
-import numpy as np
 import torch
-from torch_resnet18_step import load_weights
+from torch_resnet18_step import run_cnn_step
 
 BATCH = 16
 # (expansion t, output channels c, repeats n, first stride s), as nets.MOBILENET_V2_BLOCKS.
@@ -52,27 +48,7 @@ def mobilenet_v2() -> torch.nn.Module:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--weights", help="an .npz of nets.mobilenet_v2's weights and the batch")
-    parser.add_argument("--serve", action="store_true", help="time one step per 'step' line on stdin")
-    args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    x = torch.from_numpy(rng.standard_normal((BATCH, 3, 224, 224)).astype(np.float32))
-    labels = torch.from_numpy(rng.integers(0, 1000, BATCH))
-    net = mobilenet_v2()
-    if args.weights:
-        x, labels = load_weights(net, dict(np.load(args.weights)))
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-
-    def step():
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(x), labels)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
-
-    _torch_loop.run(step, args.repeats, args.serve)
+    run_cnn_step(mobilenet_v2(), BATCH, 224, 1000, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -74,16 +74,16 @@ def load_weights(net: torch.nn.Module, data: dict) -> tuple[torch.Tensor, torch.
     return torch.from_numpy(data["x"]), torch.from_numpy(data["labels"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_cnn_step(net: torch.nn.Module, batch: int, size: int, classes: int, description: str) -> None:
+    """The command line and SGD-momentum step both CNN baselines share (see the docstring)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--weights", help="an .npz of nets.resnet18's weights and the batch")
+    parser.add_argument("--weights", help="an .npz of the nets.py network's weights and the batch")
     parser.add_argument("--serve", action="store_true", help="time one step per 'step' line on stdin")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    x = torch.from_numpy(rng.standard_normal((32, 3, 64, 64)).astype(np.float32))
-    labels = torch.from_numpy(rng.integers(0, 10, 32))
-    net = resnet18()
+    x = torch.from_numpy(rng.standard_normal((batch, 3, size, size)).astype(np.float32))
+    labels = torch.from_numpy(rng.integers(0, classes, batch))
     if args.weights:
         x, labels = load_weights(net, dict(np.load(args.weights)))
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
@@ -96,6 +96,10 @@ def main() -> None:
         return loss.item()
 
     _torch_loop.run(step, args.repeats, args.serve)
+
+
+def main() -> None:
+    run_cnn_step(resnet18(), 32, 64, 10, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
