@@ -93,9 +93,10 @@ def _bn_batch_stats(x, spatial: bool, channels_last: bool = False):
 
     Plain reductions. Until 2026-11-29 these were products with ones on CPU, for XLA's own
     reductions, slow where the kept axis is minor (as XLA's convolutions leave their outputs).
-    With YNNPACK's reductions (what ``jonnx.jit`` picks for training steps) plain ones are as
-    fast there (ResNet-18 step 0.98-0.99 of the time), avoid the transposed copy a product
-    made of activations held NCHW (MobileNetV2's step 0.92) and are more accurate (the mean of
+    With YNNPACK's reductions (which ``jonnx.jit`` picks where they are safe, as for the
+    benchmarked training steps) plain ones are as fast there (ResNet-18's step 0.98-0.99 of the
+    time; with XLA's own reductions 1.005), avoid the transposed copy a product made of
+    activations held NCHW (MobileNetV2's step 0.92) and are more accurate (the mean of
     16 x 112 x 112 values in float32: 1.3e-7 against 1.9e-5). docs/performance.md.
     """
     mean, var = moments(x, _bn_axes(x, spatial, channels_last))
