@@ -79,6 +79,21 @@ def test_batchnorm_training_mode_attribute(shape):
     np.testing.assert_allclose(out[2], want[2], rtol=1e-5)
 
 
+def test_batchnorm_batch_statistics_are_accurate_in_float32():
+    # 200,704 values per channel: the batch mean and variance as float32 reductions stay within
+    # about 1e-7 of float64 (XLA's own reductions about 1e-6); as products with ones (until
+    # 2026-11-29) the variance was 2.9e-5 off. With momentum 0 the new running statistics are
+    # the batch's.
+    x64 = RNG.uniform(0, 6, (16, 2, 112, 112))
+    channels = np.ones(2, np.float32), np.zeros(2, np.float32)
+    _, mean, var = jonnx.ops.call(
+        "BatchNormalization", x64.astype(np.float32), *channels, *channels, training_mode=1, momentum=0.0
+    )
+    x = x64.astype(np.float32).astype(np.float64)
+    np.testing.assert_allclose(mean, x.mean(axis=(0, 2, 3)), rtol=2e-6)
+    np.testing.assert_allclose(var, x.var(axis=(0, 2, 3)), rtol=2e-6)
+
+
 def test_batchnorm_opset6_is_test_0_trains_with_five_outputs():
     inputs = _bn_inputs()
     assert_matches_reference(
