@@ -49,9 +49,7 @@ def _windows(xp, kernel, strides, dilations, out):
 
 
 def _plain(xp, t, *, kernel, strides, dilations, out):
-    return functools.reduce(
-        operator.add, (w * t[i] for i, w in enumerate(_windows(xp, kernel, strides, dilations, out)))
-    )
+    return geo.tap_sum(_windows(xp, kernel, strides, dilations, out), t)
 
 
 def _abstract(xp, t, *, kernel, strides, dilations, out):

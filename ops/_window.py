@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -173,6 +174,12 @@ def taps(xp, kernel, strides, dilations, out, channels_last: bool = False, parts
             yield opaque_window(source, start, tuple(int(n) for n in limit))
         else:
             yield lax.slice(source, start, limit, full(strides, 1, channels_last))
+
+
+def tap_sum(items, taps, product=operator.mul):
+    """The sum over kernel positions of ``product(item, tap)``: ``items`` one per position (the
+    windows, by default multiplied by their taps), ``taps`` indexed by position."""
+    return functools.reduce(operator.add, (product(item, tap) for item, tap in zip(items, taps)))
 
 
 def static_unstrided(shape, strides) -> bool:

@@ -241,12 +241,6 @@ def conv_lowering(
     return "xla"
 
 
-def _tap_sum(items, taps, product=operator.mul):
-    """The sum over kernel positions of ``product(item, tap)``: ``items`` one per position (the
-    windows, by default multiplied by their taps), ``taps`` indexed by position."""
-    return functools.reduce(operator.add, (product(item, tap) for item, tap in zip(items, taps)))
-
-
 def _conv_matmul(x, w, strides, dilations, lo, hi, precision, channels_last, layout):
     """A 1x1 convolution: a product over channels of the (padded, strided) input. The weights
     are read through a reshape in any layout, never a transpose (XLA makes a slow copy of a
@@ -325,7 +319,7 @@ def _shifted_products(xp, taps, kernel, strides, dilations, out, channels_last):
     throughout (the primitive's derivatives are plain sums), so every order of derivative,
     forward mode and vmap follow.
     """
-    return _tap_sum(geo.taps(xp, kernel, strides, dilations, out, channels_last, opaque=True), taps)
+    return geo.tap_sum(geo.taps(xp, kernel, strides, dilations, out, channels_last, opaque=True), taps)
 
 
 def _shifted_products_jvp(kernel, strides, dilations, out, channels_last, primals, tangents):
@@ -338,13 +332,13 @@ def _shifted_products_jvp(kernel, strides, dilations, out, channels_last, primal
         elif static_sizes(jnp.shape(t_xp)):
             terms.append(_strided_input_tangent(t_xp, taps, kernel, strides, dilations, out, channels_last))
         else:
-            terms.append(_tap_sum(geo.taps(t_xp, kernel, strides, dilations, out, channels_last), taps))
+            terms.append(geo.tap_sum(geo.taps(t_xp, kernel, strides, dilations, out, channels_last), taps))
     if not isinstance(t_taps, SymbolicZero):
         if not channels_last and static_sizes(jnp.shape(xp)):
             terms.append(tap_weight_term(xp, t_taps, kernel, strides, dilations, out))
         else:
             windows = geo.taps(xp, kernel, strides, dilations, out, channels_last)
-            terms.append(_tap_sum(windows, t_taps, spread_product))
+            terms.append(geo.tap_sum(windows, t_taps, spread_product))
     return y, functools.reduce(operator.add, terms) if terms else jnp.zeros_like(y)
 
 
@@ -374,7 +368,7 @@ def _input_tangent(t_xp, taps, kernel, dilations, channels_last):
         geo.full(((k - 1 - o) * d for k, o, d in zip(kernel, offset, dilations)), 0, channels_last)
         for offset in itertools.product(*(range(k) for k in kernel))
     )
-    total = _tap_sum(starts, taps, lambda start, tap: geo.opaque_place(t_xp * tap, start, full))
+    total = geo.tap_sum(starts, taps, lambda start, tap: geo.opaque_place(t_xp * tap, start, full))
     limit = tuple(n - p for n, p in zip(full, pad))
     return lax.slice(total, pad, limit)
 
@@ -409,7 +403,7 @@ def _strided_input_tangent(t_xp, taps, kernel, strides, dilations, out, channels
         )
         source = lax.slice(t_xp, geo.full(phase, 0, channels_last), limit, geo.full(strides, 1, channels_last))
         full = tuple(n + e for n, e in zip(jnp.shape(source), geo.full(reach, 0, channels_last)))
-        placed = _tap_sum(
+        placed = geo.tap_sum(
             (geo.full((r - q_a for r, q_a in zip(reach, q)), 0, channels_last) for _, q in members),
             [taps[i] for i, _ in members],
             lambda start, tap, source=source, full=full: geo.opaque_place(source * tap, start, full),

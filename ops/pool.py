@@ -149,14 +149,12 @@ def _first_max(x, kernel, strides, dilations, lo, hi, extra, channels_last: bool
 
 def _argmax_window(x, kernel, strides, dilations, lo, hi, extra, channels_last: bool = False):
     """Row-major flat index (over the whole tensor) of each window's maximum."""
-    shape = jnp.shape(x)
+    shape, dtype, idx_dtype = jnp.shape(x), jnp.result_type(x), index_dtype()
     if _taps_fit(x, kernel):
         # XLA CPU runs the two-result reduce-window below as a slow scalar loop: a 3x3/2 pool's
         # indices over 64x112x112 took 3.9 ms (onnxruntime 2.1).
         flat, inside = _first_max(x, kernel, strides, dilations, lo, hi, extra, channels_last)
-        idx_dtype = index_dtype()
         return jnp.where(inside, flat.astype(idx_dtype), np.iinfo(idx_dtype).max)
-    dtype, idx_dtype = jnp.result_type(x), index_dtype()
     # An iota inside the computation (XLA fuses it), not a constant the size of the input.
     flat = jnp.reshape(lax.iota(idx_dtype, math.prod(shape)), shape)
 
