@@ -1,4 +1,5 @@
-"""Reading XLA's compiled HLO text: is every YNNPACK fusion clear of the known miscompile?
+"""Reading XLA's compiled HLO text: is every YNNPACK fusion clear of the known miscompile, and
+of the known slow form?
 
 XLA CPU (jaxlib 0.10) miscompiles a YNNPACK fusion that holds a dot (or a convolution) with
 the reduction after it when an operand of the dot is computed, inside the fusion, from
@@ -11,6 +12,12 @@ fusion input or a literal constant, not a scalar -- as the reproducer does with 
 in, scaled by a broadcast scalar, or held as a constant that is not all-equal.
 :func:`ynn_fusions_are_safe` checks that on the compiled text; callers compile with the
 reductions, check, and fall back to single dots where the check fails.
+
+The same fusions run slowly when a contraction reads its weights through a bitcast of a
+parameter whose minor dimension is a unit one: a 1x1 convolution's OI11 kernel read as a
+matrix, as a ResNet's or an EfficientNet's last product before its global average pool is
+(docs/performance.md, "YNNPACK reductions"). :func:`ynn_fusions_are_fast` finds that form;
+callers take single dots there too.
 """
 
 from __future__ import annotations
@@ -56,9 +63,36 @@ def ynn_fusions_are_safe(hlo_text: str) -> bool:
     return True
 
 
+def ynn_fusions_are_fast(hlo_text: str) -> bool:
+    """Whether no YNNPACK fusion of ``hlo_text`` that holds a reduction has a contraction
+    reading a fusion parameter through a bitcast, where that parameter's minor dimension is of
+    size 1 (an OI11 kernel read as a matrix). Such a fusion took 3.5x the time of the same
+    product with its parameter already a matrix, or of single dots (a 1152 -> 320 product on
+    7x7 with its ReLU and mean: 0.56-0.59 against 0.16 ms); leading unit dimensions (a 11IO
+    kernel) measured as fast as a matrix."""
+    computations = _computations(hlo_text)
+    for line in hlo_text.splitlines():
+        if _YNN_FUSION not in line:
+            continue
+        called = _CALLS.search(line)
+        body = computations.get(called.group(1)) if called else {}
+        if not any(i.opcode == "reduce" for i in body.values()):
+            continue
+        for contraction in (i for i in body.values() if i.opcode in _CONTRACTIONS):
+            for operand in contraction.operands:
+                bitcast = body.get(operand)
+                if bitcast is None or bitcast.opcode != "bitcast":
+                    continue
+                source = body.get(bitcast.operands[0]) if bitcast.operands else None
+                if source is not None and source.opcode == "parameter" and source.dims[-1:] == (1,):
+                    return False
+    return True
+
+
 class _Instruction(NamedTuple):
     opcode: str
     operands: list[str]
+    dims: tuple[int, ...]  # an array's dimensions; () for a scalar, a tuple or an unreadable type
     size: int | None  # elements; None for a tuple or an unreadable type
 
 
@@ -71,7 +105,7 @@ def _reads_stored(body: dict[str, _Instruction], operand: str) -> bool:
         if name in seen or name not in body:
             continue
         seen.add(name)
-        opcode, operands, size = body[name]
+        opcode, operands, _, size = body[name]
         if opcode in _STORED and size is not None and size > 1:
             return True
         if opcode not in _GENERATED:
@@ -90,16 +124,18 @@ def _computations(hlo_text: str) -> dict[str, dict[str, _Instruction]]:
             current = None
         elif current is not None and (instruction := _INSTRUCTION.match(line)):
             name, type_, opcode, rest = instruction.groups()
-            current[name] = _Instruction(opcode, _NAME.findall(_within_parentheses(rest)), _size(type_))
+            dims = _dims(type_)
+            size = None if dims is None else math.prod(dims)
+            current[name] = _Instruction(opcode, _NAME.findall(_within_parentheses(rest)), dims or (), size)
     return computations
 
 
-def _size(type_: str) -> int | None:
-    """Elements of an array type such as ``f32[100,64]{1,0}``; None for anything else."""
+def _dims(type_: str) -> tuple[int, ...] | None:
+    """Dimensions of an array type such as ``f32[100,64]{1,0}``; None for anything else."""
     array = _ARRAY_TYPE.fullmatch(type_)
     if array is None:
         return None
-    return math.prod(int(n) for n in array.group(1).split(",") if n)
+    return tuple(int(n) for n in array.group(1).split(",") if n)
 
 
 def _within_parentheses(rest: str) -> str:

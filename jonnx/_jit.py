@@ -32,10 +32,13 @@ with their softmax, a LayerNorm's means), which is what the miscompile needs, bu
 contraction reads data computed from broadcasts alone. ``Model.__call__``, ``predict``,
 ``evaluate``, the training steps of ``jonnx.training`` and :func:`jit` therefore compile each new signature
 with YNNPACK's reductions, read the compiled module (:func:`jonnx._hlo.ynn_fusions_are_safe`),
-and keep it only where every contraction in a YNNPACK fusion reads stored data; elsewhere they
-compile with single dots (:class:`DotChoosingJit`). BERT at batch 1 0.92x the time, its int8
-version 0.91x, the ResNet-18 training step 0.89x, the BERT fine-tuning step 0.96x; the CNNs at
-inference unchanged (docs/performance.md, "YNNPACK reductions"). :func:`jonnx.jit` does the
+and keep it only where every contraction in a YNNPACK fusion reads stored data, and none has
+the slow form of :func:`jonnx._hlo.ynn_fusions_are_fast` (a 1x1 kernel read as a matrix
+beside a global average pool); elsewhere they compile with single dots
+(:class:`DotChoosingJit`). BERT at batch 1 0.92x the time, its int8 version 0.91x, the
+ResNet-18 training step 0.89x, the BERT fine-tuning step 0.96x; ResNet-50 and an
+EfficientNet-B0 at batch 1, which have the slow form, take single dots (docs/performance.md,
+"YNNPACK reductions"). :func:`jonnx.jit` does the
 same for any function; :func:`plain_jit` is the single-dot ``jax.jit``.
 
 Every function jonnx compiles itself goes through :func:`jit` or :func:`plain_jit`; a user's own
@@ -73,7 +76,8 @@ _DOTS = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
 # The YNNPACK fusions allowed, by library_dots: single dots, or none (convolutions never).
 _SAFE_YNN_FUSIONS = {True: _DOTS, False: ""}
 # Single dots and reductions (a reduction may take the dot before it): faster, and safe where
-# the compiled module passes jonnx._hlo.ynn_fusions_are_safe (DotChoosingJit checks).
+# the compiled module passes jonnx._hlo.ynn_fusions_are_safe (DotChoosingJit checks that, and
+# jonnx._hlo.ynn_fusions_are_fast).
 _DOTS_AND_REDUCTIONS = f"{_DOTS},LIBRARY_FUSION_TYPE_REDUCE"
 
 # What DotChoosingJit compiles a signature with: the values of its ``choices``.
@@ -130,7 +134,8 @@ class DotChoosingJit:
 
     - :data:`XLA_DOTS` where :func:`library_dots_for` says so (and ``xla_dots`` allows it);
     - else :data:`LIBRARY_REDUCTIONS` where the module compiled with YNNPACK's reductions
-      passes :func:`jonnx._hlo.ynn_fusions_are_safe` (the call then reuses that compilation);
+      passes :func:`jonnx._hlo.ynn_fusions_are_safe` and :func:`jonnx._hlo.ynn_fusions_are_fast`
+      (the call then reuses that compilation);
     - else :data:`LIBRARY_DOTS`, what :func:`plain_jit` gives.
 
     Off the CPU, or with a jaxlib without the YNNPACK option, it is :func:`plain_jit`
@@ -197,8 +202,9 @@ class DotChoosingJit:
         if reductions is None:
             return LIBRARY_DOTS
         # Compiled here to be read; the call that follows finds this compilation in JAX's cache.
-        compiled = reductions.trace(*args, **kwargs).lower().compile()
-        return LIBRARY_REDUCTIONS if _hlo.ynn_fusions_are_safe(compiled.as_text()) else LIBRARY_DOTS
+        text = reductions.trace(*args, **kwargs).lower().compile().as_text()
+        suits = _hlo.ynn_fusions_are_safe(text) and _hlo.ynn_fusions_are_fast(text)
+        return LIBRARY_REDUCTIONS if suits else LIBRARY_DOTS
 
 
 def tracing_into_jaxpr() -> bool:
@@ -358,8 +364,9 @@ def jit(fn: Callable[..., Any], **jit_kwargs: Any) -> DotChoosingJit:
 
     On the CPU each new call signature (the arguments' structure, shapes and dtypes, and the
     static arguments' values) is compiled with YNNPACK's reductions first and kept if the
-    compiled module passes :func:`jonnx._hlo.ynn_fusions_are_safe`, else compiled with single
-    dots (:func:`compiler_options`); the dots stay YNNPACK's. Called inside the caller's
+    compiled module passes :func:`jonnx._hlo.ynn_fusions_are_safe` and
+    :func:`jonnx._hlo.ynn_fusions_are_fast`, else compiled with single dots
+    (:func:`compiler_options`); the dots stay YNNPACK's. Called inside the caller's
     ``jax.jit`` (or ``lax.scan``, ``jax.checkpoint``) it is traced into it as a nested
     ``jax.jit``, whose compiler options are the outermost jit's (make that one ``jonnx.jit``);
     under ``jax.vmap`` it stays a top-level jit with jonnx's options; under ``jax.grad``

@@ -282,6 +282,73 @@ def test_fusion_check_on_compiled_modules():
         np.testing.assert_allclose(np.asarray(jax.jit(fn, compiler_options=options)(*args)), expected, rtol=1e-5)
 
 
+_SLOW_FORM = """\
+%fused_computation (param_0.2: f32[49,64], param_1.2: f32[32,64,1,1]) -> f32[32] {
+  %param_0.2 = f32[49,64]{1,0} parameter(0)
+  %param_1.2 = f32[32,64,1,1]{3,2,1,0} parameter(1)
+  %bitcast.1 = f32[32,64]{1,0} bitcast(%param_1.2)
+  %dot.0 = f32[49,32]{1,0} dot(%param_0.2, %bitcast.1), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  %constant.1 = f32[] constant(0)
+  ROOT %reduce_sum.0 = f32[32] reduce(%dot.0, %constant.1), dimensions={0}, to_apply=%region_0.1
+}
+
+ENTRY %main.2 (x.1: f32[49,64], w.1: f32[32,64,1,1]) -> f32[32] {
+  %x.1 = f32[49,64]{1,0} parameter(0)
+  %w.1 = f32[32,64,1,1]{3,2,1,0} parameter(1)
+  ROOT %ynn_fusion = f32[32] fusion(%x.1, %w.1), kind=kCustom, calls=%fused_computation, backend_config={"fusion_config":{"kind":"__ynn_fusion"}}
+}
+"""
+
+
+def test_slow_fusion_check_reads_hlo_text():
+    # A 1x1 kernel's OI11 weights read as a matrix in a fusion with a reduction: slow.
+    assert not jonnx._hlo.ynn_fusions_are_fast(_SLOW_FORM)
+    # Leading unit dimensions (11IO), a matrix parameter, or no reduction in the fusion: fast.
+    assert jonnx._hlo.ynn_fusions_are_fast(_SLOW_FORM.replace("f32[32,64,1,1]{3,2,1,0}", "f32[1,1,32,64]{3,2,1,0}"))
+    matrix = _SLOW_FORM.replace("f32[32,64,1,1]{3,2,1,0} parameter(1)", "f32[32,64]{1,0} parameter(1)")
+    assert jonnx._hlo.ynn_fusions_are_fast(matrix)
+    no_reduction = _SLOW_FORM.replace(
+        "ROOT %reduce_sum.0 = f32[32] reduce(%dot.0, %constant.1), dimensions={0}, to_apply=%region_0.1",
+        "ROOT %negate.0 = f32[49,32]{1,0} negate(%dot.0)",
+    )
+    assert jonnx._hlo.ynn_fusions_are_fast(no_reduction)
+    assert jonnx._hlo.ynn_fusions_are_fast("HloModule empty\n")
+
+
+def test_slow_fusion_check_on_compiled_modules():
+    if jax.default_backend() != "cpu" or not jonnx._jit._knows_reduce_fusions():
+        pytest.skip("this jaxlib gives YNNPACK no reductions")
+    rng = np.random.default_rng(1)
+    x = rng.random((1, 7, 7, 256), np.float32)
+    w = rng.random((128, 256), np.float32)
+
+    def pooled(x, w):  # a 1x1 convolution over channels-last x, ReLU, global average pool
+        return jax.numpy.maximum(jax.numpy.einsum("nhwc,mc->nhwm", x, w.reshape(128, 256)), 0).mean((1, 2))
+
+    assert not jonnx._hlo.ynn_fusions_are_fast(_reductions_compiled(pooled, x, w.reshape(128, 256, 1, 1)))
+    assert jonnx._hlo.ynn_fusions_are_fast(_reductions_compiled(pooled, x, w))
+    assert jonnx._hlo.ynn_fusions_are_fast(_reductions_compiled(pooled, x, w.reshape(1, 1, 128, 256)))
+
+
+def _pooled_1x1_conv() -> onnx.ModelProto:
+    """A 512 -> 512 1x1 Conv (weights kept OI11 by the layout pass: 2^18 of them), Relu,
+    GlobalAveragePool: a ResNet-50's tail in small."""
+    w = np.random.default_rng(7).standard_normal((512, 512, 1, 1)).astype(np.float32) / 23
+    nodes = [
+        oh.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+        oh.make_node("Relu", ["c"], ["r"]),
+        oh.make_node("GlobalAveragePool", ["r"], ["y"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "pooled_1x1_conv",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 512, 7, 7])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 512, 1, 1])],
+        initializer=[onnx.numpy_helper.from_array(w, "w")],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
 def _attention_block() -> onnx.ModelProto:
     """Scores of a (n, 16, 32) input against itself through stored weights, then Softmax."""
     rng = np.random.default_rng(3)
@@ -311,6 +378,13 @@ def test_call_takes_ynnpack_reductions_where_the_check_passes(constant_weights):
         (_attention_block(), rng.random((2, 16, 32), np.float32), jonnx._jit.LIBRARY_REDUCTIONS),
         # The ConstantOfShape weight reaches XLA as a broadcast: single dots.
         (_constant_weight_classifier(), rng.random((100, 64), np.float32), jonnx._jit.LIBRARY_DOTS),
+        # OI11 weights read as a matrix beside the pool's reduction (the slow form): single
+        # dots; as constants XLA folds them into a matrix literal, and the form is gone.
+        (
+            _pooled_1x1_conv(),
+            rng.random((1, 512, 7, 7), np.float32),
+            jonnx._jit.LIBRARY_REDUCTIONS if constant_weights else jonnx._jit.LIBRARY_DOTS,
+        ),
     ]:
         session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
         (expected,) = session.run(None, {"x": x})
