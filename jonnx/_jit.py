@@ -69,7 +69,7 @@ import jax
 import jax.extend.core as jax_core
 import numpy as np
 
-from jonnx import _hlo
+from jonnx import _cpu, _hlo
 
 _YNN_FUSION_FLAG = "xla_cpu_experimental_ynn_fusion_type"
 _DOTS = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
@@ -91,14 +91,16 @@ LARGE_DOT_SHARE = 0.9
 
 
 def compiler_options(*, library_dots: bool = True) -> dict[str, str]:
-    """The XLA compiler options jonnx compiles with, as a new dict.
+    """The XLA compiler options jonnx compiles with, as a new dict: YNNPACK given single dots
+    (the miscompile of docs/known_issues.md), and on AMD CPUs with AVX-512 loops vectorized
+    512 bits wide (``_WIDE_VECTORS``).
 
     ``library_dots=False`` leaves the dots to XLA's own emitter too (convolutions always are):
     faster where every dot is large (see :func:`library_dots_for`).
 
-    Empty where the installed jaxlib does not know the option (a jaxlib without YNNPACK, or a
-    newer one that renamed it): compiling with an unknown option is an error, so it is probed
-    once, on a trivial function.
+    Without an option where the installed jaxlib does not know it (a jaxlib without YNNPACK, or
+    a newer one that renamed it): compiling with an unknown option is an error, so each is
+    probed once, on a trivial function.
     """
     return dict(_probed_options(library_dots))
 
@@ -299,7 +301,33 @@ def _dots(jaxpr: Any) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, b
 
 
 def _probed_options(library_dots: bool) -> tuple[tuple[str, str], ...]:
-    return ((_YNN_FUSION_FLAG, _SAFE_YNN_FUSIONS[library_dots]),) if _knows_ynn_fusions() else ()
+    options = ((_YNN_FUSION_FLAG, _SAFE_YNN_FUSIONS[library_dots]),) if _knows_ynn_fusions() else ()
+    return options + _WIDE_VECTORS if _takes_wide_vectors() else options
+
+
+# XLA CPU vectorizes its loops (elementwise work, and the multiply-add lowerings of depthwise
+# and few-channel convolutions in ops/conv.py) 256 bits wide unless told otherwise. On AMD CPUs
+# with AVX-512 (measured on a Zen 5) 512 bits were faster, alternating in one process:
+# MobileNetV2 at batch 1 0.887 of the time, at batch 16 0.944, an EfficientNet-B0 at batch 1
+# 0.840 (its SiLU's exp in those loops: 0.70 -> 0.38 ms at 112x112x96), the int8 BERT 0.964;
+# ResNet-50, the BERT encoder and the ResNet-18, MobileNetV2 and BERT training steps within 1%
+# (docs/performance.md). Intel CPUs are left at XLA's default, unmeasured: some lower their
+# clock for 512-bit code, which is why compilers prefer 256 there.
+_WIDE_VECTORS = (("xla_cpu_prefer_vector_width", "512"),)
+
+
+@functools.cache
+def _takes_wide_vectors() -> bool:
+    """Whether jonnx compiles with 512-bit vectors: an AMD CPU with AVX-512 whose jaxlib
+    accepts the option."""
+    info = _cpu.cpu_info()
+    if jax.default_backend() != "cpu" or not {"AuthenticAMD", "avx512f"} <= info:
+        return False
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=dict(_WIDE_VECTORS)).lower(np.float32(0)).compile()
+    except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such option"
+        return False
+    return True
 
 
 @functools.cache

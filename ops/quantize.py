@@ -10,7 +10,6 @@ half to even and saturates to the target type's range; float8 targets follow Cas
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 import onnx
 from jax import lax
 
+from jonnx import _cpu
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import canonical, dtype_of, normalize_axis, onnx_dtype
 from jonnx.ops.cast import cast_numeric
@@ -254,20 +254,10 @@ def integer_matmul_mode() -> str:
     if INTEGER_MATMUL != "auto":
         return INTEGER_MATMUL
     if jax.default_backend() == "cpu":
-        flags = _cpu_flags()
+        flags = _cpu.cpu_info()
         if "amx_int8" not in flags and flags & {"avx512_bf16", "amx_bf16"}:
             return "bfloat16"
     return "int8"
-
-
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    """The flags of ``/proc/cpuinfo`` (none where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(f.read().split())
-    except OSError:
-        return frozenset()
 
 
 def _exact_product(a8, b8, mode: str) -> jax.Array:

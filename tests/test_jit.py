@@ -80,9 +80,31 @@ def test_compiler_options_are_a_fresh_dict():
     known = dict(options)
     options["something"] = "else"
     assert jonnx.compiler_options() == known
-    # Empty where the jaxlib lacks the option (jaxlib before YNNPACK fusions).
-    if jax.default_backend() == "cpu" and known:
-        assert "xla_cpu_experimental_ynn_fusion_type" in known
+    # The YNNPACK option where the jaxlib acts on it; 512-bit vectors on AMD CPUs with AVX-512.
+    assert ("xla_cpu_experimental_ynn_fusion_type" in known) == (
+        jax.default_backend() == "cpu" and jonnx._jit._knows_ynn_fusions()
+    )
+    assert ("xla_cpu_prefer_vector_width" in known) == jonnx._jit._takes_wide_vectors()
+
+
+@pytest.mark.parametrize(
+    ("info", "wide"),
+    [
+        ({"AuthenticAMD", "avx512f", "avx512_bf16"}, True),  # Zen 4 and 5
+        ({"AuthenticAMD", "avx2"}, False),
+        ({"GenuineIntel", "avx512f", "amx_int8"}, False),  # unmeasured: XLA's default
+        (set(), False),  # /proc/cpuinfo unreadable
+    ],
+)
+def test_wide_vectors_follow_the_cpu(info, wide, monkeypatch):
+    monkeypatch.setattr(jonnx._cpu, "cpu_info", lambda: frozenset(info))
+    jonnx._jit._takes_wide_vectors.cache_clear()
+    try:
+        on_cpu = jax.default_backend() == "cpu"
+        assert jonnx._jit._takes_wide_vectors() == (wide and on_cpu)
+        assert ("xla_cpu_prefer_vector_width" in jonnx.compiler_options()) == (wide and on_cpu)
+    finally:
+        jonnx._jit._takes_wide_vectors.cache_clear()
 
 
 # Which library runs the dots: YNNPACK's (the default) or XLA's own, for nearly all work on many rows.
@@ -128,9 +150,9 @@ def test_library_dots_for_keeps_narrow_types_in_ynnpack(dtype):
 
 
 def test_compiler_options_for_xla_dots_leave_dots_out_of_ynnpack():
-    library, xla = jonnx.compiler_options(), jonnx.compiler_options(library_dots=False)
-    if not library:
+    if jax.default_backend() != "cpu" or not jonnx._jit._knows_ynn_fusions():
         pytest.skip("this jaxlib has no YNNPACK fusion option")
+    library, xla = jonnx.compiler_options(), jonnx.compiler_options(library_dots=False)
     assert library != xla
     a = np.ones((2048, 64), np.float32)
 
@@ -171,7 +193,7 @@ def test_call_chooses_the_dot_library_per_input_shape(constant_weights):
     model = jonnx.load(proto, optimize={"constant_weights": constant_weights})
     chooser = model._segments_params
     # The choice is made on the CPU where the jaxlib has the YNNPACK option.
-    assert chooser.chooses == (jax.default_backend() == "cpu" and bool(jonnx.compiler_options()))
+    assert chooser.chooses == (jax.default_backend() == "cpu" and jonnx._jit._knows_ynn_fusions())
     rng = np.random.default_rng(1)
     for rows, library in [(2048, False), (100, True)]:
         x = rng.random((rows, 64), np.float32)

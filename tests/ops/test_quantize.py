@@ -259,7 +259,7 @@ def test_integer_products_are_exact_in_every_mode(mode, a_dtype, b_kind, monkeyp
     ],
 )
 def test_integer_product_mode_follows_the_cpu(flags, mode, monkeypatch):
-    monkeypatch.setattr(quantize, "_cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(quantize._cpu, "cpu_info", lambda: frozenset(flags))
     monkeypatch.setattr(quantize.jax, "default_backend", lambda: "cpu")
     assert quantize.integer_matmul_mode() == mode
     monkeypatch.setattr(quantize, "INTEGER_MATMUL", "float32")
