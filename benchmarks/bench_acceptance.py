@@ -55,9 +55,13 @@ import jonnx
 MODELS = {
     "resnet50": (nets.resnet50, (3, 224, 224)),
     "mobilenet_v2": (nets.mobilenet_v2, (3, 224, 224)),
+    "efficientnet_b0": (nets.efficientnet_b0, (3, 224, 224)),
     "bert": (nets.bert_encoder, (128, 768)),
     "bert_int8": (lambda: nets.quantized(nets.bert_encoder()), (128, 768)),
 }
+
+
+NO_HAND = ("efficientnet_b0", "bert_int8")
 
 
 def _timed(fn) -> float:
@@ -72,8 +76,8 @@ def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
     build, shape = MODELS[name]
     proto = build()
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    # The hand-written network is float: there is none for the int8 model.
-    hand = None if name.endswith("_int8") else hand_jax.inference(proto)
+    # There is no hand-written network for the int8 model nor for the EfficientNet (not a target).
+    hand = None if name in NO_HAND else hand_jax.inference(proto)
     rows = []
     for batch in batches:
         x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
@@ -85,7 +89,7 @@ def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
         hand_err = f"{r['hand_err']:>9.1e}" if hand else f"{'-':>9}"
         hand_1st = f"{r['hand_first_s']:>8.2f}" if hand else f"{'-':>8}"
         print(
-            f"{name:<13}{batch:>4}{r['load_s']:>6.2f}{r['first_s']:>7.2f}{hand_1st}"
+            f"{name:<16}{batch:>4}{r['load_s']:>6.2f}{r['first_s']:>7.2f}{hand_1st}"
             f"{med['jonnx'] * 1e3:>9.1f}{med['plain'] * 1e3:>9.1f}{hand_ms}{med['ort'] * 1e3:>9.1f}"
             f"{med['jonnx'] / med['ort']:>8.2f}{med['plain'] / med['ort']:>8.2f}{vs_hand}"
             f"{r['err']:>9.1e}{hand_err}",
@@ -398,7 +402,7 @@ TRAIN = {"resnet18": bench_train_resnet18, "bert": bench_train_bert, "mobilenet_
 
 
 HEADER = (
-    f"{'model':<13}{'b':>4}{'load':>6}{'1st':>7}{'hand1st':>8}{'jonnx ms':>9}{'plain ms':>9}{'hand ms':>9}"
+    f"{'model':<16}{'b':>4}{'load':>6}{'1st':>7}{'hand1st':>8}{'jonnx ms':>9}{'plain ms':>9}{'hand ms':>9}"
     f"{'ort ms':>9}{'vs ort':>8}{'plain':>8}{'vs hand':>8}{'rel err':>9}{'hand err':>9}"
 )
 LEGEND = (

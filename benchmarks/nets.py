@@ -1,7 +1,9 @@
 """Benchmark networks built with onnx.helper, with seeded weights, in the form exporters write.
 
-ResNet-50 and MobileNetV2 are NCHW with Conv (no bias) -> BatchNormalization -> Relu/Clip, as
-``torch.onnx.export`` writes them in eval mode without constant folding; the BERT-base-width
+ResNet-50, MobileNetV2 and EfficientNet-B0 are NCHW with Conv (no bias) -> BatchNormalization
+-> Relu/Clip/SiLU, as ``torch.onnx.export`` writes them in eval mode without constant folding
+(EfficientNet-B0 is not an acceptance target: it is there for SiLU and squeeze-and-excitation,
+which the others lack); the BERT-base-width
 encoder is MatMul + Add projections, Reshape/Transpose heads, Softmax attention,
 LayerNormalization and an Erf GELU. The batch axis is symbolic (``N``). No torch needed.
 """
@@ -13,7 +15,7 @@ import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as onh
 
-__all__ = ["bert_encoder", "mobilenet_v2", "resnet18", "resnet50"]
+__all__ = ["bert_encoder", "efficientnet_b0", "mobilenet_v2", "resnet18", "resnet50"]
 
 
 class _Builder:
@@ -80,7 +82,15 @@ class _Builder:
             lo = self.init("clip.min", np.array(0.0, np.float32))
             hi = self.init("clip.max", np.array(6.0, np.float32))
             y = self.node("Clip", [y, lo, hi])
+        elif act == "Silu":  # torch's SiLU as its exporter writes it
+            y = self.node("Mul", [y, self.node("Sigmoid", [y])])
         return y
+
+    def conv_bias(self, x: str, c_in: int, c_out: int) -> str:
+        """A 1x1 Conv with a bias (a squeeze-and-excitation block's)."""
+        w = self.rng.standard_normal((c_out, c_in, 1, 1)).astype(np.float32) / np.sqrt(c_in)
+        bias = (0.1 * self.rng.standard_normal(c_out)).astype(np.float32)
+        return self.node("Conv", [x, self.init("conv.weight", w), self.init("conv.bias", bias)], kernel_shape=[1, 1])
 
     def linear(self, x: str, d_in: int, d_out: int, gemm: bool = False) -> str:
         w = self.rng.standard_normal((d_in, d_out)).astype(np.float32) / np.sqrt(d_in)
@@ -166,6 +176,46 @@ def mobilenet_v2(seed: int = 0) -> onnx.ModelProto:
             x = b.node("Add", [x, y]) if stride == 1 and c_in == c else y
             c_in = c
     x = b.conv_bn(x, c_in, 1280, 1, act="Relu6")
+    out = _classifier_head(b, x, 1280, 1000)
+    return b.model(
+        [oh.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, 224, 224])],
+        [oh.make_tensor_value_info(out, onnx.TensorProto.FLOAT, ["N", 1000])],
+    )
+
+
+# EfficientNet-B0's stages: (expansion, output channels, blocks, first stride, kernel).
+EFFICIENTNET_B0_BLOCKS = [
+    (1, 16, 1, 1, 3),
+    (6, 24, 2, 2, 3),
+    (6, 40, 2, 2, 5),
+    (6, 80, 3, 2, 3),
+    (6, 112, 3, 1, 5),
+    (6, 192, 4, 2, 5),
+    (6, 320, 1, 1, 3),
+]
+
+
+def efficientnet_b0(seed: int = 0) -> onnx.ModelProto:
+    """EfficientNet-B0, 224x224, 1000 classes: SiLU as ``x * Sigmoid(x)``, depthwise 3x3 and
+    5x5, squeeze-and-excitation (GlobalAveragePool, two 1x1 Convs with biases, Sigmoid, Mul)."""
+    b = _Builder(seed)
+    x = b.conv_bn("input", 3, 32, 3, stride=2, act="Silu")
+    c_in = 32
+    for t, c, n, s, k in EFFICIENTNET_B0_BLOCKS:
+        for i in range(n):
+            stride = s if i == 0 else 1
+            hidden = c_in * t
+            y = b.conv_bn(x, c_in, hidden, 1, act="Silu") if t != 1 else x
+            y = b.conv_bn(y, hidden, hidden, k, stride=stride, group=hidden, act="Silu")
+            squeezed = max(1, c_in // 4)
+            se = b.node("GlobalAveragePool", [y])
+            se = b.conv_bias(se, hidden, squeezed)
+            se = b.node("Mul", [se, b.node("Sigmoid", [se])])
+            se = b.node("Sigmoid", [b.conv_bias(se, squeezed, hidden)])
+            y = b.conv_bn(b.node("Mul", [y, se]), hidden, c, 1, act=None)
+            x = b.node("Add", [x, y]) if stride == 1 and c_in == c else y
+            c_in = c
+    x = b.conv_bn(x, c_in, 1280, 1, act="Silu")
     out = _classifier_head(b, x, 1280, 1000)
     return b.model(
         [oh.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, 224, 224])],

@@ -1,5 +1,5 @@
-"""The hand-written JAX baselines of benchmarks/hand_jax.py compute the nets.py networks, and
-the benchmarks time engines in fair orders.
+"""The hand-written JAX baselines of benchmarks/hand_jax.py compute the nets.py networks, the
+networks without one are valid models, and the benchmarks time engines in fair orders.
 
 bench_acceptance.py reports jonnx against these; if one drifted from its ONNX network the
 ratio would compare different functions. Small instances only (seconds): a ResNet-18 at 32x32
@@ -114,3 +114,17 @@ def test_dot_floor_counts_each_float32_product_of_a_computation():
     # x @ w and h @ w.T are the same product (JAX transposes w first): counted twice.
     found = {bench_dot_floor._describe(p): (count, bench_dot_floor._flops(p)) for p, count in products.items()}
     assert found == {"6 x 4 x 4": (2, 2 * 6 * 4 * 4), "2 x 3 x 8 x 3": (1, 2 * 2 * 3 * 3 * 8)}
+
+
+def test_efficientnet_is_a_valid_model_jonnx_computes():
+    # bench_acceptance.py times it against onnxruntime only (no hand-written network).
+    import onnx
+
+    import jonnx
+
+    proto = nets.efficientnet_b0()
+    onnx.checker.check_model(proto, full_check=True)
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"input": x})[0]
+    np.testing.assert_allclose(np.asarray(jonnx.load(proto)(x)[0]), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
