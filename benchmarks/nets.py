@@ -112,6 +112,17 @@ def _classifier_head(b: _Builder, x: str, c: int, classes: int) -> str:
     return b.linear(y, c, classes, gemm=True)
 
 
+def _mobile_head(b: _Builder, x: str, c_in: int, act: str) -> onnx.ModelProto:
+    """What MobileNetV2 and EfficientNet-B0 end with: a 1x1 Conv to 1280 channels with
+    BatchNormalization and ``act``, the 1000-class head, and the model over 224x224 images."""
+    x = b.conv_bn(x, c_in, 1280, 1, act=act)
+    out = _classifier_head(b, x, 1280, 1000)
+    return b.model(
+        [oh.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, 224, 224])],
+        [oh.make_tensor_value_info(out, onnx.TensorProto.FLOAT, ["N", 1000])],
+    )
+
+
 def _resnet(blocks: list[int], bottleneck: bool, size: int, classes: int, seed: int) -> onnx.ModelProto:
     b = _Builder(seed)
     x = b.conv_bn("input", 3, 64, 7, stride=2)
@@ -175,12 +186,7 @@ def mobilenet_v2(seed: int = 0) -> onnx.ModelProto:
             y = b.conv_bn(y, hidden, c, 1, act=None)
             x = b.node("Add", [x, y]) if stride == 1 and c_in == c else y
             c_in = c
-    x = b.conv_bn(x, c_in, 1280, 1, act="Relu6")
-    out = _classifier_head(b, x, 1280, 1000)
-    return b.model(
-        [oh.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, 224, 224])],
-        [oh.make_tensor_value_info(out, onnx.TensorProto.FLOAT, ["N", 1000])],
-    )
+    return _mobile_head(b, x, c_in, "Relu6")
 
 
 # EfficientNet-B0's stages: (expansion, output channels, blocks, first stride, kernel).
@@ -215,12 +221,7 @@ def efficientnet_b0(seed: int = 0) -> onnx.ModelProto:
             y = b.conv_bn(b.node("Mul", [y, se]), hidden, c, 1, act=None)
             x = b.node("Add", [x, y]) if stride == 1 and c_in == c else y
             c_in = c
-    x = b.conv_bn(x, c_in, 1280, 1, act="Silu")
-    out = _classifier_head(b, x, 1280, 1000)
-    return b.model(
-        [oh.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, 224, 224])],
-        [oh.make_tensor_value_info(out, onnx.TensorProto.FLOAT, ["N", 1000])],
-    )
+    return _mobile_head(b, x, c_in, "Silu")
 
 
 def bert_encoder(layers: int = 4, hidden: int = 768, heads: int = 12, seq: int = 128, seed: int = 0) -> onnx.ModelProto:
