@@ -11,7 +11,8 @@ correctly wherever each contraction reads data computed from at least one stored
 fusion input or a literal constant, not a scalar -- as the reproducer does with its weight passed
 in, scaled by a broadcast scalar, or held as a constant that is not all-equal.
 :func:`ynn_fusions_are_safe` checks that on the compiled text; callers compile with the
-reductions, check, and fall back to single dots where the check fails.
+reductions, check (:func:`ynn_fusions_suit` runs both checks), and fall back to single dots
+where the check fails.
 
 The same fusions run slowly when a contraction reads its weights through a bitcast of a
 parameter whose minor dimension is a unit one: a 1x1 convolution's OI11 kernel read as a
@@ -43,24 +44,20 @@ _STORED = frozenset({"parameter", "constant"})
 _YNN_FUSION = '"kind":"__ynn_fusion"'
 
 
+def ynn_fusions_suit(hlo_text: str) -> bool:
+    """Both checks at once (:func:`ynn_fusions_are_safe` and :func:`ynn_fusions_are_fast`),
+    reading ``hlo_text`` once: whether a module compiled with YNNPACK's reductions may be kept."""
+    bodies = _ynn_fusion_bodies(hlo_text)
+    return all(_safe(body) for body in bodies) and all(_fast(body) for body in bodies)
+
+
 def ynn_fusions_are_safe(hlo_text: str) -> bool:
     """Whether every dot and convolution inside a YNNPACK fusion of ``hlo_text`` (a compiled
     module's ``as_text()``) reads dense data: each operand must be computed, within the fusion,
     from at least one stored array -- a fusion parameter or a literal constant of more than one
     element, reached without passing through a broadcast -- rather than from broadcasts (or
     iotas) alone. Anything it cannot read counts as unsafe."""
-    computations = _computations(hlo_text)
-    for line in hlo_text.splitlines():
-        if _YNN_FUSION not in line:
-            continue
-        called = _CALLS.search(line)
-        body = computations.get(called.group(1)) if called else None
-        if not body:
-            return False
-        contractions = [i for i in body.values() if i.opcode in _CONTRACTIONS]
-        if not all(_reads_stored(body, name) for c in contractions for name in c.operands):
-            return False
-    return True
+    return all(_safe(body) for body in _ynn_fusion_bodies(hlo_text))
 
 
 def ynn_fusions_are_fast(hlo_text: str) -> bool:
@@ -68,24 +65,42 @@ def ynn_fusions_are_fast(hlo_text: str) -> bool:
     reading a fusion parameter through a bitcast, where that parameter's minor dimension is of
     size 1 (an OI11 kernel read as a matrix). Such a fusion took 3.5x the time of the same
     product with its parameter already a matrix, or of single dots (a 1152 -> 320 product on
-    7x7 with its ReLU and mean: 0.56-0.59 against 0.16 ms); leading unit dimensions (a 11IO
-    kernel) measured as fast as a matrix."""
+    7x7 with its ReLU and mean: 0.56-0.61 against 0.15-0.16 ms); leading unit dimensions (a
+    11IO kernel) measured as fast as a matrix."""
+    return all(_fast(body) for body in _ynn_fusion_bodies(hlo_text))
+
+
+def _ynn_fusion_bodies(hlo_text: str) -> list[dict[str, _Instruction]]:
+    """The computation each YNNPACK fusion of ``hlo_text`` calls, its instructions by name
+    (empty where the text does not hold it)."""
     computations = _computations(hlo_text)
+    bodies = []
     for line in hlo_text.splitlines():
-        if _YNN_FUSION not in line:
-            continue
-        called = _CALLS.search(line)
-        body = computations.get(called.group(1)) if called else {}
-        if not any(i.opcode == "reduce" for i in body.values()):
-            continue
-        for contraction in (i for i in body.values() if i.opcode in _CONTRACTIONS):
-            for operand in contraction.operands:
-                bitcast = body.get(operand)
-                if bitcast is None or bitcast.opcode != "bitcast":
-                    continue
-                source = body.get(bitcast.operands[0]) if bitcast.operands else None
-                if source is not None and source.opcode == "parameter" and source.dims[-1:] == (1,):
-                    return False
+        if _YNN_FUSION in line:
+            called = _CALLS.search(line)
+            bodies.append(computations.get(called.group(1), {}) if called else {})
+    return bodies
+
+
+def _safe(body: dict[str, _Instruction]) -> bool:
+    """No contraction of this fusion reads data made from broadcasts alone (an unreadable
+    fusion is not safe)."""
+    contractions = [i for i in body.values() if i.opcode in _CONTRACTIONS]
+    return bool(body) and all(_reads_stored(body, name) for c in contractions for name in c.operands)
+
+
+def _fast(body: dict[str, _Instruction]) -> bool:
+    """This fusion is not the slow form (see :func:`ynn_fusions_are_fast`)."""
+    if not any(i.opcode == "reduce" for i in body.values()):
+        return True
+    for contraction in (i for i in body.values() if i.opcode in _CONTRACTIONS):
+        for operand in contraction.operands:
+            bitcast = body.get(operand)
+            if bitcast is None or bitcast.opcode != "bitcast" or not bitcast.operands:
+                continue
+            source = body.get(bitcast.operands[0])
+            if source is not None and source.opcode == "parameter" and source.dims[-1:] == (1,):
+                return False
     return True
 
 

@@ -204,9 +204,8 @@ class DotChoosingJit:
         if reductions is None:
             return LIBRARY_DOTS
         # Compiled here to be read; the call that follows finds this compilation in JAX's cache.
-        text = reductions.trace(*args, **kwargs).lower().compile().as_text()
-        suits = _hlo.ynn_fusions_are_safe(text) and _hlo.ynn_fusions_are_fast(text)
-        return LIBRARY_REDUCTIONS if suits else LIBRARY_DOTS
+        compiled = reductions.trace(*args, **kwargs).lower().compile()
+        return LIBRARY_REDUCTIONS if _hlo.ynn_fusions_suit(compiled.as_text()) else LIBRARY_DOTS
 
 
 def tracing_into_jaxpr() -> bool:

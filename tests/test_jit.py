@@ -329,6 +329,10 @@ def test_slow_fusion_check_reads_hlo_text():
     assert jonnx._hlo.ynn_fusions_are_fast(_SLOW_FORM.replace("f32[32,64,1,1]{3,2,1,0}", "f32[1,1,32,64]{3,2,1,0}"))
     matrix = _SLOW_FORM.replace("f32[32,64,1,1]{3,2,1,0} parameter(1)", "f32[32,64]{1,0} parameter(1)")
     assert jonnx._hlo.ynn_fusions_are_fast(matrix)
+    # What the chooser asks: both checks, each able to refuse.
+    assert jonnx._hlo.ynn_fusions_suit(matrix)
+    assert not jonnx._hlo.ynn_fusions_suit(_SLOW_FORM)
+    assert not jonnx._hlo.ynn_fusions_suit(_RECOMPILED_REPRODUCER)
     no_reduction = _SLOW_FORM.replace(
         "ROOT %reduce_sum.0 = f32[32] reduce(%dot.0, %constant.1), dimensions={0}, to_apply=%region_0.1",
         "ROOT %negate.0 = f32[49,32]{1,0} negate(%dot.0)",
