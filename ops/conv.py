@@ -451,10 +451,7 @@ def _conv_tap_products(x, w, strides, dilations, lo, hi, precision, channels_las
     # against 7.2 this way; XLA's convolution 5.1).
     parts = jnp.split(zp, math.prod(kernel), axis=-1)
     out = geo.out_spatial(zp, kernel, strides, dilations, True)
-    y = None
-    for window in geo.taps(parts[0], kernel, strides, dilations, out, True, parts=parts):
-        y = window if y is None else y + window
-    return y
+    return geo.tree_sum(geo.taps(parts[0], kernel, strides, dilations, out, True, parts=parts))
 
 
 def _conv_channel_taps(x, w, strides, dilations, lo, hi, precision, channels_last, layout):
@@ -468,12 +465,11 @@ def _conv_channel_taps(x, w, strides, dilations, lo, hi, precision, channels_las
     xp = geo.pad_spatial(x, lo, hi, True)
     out = geo.out_spatial(xp, kernel, strides, dilations, True)
     weights = jnp.reshape(w, (-1,) + jnp.shape(w)[-2:])  # (K, C, M)
-    y = None
-    for i, window in enumerate(geo.taps(xp, kernel, strides, dilations, out, True)):
-        for c in range(jnp.shape(weights)[1]):
-            term = window[..., c : c + 1] * weights[i, c]  # (N, *out, 1) * (M,)
-            y = term if y is None else y + term
-    return y
+    return geo.tree_sum(
+        window[..., c : c + 1] * weights[i, c]  # (N, *out, 1) * (M,)
+        for i, window in enumerate(geo.taps(xp, kernel, strides, dilations, out, True))
+        for c in range(jnp.shape(weights)[1])
+    )
 
 
 _LOWERINGS = {

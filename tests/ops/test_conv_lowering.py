@@ -318,3 +318,11 @@ def test_spread_product_is_a_broadcast_product(n):
         batched = jax.vmap(spread_product)(np.stack([a, -a]), np.stack([v, 2 * v]))
         np.testing.assert_allclose(batched, np.stack([a * v, -2 * a * v]), rtol=1e-12)
         check_grads(spread_product, (a, v), order=2, modes=("fwd", "rev"))
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_tree_sum_adds_every_term_once(n):
+    """The taps' balanced sum, odd counts included: powers of two, so any term dropped or
+    added twice shows in the exact float total."""
+    terms = [jnp.float32(2.0**i) for i in range(n)]
+    assert float(_window.tree_sum(terms)) == 2.0**n - 1
