@@ -29,7 +29,7 @@ from jonnx._ir import Graph, Node
 from jonnx._progress import Progress
 from jonnx._registry import OpContext, promote_floats
 from jonnx._static import static_values
-from jonnx._values import is_concrete
+from jonnx._values import carries_value, is_concrete
 
 __all__ = ["RunOptions", "run_graph", "run_nodes"]
 
@@ -78,10 +78,13 @@ class LoopBodies:
     Node by node, each iteration folds every body node on the host (an 8-node body: about 6 ms
     an iteration); compiled, an iteration is one call of the body's computation. A body runs
     compiled only where that is the same computation: its inputs and the outer values it
-    reads are arrays (no sequences, optionals or strings), none of them tracers (``jax.grad``
-    runs node by node, so gradients flow), none needed at trace time (a shape, also one found
-    only while tracing), not in checked mode; and at most ``MAX_SIGNATURES`` shapes per body
-    (a state that grows every iteration would compile every iteration).
+    reads are arrays (no sequences, optionals or strings) whose values are known (under
+    ``jax.grad`` outside jit, the compiled body and its compiled pullback, as a custom_vjp;
+    forward mode and higher derivatives run node by node), none needed at trace time (a
+    shape, also one found only while tracing), not in checked mode; and at most
+    ``MAX_SIGNATURES`` shapes per body (a state that grows every iteration would compile
+    every iteration). Under ``jax.grad`` an 8-node body with a 64 x 64 MatMul took 1.5 ms an
+    iteration so, 2.5 ms node by node.
     """
 
     MAX_SIGNATURES = 16
@@ -106,7 +109,7 @@ class LoopBodies:
         if options.checked:
             return None
         outer = {n: scope[n] for n in sub.outer_names if n in scope}
-        if not all(_is_plain_array(v) for v in (*inputs.values(), *outer.values())):
+        if not all(_is_array(v) for v in (*inputs.values(), *outer.values())):
             return None
         entry_key = (id(sub), options.train, options.precision, options.state, options.memory_limit)
         body = self._bodies.get(entry_key)
@@ -130,21 +133,46 @@ class LoopBodies:
 
 
 def _compiled_body(sub: Graph, options: RunOptions) -> Any:
-    """``sub`` as one compiled function of its inputs, the outer values it reads and a key."""
-    from jonnx._jit import plain_jit  # the interpreter otherwise knows nothing of jit
+    """``sub`` as one compiled function of its inputs, the outer values it reads and a key;
+    on ``jax.grad``'s tracers the compiled body and its compiled pullback as a custom_vjp
+    (:func:`jonnx._jit.differentiable`)."""
+    from jonnx._jit import differentiable, plain_jit  # the interpreter otherwise knows nothing of jit
 
     def body(values, outer_values, key):
         run_options = dataclasses.replace(options, key=key, bodies=None)
         return run_graph(sub, values, run_options, outer=outer_values)[0]
 
-    return plain_jit(body)
+    def pullback(values, outer_values, key, cotangents):
+        return (*jax.vjp(lambda v, o: body(v, o, key), values, outer_values)[1](cotangents), None)
+
+    compiled = plain_jit(body)
+    on_tracers = differentiable(compiled, plain_jit(pullback))
+
+    def run(values, outer_values, key):
+        tracers = [x for x in jax.tree_util.tree_leaves((values, outer_values)) if isinstance(x, jax.core.Tracer)]
+        if not tracers:
+            return compiled(values, outer_values, key)
+        # One reverse-mode level only: the pullback is a top-level jit too, so a derivative of
+        # it (grad of grad) runs node by node, as does forward mode, which a custom_vjp refuses.
+        if any(isinstance(getattr(x, "primal", None), jax.core.Tracer) for x in tracers):
+            return None
+        try:
+            return on_tracers(values, outer_values, key)
+        except TypeError as e:
+            if "forward-mode" not in str(e):
+                raise
+            return None
+
+    return run
 
 
-def _is_plain_array(value: Any) -> bool:
-    """A numeric numpy array or scalar, or a JAX array that is not a tracer."""
+def _is_array(value: Any) -> bool:
+    """A numeric numpy array or scalar, or a JAX array whose value is known: computed, or a
+    tracer of ``jax.grad`` over it (outside any jit or vmap), not the abstract tracer of a
+    trace (a Loop's scan, the caller's jit)."""
     if isinstance(value, (np.ndarray, np.generic)):
         return value.dtype != object
-    return isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)
+    return isinstance(value, jax.Array) and carries_value(value)
 
 
 def _to_numpy(value: Any) -> Any:

@@ -409,6 +409,28 @@ def jit(fn: Callable[..., Any], **jit_kwargs: Any) -> DotChoosingJit:
     )
 
 
+def differentiable(forward: Callable[..., Any], backward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` made differentiable by ``jax.grad`` outside any jit, though it is a top-level
+    jit with compiler options, which JAX refuses to trace into: a ``custom_vjp`` whose forward
+    and backward both run on concrete values. ``backward(*args, cotangents)`` gives a cotangent
+    (or None) per argument: a compiled ``jax.vjp`` that recomputes the forward rather than keep
+    its residuals. Forward mode (``jax.jvp``) does not apply to it. Make it once per
+    ``forward``: JAX caches its traces by the function."""
+
+    @jax.custom_vjp
+    def call(*args):
+        return forward(*args)
+
+    def keep(*args):
+        return call(*args), args
+
+    def pull(saved, cotangents):
+        return tuple(backward(*saved, cotangents))
+
+    call.defvjp(keep, pull)
+    return call
+
+
 def plain_jit(fn: Callable[..., Any], **jit_kwargs: Any) -> Callable[..., Any]:
     """``jax.jit(fn, **jit_kwargs)`` with :func:`compiler_options` added (YNNPACK single dots)."""
     _listen_for_compiles()

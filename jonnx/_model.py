@@ -25,7 +25,14 @@ from jonnx._build import GraphBuilder, default_memory_limit
 from jonnx._export import copy_except, detach_initializers, inline_external, serialize_with
 from jonnx._interpreter import LoopBodies, RunOptions, narrowing, narrowing_advice, run_graph, run_main_nodes, run_nodes
 from jonnx._ir import Graph, ValueInfo
-from jonnx._jit import DotChoosingJit, plain_jit, release_freed_memory, signature, tracing_into_jaxpr
+from jonnx._jit import (
+    DotChoosingJit,
+    differentiable,
+    plain_jit,
+    release_freed_memory,
+    signature,
+    tracing_into_jaxpr,
+)
 from jonnx._progress import Progress
 from jonnx._registry import normalize_domain
 from jonnx._segments import SegmentPlan, Stage, plan_segments, weight_only_nodes
@@ -923,25 +930,19 @@ class Model:
     def _differentiable_segment(self, stage: Stage, params, dynamic: dict, static: tuple, key) -> Any:
         """The compiled segment for tracers over concrete values (``jax.grad`` outside jit).
 
-        A jit with XLA compiler options cannot be traced into (JAX allows them only on a
-        top-level jit), and a custom_vjp's forward and backward run on concrete values: so
-        both stay top-level compiled functions, cached by shape like the segment itself.
+        Forward and backward stay top-level compiled functions (:func:`jonnx._jit.differentiable`),
+        cached by shape like the segment itself.
         """
 
-        @jax.custom_vjp
-        def segment(params, dynamic):
-            return self._segments_params.default(stage, params, dynamic, static, key)
-
-        def forward(params, dynamic):
-            return segment(params, dynamic), (params, dynamic)
-
-        def backward(saved, cotangents):
+        def backward(params, dynamic, cotangents):
             if self.checked:  # the forward's error part has no cotangent
                 cotangents = cotangents[1]
-            return self._segment_vjp(stage, *saved, static, key, cotangents)
+            return self._segment_vjp(stage, params, dynamic, static, key, cotangents)
 
-        segment.defvjp(forward, backward)
-        return segment(params, dynamic)
+        def forward(params, dynamic):
+            return self._segments_params.default(stage, params, dynamic, static, key)
+
+        return differentiable(forward, backward)(params, dynamic)
 
     def _segment_vjp_impl(self, stage: Stage, params, dynamic: dict, static: tuple, key, cotangents: dict) -> tuple:
         def run(params, dynamic):

@@ -18,7 +18,7 @@ try:  # newer jax re-exports it in jax.extend.core; jax 0.8 (the declared minimu
 except ImportError:
     from jax.core import concrete_or_error
 
-__all__ = ["concrete_or_error", "is_concrete", "known_value"]
+__all__ = ["carries_value", "concrete_or_error", "is_concrete", "known_value"]
 
 
 def is_concrete(value: Any) -> bool:
@@ -33,6 +33,16 @@ def is_concrete(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return all(is_concrete(v) for v in value)
     return False
+
+
+def carries_value(value: Any) -> bool:
+    """Whether ``value``'s value is known now (see :func:`known_value`), without copying it."""
+    if isinstance(value, jax.core.Tracer):
+        try:
+            concrete_or_error(None, value)
+        except jax.errors.ConcretizationTypeError:
+            return False
+    return True
 
 
 def known_value(value: Any) -> np.ndarray | None:

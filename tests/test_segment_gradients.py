@@ -266,9 +266,56 @@ def test_grad_through_a_loop_run_on_the_host_matches_finite_differences(inside_i
     names = ["w0", "w", "v"]
     grads = jax.grad(loss)({n: model.params[n] for n in names})
     assert model.segment_plan.host_nodes
+    assert len(model._loop_bodies) == 1  # its body ran compiled, with its compiled pullback
     _check_directional_derivatives(
         proto, model, grads, feeds, lambda out: float(np.sum(out[0] * weights) + np.sum(out[1])), names
     )
+
+
+def _lone_loop() -> onnx.ModelProto:
+    """The early-exit Loop alone (h = h * w + v while sum(h^2) < limit, stacking h^2): no
+    compiled segment around it, so forward mode and second derivatives reach its body."""
+    proto = _early_exit_network()
+    graph = proto.graph
+    loop = next(n for n in graph.node if n.op_type == "Loop")
+    loop.input[2] = "x"
+    del graph.node[:]
+    graph.node.append(loop)
+    del graph.output[:]
+    f = TensorProto.FLOAT
+    graph.output.extend(
+        [oh.make_tensor_value_info("h_last", f, [3]), oh.make_tensor_value_info("stacked", f, [None, 3])]
+    )
+    return proto
+
+
+def test_forward_mode_and_second_derivatives_through_a_host_loop():
+    # The compiled body is a custom_vjp for one reverse-mode level; jvp and grad-of-grad run
+    # the body node by node. Expected values: central differences of onnxruntime's loss in w.
+    proto = _lone_loop()
+    model = jonnx.load(proto)
+    feeds = {"x": np.float32([1.0, 2.0, 3.0]), "limit": np.array(500.0, np.float32)}
+    w = np.asarray(model.params["w"], np.float64)
+    direction = np.float64([0.4, -1.0, 0.7])
+
+    def ort_loss(weights):
+        h_last, stacked = _ort_outputs(proto, {"w": weights.astype(np.float32)}, feeds)
+        return float(np.sum(h_last.astype(np.float64)) + np.sum(stacked.astype(np.float64)))
+
+    def loss(weights):
+        h_last, stacked = model(**feeds, params={"w": weights})
+        return jnp.sum(h_last) + jnp.sum(stacked)
+
+    eps = 1e-3
+    slope = (ort_loss(w + eps * direction) - ort_loss(w - eps * direction)) / (2 * eps)
+    curvature = (ort_loss(w + eps * direction) - 2 * ort_loss(w) + ort_loss(w - eps * direction)) / eps**2
+    w32, d32 = jnp.float32(w), jnp.float32(direction)
+    _, forward = jax.jvp(loss, (w32,), (d32,))
+    np.testing.assert_allclose(float(forward), slope, rtol=1e-3)
+    reverse = jax.grad(loss)(w32)
+    np.testing.assert_allclose(float(jnp.dot(reverse, d32)), slope, rtol=1e-3)
+    along = jax.grad(lambda t: jnp.dot(jax.grad(loss)(w32 + t * d32), d32))(jnp.float32(0))
+    np.testing.assert_allclose(float(along), curvature, rtol=2e-2)
 
 
 def test_grad_through_a_bounded_loop_inside_jit_matches_finite_differences():
