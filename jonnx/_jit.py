@@ -414,8 +414,8 @@ def differentiable(forward: Callable[..., Any], backward: Callable[..., Any]) ->
     jit with compiler options, which JAX refuses to trace into: a ``custom_vjp`` whose forward
     and backward both run on concrete values. ``backward(*args, cotangents)`` gives a cotangent
     (or None) per argument: a compiled ``jax.vjp`` that recomputes the forward rather than keep
-    its residuals. Forward mode (``jax.jvp``) does not apply to it. Make it once per
-    ``forward``: JAX caches its traces by the function."""
+    its residuals. Forward mode (``jax.jvp``) does not apply to it. JAX caches the wrapper's
+    traces by the function, so one made once (a loop body's) is traced once per shape."""
 
     @jax.custom_vjp
     def call(*args):

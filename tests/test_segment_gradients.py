@@ -291,31 +291,37 @@ def _lone_loop() -> onnx.ModelProto:
 
 def test_forward_mode_and_second_derivatives_through_a_host_loop():
     # The compiled body is a custom_vjp for one reverse-mode level; jvp and grad-of-grad run
-    # the body node by node. Expected values: central differences of onnxruntime's loss in w.
+    # the body node by node. Expected values: central differences of the loop written in
+    # float64 numpy (which must give onnxruntime's loss), six iterations on both sides.
     proto = _lone_loop()
     model = jonnx.load(proto)
     feeds = {"x": np.float32([1.0, 2.0, 3.0]), "limit": np.array(500.0, np.float32)}
-    w = np.asarray(model.params["w"], np.float64)
-    direction = np.float64([0.4, -1.0, 0.7])
+    p = {n: np.asarray(model.params[n], np.float64) for n in ("w", "v")}
 
-    def ort_loss(weights):
-        h_last, stacked = _ort_outputs(proto, {"w": weights.astype(np.float32)}, feeds)
-        return float(np.sum(h_last.astype(np.float64)) + np.sum(stacked.astype(np.float64)))
+    def numpy_loss(w):
+        h, total = feeds["x"].astype(np.float64), 0.0
+        for _ in range(20):  # the trip count M
+            h = h * w + p["v"]
+            total += np.sum(h * h)
+            if not np.sum(h * h) < feeds["limit"]:
+                break
+        return float(np.sum(h) + total)
 
     def loss(weights):
         h_last, stacked = model(**feeds, params={"w": weights})
         return jnp.sum(h_last) + jnp.sum(stacked)
 
-    eps = 1e-3
-    slope = (ort_loss(w + eps * direction) - ort_loss(w - eps * direction)) / (2 * eps)
-    curvature = (ort_loss(w + eps * direction) - 2 * ort_loss(w) + ort_loss(w - eps * direction)) / eps**2
-    w32, d32 = jnp.float32(w), jnp.float32(direction)
+    h_last, stacked = _ort_outputs(proto, {}, feeds)
+    np.testing.assert_allclose(numpy_loss(p["w"]), np.sum(h_last) + np.sum(stacked), rtol=1e-6)
+    direction, eps = np.float64([0.4, -1.0, 0.7]), 1e-4
+    ahead, here, behind = (numpy_loss(p["w"] + k * eps * direction) for k in (1, 0, -1))
+    w32, d32 = jnp.float32(p["w"]), jnp.float32(direction)
     _, forward = jax.jvp(loss, (w32,), (d32,))
-    np.testing.assert_allclose(float(forward), slope, rtol=1e-3)
+    np.testing.assert_allclose(float(forward), (ahead - behind) / (2 * eps), rtol=1e-4)
     reverse = jax.grad(loss)(w32)
-    np.testing.assert_allclose(float(jnp.dot(reverse, d32)), slope, rtol=1e-3)
+    np.testing.assert_allclose(float(jnp.dot(reverse, d32)), (ahead - behind) / (2 * eps), rtol=1e-4)
     along = jax.grad(lambda t: jnp.dot(jax.grad(loss)(w32 + t * d32), d32))(jnp.float32(0))
-    np.testing.assert_allclose(float(along), curvature, rtol=2e-2)
+    np.testing.assert_allclose(float(along), (ahead - 2 * here + behind) / eps**2, rtol=1e-4)
 
 
 def test_grad_through_a_bounded_loop_inside_jit_matches_finite_differences():
