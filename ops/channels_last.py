@@ -29,12 +29,16 @@ is private: the pass makes these nodes only in the graph a ``Model`` runs, never
 
 from __future__ import annotations
 
+import math
+
+import jax
 import jax.numpy as jnp
 import onnx.defs
 
 from jonnx._attributes import schema_defaults
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import conv as conv_ops, normalization, pool
+from jonnx.ops._util import static_sizes
 
 __all__ = ["DOMAIN", "VERSION"]
 
@@ -83,7 +87,21 @@ def average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 def global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalAveragePool`` on N(D)HWC activations: (N, 1, ..., 1, C)."""
     x = inputs[0]
-    return (jnp.mean(x, axis=pool.spatial_axes(x, ctx, channels_last=True), keepdims=True),)
+    axes = pool.spatial_axes(x, ctx, channels_last=True)
+    shape = jnp.shape(x)
+    one_image = static_sizes(shape) and shape[0] == 1 and math.prod(shape[1:-1]) >= MEAN_PRODUCT_MIN_CELLS
+    if one_image and x.dtype == jnp.float32 and jax.default_backend() == "cpu":
+        cells = math.prod(shape[1:-1])
+        # One image's mean as a product with a row of 1/cells: XLA's reduction keeping the minor
+        # (channel) axis reads the map slowly; YNNPACK's product streams it.
+        row = jnp.full((1, cells), 1.0 / cells, x.dtype)
+        y = jnp.dot(row, jnp.reshape(x, (cells, shape[-1])), precision=ctx.precision)
+        return (jnp.reshape(y, (1,) * (len(shape) - 1) + (shape[-1],)),)
+    return (jnp.mean(x, axis=axes, keepdims=True),)
+
+
+# A channels-last GlobalAveragePool of one image over at least this many cells is a product.
+MEAN_PRODUCT_MIN_CELLS = 784
 
 
 @register("GlobalMaxPool", since=VERSION, domain=DOMAIN, attributes={}, n_inputs=1)

@@ -539,6 +539,8 @@ POOLS = [
     ("AveragePool", (2, 3, 7, 8), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
     ("AveragePool", (1, 2, 6, 6), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
     ("GlobalAveragePool", (2, 3, 4, 5), {}),
+    ("GlobalAveragePool", (1, 5, 28, 30), {}),  # one image, 840 cells: a product on CPU
+    ("GlobalAveragePool", (1, 2, 10, 10, 9), {}),
     ("GlobalMaxPool", (2, 3, 4, 5, 2), {}),
 ]
 
@@ -553,6 +555,19 @@ def test_channels_last_pools(case):
     proto = _model([node], [oh.make_tensor_value_info("x", F, xs)], [oh.make_tensor_value_info("y", F, None)], {})
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(_first(got), session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_one_image_global_average_pool_is_a_product():
+    """One image's mean over a large map is a product with a row of 1/cells on CPU (the
+    values: test_channels_last_pools); batches and small maps stay a reduction."""
+
+    def lowered(shape):
+        x = np.moveaxis(rand(*shape), 1, -1)
+        return str(jax.make_jaxpr(lambda x: jonnx.ops.call("GlobalAveragePool", x, domain=DOMAIN))(x))
+
+    assert "dot_general" in lowered((1, 5, 28, 30))
+    assert "dot_general" not in lowered((2, 5, 28, 30))
+    assert "dot_general" not in lowered((1, 5, 7, 7))
 
 
 def test_on_by_default_in_the_default_call_only():
