@@ -83,8 +83,8 @@ class LoopBodies:
     forward mode and higher derivatives run node by node), none needed at trace time (a
     shape, also one found only while tracing), not in checked mode; and at most
     ``MAX_SIGNATURES`` shapes per body (a state that grows every iteration would compile
-    every iteration). Under ``jax.grad`` an 8-node body with a 64 x 64 MatMul took 1.5 ms an
-    iteration so, 2.5 ms node by node.
+    every iteration). Under ``jax.grad`` a 9-node body with an (8, 64) x (64, 64) MatMul took
+    1.5 ms an iteration so, 2.5 ms node by node.
     """
 
     MAX_SIGNATURES = 16
