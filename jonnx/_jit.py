@@ -319,14 +319,9 @@ _WIDE_VECTORS = (("xla_cpu_prefer_vector_width", "512"),)
 def _takes_wide_vectors() -> bool:
     """Whether jonnx compiles with 512-bit vectors: an AMD CPU with AVX-512 whose jaxlib
     accepts the option."""
-    info = _cpu.cpu_info()
-    if jax.default_backend() != "cpu" or not {"AuthenticAMD", "avx512f"} <= info:
+    if jax.default_backend() != "cpu" or not {"AuthenticAMD", "avx512f"} <= _cpu.cpu_info():
         return False
-    try:
-        jax.jit(lambda x: x + 1, compiler_options=dict(_WIDE_VECTORS)).lower(np.float32(0)).compile()
-    except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such option"
-        return False
-    return True
+    return _compiled_text(lambda x: x + 1, dict(_WIDE_VECTORS)) is not None
 
 
 @functools.cache
@@ -346,12 +341,18 @@ def _knows_reduce_fusions() -> bool:
 def _gives_ynn_fusion(fn: Callable[[Any], Any], fusion_types: str) -> bool:
     """Whether ``fn`` of a (64, 64) float32 array, compiled with these YNNPACK fusion types,
     runs in a YNNPACK fusion."""
-    compiled = jax.jit(fn, compiler_options={_YNN_FUSION_FLAG: fusion_types})
+    return "ynn_fusion" in (_compiled_text(fn, {_YNN_FUSION_FLAG: fusion_types}) or "")
+
+
+def _compiled_text(fn: Callable[[Any], Any], options: dict[str, str]) -> str | None:
+    """The compiled module of ``fn`` of a (64, 64) float32 array under these compiler options,
+    or None where this jaxlib refuses them."""
     try:
-        text = compiled.lower(jax.ShapeDtypeStruct((64, 64), np.float32)).compile().as_text()
-    except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such option or type"
-        return False
-    return "ynn_fusion" in text
+        return (
+            jax.jit(fn, compiler_options=options).lower(jax.ShapeDtypeStruct((64, 64), np.float32)).compile().as_text()
+        )
+    except Exception:  # noqa: BLE001 - any refusal means "this jaxlib has no such option or value"
+        return None
 
 
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

@@ -38,7 +38,7 @@ from jonnx._registry import normalize_domain
 from jonnx._segments import SegmentPlan, Stage, plan_segments, weight_only_nodes
 from jonnx._state import StatePlan, plan_state
 from jonnx._static import preferred_static_inputs, setting_values, static_values
-from jonnx._values import concrete_or_error
+from jonnx._values import carries_value, concrete_or_error
 from jonnx._wire import InlineData, WireError, read_model
 from jonnx.sharding import Rules, param_specs
 
@@ -801,11 +801,7 @@ class Model:
     def _refuse_traced(self, values: Mapping[str, Any]) -> None:
         # Tracers that carry their concrete value (jax.grad outside jax.jit) are fine: host
         # nodes and static arguments read that value; only abstract ones (jit, vmap) are not.
-        traced = [
-            n
-            for n, v in values.items()
-            if any(isinstance(x, jax.core.Tracer) and not _has_value(x) for x in jax.tree_util.tree_leaves(v))
-        ]
+        traced = [n for n, v in values.items() if not all(carries_value(x) for x in jax.tree_util.tree_leaves(v))]
         if not traced:
             return
         if self.segment_plan.host_nodes:
@@ -1134,15 +1130,6 @@ def _host_copy(value: Any) -> Any:
     if isinstance(value, jax.core.Tracer):
         return concrete_or_error(np.asarray, value, "a host node of a segmented model")
     return np.asarray(value)
-
-
-def _has_value(tracer: jax.core.Tracer) -> bool:
-    """Whether a tracer carries a concrete value (JVP/linearize outside any jit or vmap)."""
-    try:
-        concrete_or_error(None, tracer)
-    except jax.errors.ConcretizationTypeError:
-        return False
-    return True
 
 
 def _outer_reads(node: Any) -> tuple[str, ...]:

@@ -89,9 +89,8 @@ def global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs
     x = inputs[0]
     axes = pool.spatial_axes(x, ctx, channels_last=True)
     shape = jnp.shape(x)
-    one_image = static_sizes(shape) and shape[0] == 1 and math.prod(shape[1:-1]) >= MEAN_PRODUCT_MIN_CELLS
-    if one_image and x.dtype == jnp.float32 and jax.default_backend() == "cpu":
-        cells = math.prod(shape[1:-1])
+    cells = math.prod(shape[1:-1]) if static_sizes(shape) else 0
+    if cells >= MEAN_PRODUCT_MIN_CELLS and shape[0] == 1 and x.dtype == jnp.float32 and jax.default_backend() == "cpu":
         # One image's mean as a product with a row of 1/cells: XLA's reduction keeping the minor
         # (channel) axis reads the map slowly; YNNPACK's product streams it.
         row = jnp.full((1, cells), 1.0 / cells, x.dtype)
