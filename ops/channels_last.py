@@ -10,9 +10,10 @@ the ONNX op computes on NC(D)HW data, except that
 * Conv's weights are in the layout its extra attribute ``kernel_layout`` names
   (``jonnx.ops.conv.KERNEL_LAYOUTS``, "HW" standing for the spatial axes): "HWIO" (the default), a
   ``Transpose(W, perm=[2, 3, ..., 1, 0])`` of ONNX's OI(D)HW, a separate node on the weight so
-  that it can be computed once per parameter set; "OIHW", ONNX's own (the pass leaves big 1x1
-  kernels as stored: their product reads them without a copy); or "IHWO", for the kernels
-  whose lowering reads them as one (C, taps x M) matrix (``jonnx.ops.conv.kernel_layout_for``);
+  that it can be computed once per parameter set; for big 1x1 kernels, whose product reads
+  them without a copy, "OIHW", ONNX's own, or on CPU "HWOI", the same bytes with the unit
+  spatial axes first (a view); or "IHWO", for the kernels whose lowering reads them as one
+  (C, taps x M) matrix (``jonnx.ops.conv.kernel_layout_for``);
 * ConvTranspose's weights stay ONNX's (C, M/group, k...): both of its lowerings read them so;
   it carries ``legacy`` (1 for opsets 1-10, whose text splits an odd padding of an explicit
   ``output_shape`` the other way);

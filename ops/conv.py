@@ -26,11 +26,13 @@ from jonnx.ops._tap_weights import tap_weight_term
 from jonnx.ops._util import spread_product, static_ints, static_sizes
 
 # Weight layouts a channels-last Conv reads, "HW" standing for the spatial axes: "HWIO", what
-# XLA's channels-last convolution and most lowerings read; "OIHW", ONNX's own, kept for big 1x1
-# kernels, which the product reads through a reshape; "IHWO", read by the tap-products lowering
-# as one (C, taps x M) matrix through a reshape. The layout pass picks one per kernel
-# (``kernel_layout_for``) and prepares that copy once per parameter set.
-KERNEL_LAYOUTS = ("HWIO", "OIHW", "IHWO")
+# XLA's channels-last convolution and most lowerings read; "OIHW", ONNX's own, and "HWOI", the
+# same bytes with the unit spatial axes first, for big 1x1 kernels, which the product reads
+# through a reshape as an (M, C) matrix; "IHWO", read by the tap-products lowering as one
+# (C, taps x M) matrix through a reshape. The layout pass picks one per kernel
+# (``kernel_layout_for``) and prepares that copy once per parameter set (for "HWOI" a view of
+# the stored weights, no copy, on the CPU).
+KERNEL_LAYOUTS = ("HWIO", "OIHW", "HWOI", "IHWO")
 
 
 def _kernel_dims(w_shape, layout: str) -> tuple:
@@ -39,13 +41,17 @@ def _kernel_dims(w_shape, layout: str) -> tuple:
         return w_shape[0], w_shape[1], tuple(w_shape[2:])
     if layout == "HWIO":
         return w_shape[-1], w_shape[-2], tuple(w_shape[:-2])
+    if layout == "HWOI":
+        return w_shape[-2], w_shape[-1], tuple(w_shape[:-2])
     return w_shape[-1], w_shape[0], tuple(w_shape[1:-1])
 
 
 def kernel_permutation(layout: str, rank: int) -> tuple[int, ...]:
     """The ``perm`` of a Transpose taking rank-``rank`` OI(D)HW weights to ``layout``."""
     spatial = tuple(range(2, rank))
-    return {"OIHW": (0, 1, *spatial), "HWIO": (*spatial, 1, 0), "IHWO": (1, *spatial, 0)}[layout]
+    return {"OIHW": (0, 1, *spatial), "HWIO": (*spatial, 1, 0), "HWOI": (*spatial, 0, 1), "IHWO": (1, *spatial, 0)}[
+        layout
+    ]
 
 
 def _to_hwio(w, layout: str):
@@ -133,12 +139,18 @@ def kernel_layout_for(w_shape, group: int, strides) -> str:
     """The layout (``KERNEL_LAYOUTS``) a channels-last Conv takes these OI(D)HW weights in,
     chosen by the layout pass without the input's size, which it may not know:
 
-    * "OIHW", as stored: a 1x1 kernel without groups that the product lowering (or, off CPU,
-      XLA's convolution) reads through a reshape, big enough for a relayout copy kept beside
-      the weights to matter, over more than ``TAPS_1X1_CHANNELS`` channels (fewer run as
-      ``channel_taps``, which reads (D)HWIO). The product then packs the weights transposed on
-      each call: no cost measured on ResNet-50 at batch 1, where it applies to the kernels of
-      at least 2^18 elements, but 3% on MobileNetV2 when every 1x1 kernel took it;
+    * "HWOI" on CPU, "OIHW" elsewhere: a 1x1 kernel without groups that the product lowering
+      (or, off CPU, XLA's convolution) reads through a reshape, big enough for a relayout copy
+      kept beside the weights to matter, over more than ``TAPS_1X1_CHANNELS`` channels (fewer
+      run as ``channel_taps``, which reads (D)HWIO). Both are the stored bytes: "HWOI" only
+      moves the unit spatial axes first, a view of the weights on the CPU (the model's host
+      relayout), because XLA's CPU backend runs a YNNPACK fusion of a product with a reduction
+      after it slowly when the product reads a parameter with unit minor axes
+      (:mod:`jonnx._hlo`: ResNet-50's last 1x1 convolution before its global average pool),
+      and such a module was compiled twice, to fall back. The product packs the weights
+      transposed on each call: no cost measured on ResNet-50 at batch 1, where it applies to
+      the kernels of at least 2^18 elements, but 3% on MobileNetV2 when every 1x1 kernel took
+      it;
     * "IHWO": on CPU, a 2-D kernel of at most 3x3 without groups or strides over the channel
       counts where XLA's convolution is slowest (at least ``TAP_PRODUCTS_CHANNELS``, or within
       ``TAP_PRODUCTS_NARROW``), for "tap_products" on inputs small enough (``conv_lowering``).
@@ -151,7 +163,9 @@ def kernel_layout_for(w_shape, group: int, strides) -> str:
         return "HWIO"
     if all(k == 1 for k in kernel):
         big = w_shape[1] > TAPS_1X1_CHANNELS and w_shape[0] * w_shape[1] >= STORED_1X1_MIN
-        return "OIHW" if big else "HWIO"
+        if not big:
+            return "HWIO"
+        return "HWOI" if jax.default_backend() == "cpu" else "OIHW"
     cpu = CONV_LOWERING == "auto" and jax.default_backend() == "cpu"
     narrow = TAP_PRODUCTS_NARROW[0] <= w_shape[1] <= TAP_PRODUCTS_NARROW[1]
     small_2d = len(kernel) == 2 and max(kernel) <= 3
@@ -252,6 +266,8 @@ def _conv_matmul(x, w, strides, dilations, lo, hi, precision, channels_last, lay
     )
     if layout == "OIHW":
         weights, spec = jnp.reshape(w, jnp.shape(w)[:2]), "mc"
+    elif layout == "HWOI":
+        weights, spec = jnp.reshape(w, jnp.shape(w)[-2:]), "mc"
     else:  # (1, ..., C, M) or (C, 1, ..., M)
         weights, spec = jnp.reshape(w, (-1, jnp.shape(w)[-1])), "cm"
     if not channels_last and _cells(jnp.shape(xs)[2:]) >= PER_IMAGE_MIN_CELLS:

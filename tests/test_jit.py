@@ -357,7 +357,7 @@ def test_slow_fusion_check_on_compiled_modules():
 
 
 def _pooled_1x1_conv() -> onnx.ModelProto:
-    """A 512 -> 512 1x1 Conv (weights kept OI11 by the layout pass: 2^18 of them), Relu,
+    """A 512 -> 512 1x1 Conv (weights read as stored by the layout pass: 2^18 of them), Relu,
     GlobalAveragePool: a ResNet-50's tail in small."""
     w = np.random.default_rng(7).standard_normal((512, 512, 1, 1)).astype(np.float32) / 23
     nodes = [
@@ -396,25 +396,28 @@ def _attention_block() -> onnx.ModelProto:
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.mark.parametrize("constant_weights", [False, True])
-def test_call_takes_ynnpack_reductions_where_the_check_passes(constant_weights):
+@pytest.mark.parametrize("optimize", ["default", "constant_weights", "no_channels_last"])
+def test_call_takes_ynnpack_reductions_where_the_check_passes(optimize):
     reductions = jax.default_backend() == "cpu" and jonnx._jit._knows_reduce_fusions()
+    constant_weights = optimize == "constant_weights"
     rng = np.random.default_rng(4)
     for proto, x, choice in [
         (_attention_block(), rng.random((2, 16, 32), np.float32), jonnx._jit.LIBRARY_REDUCTIONS),
         # The ConstantOfShape weight reaches XLA as a broadcast: single dots.
         (_constant_weight_classifier(), rng.random((100, 64), np.float32), jonnx._jit.LIBRARY_DOTS),
-        # OI11 weights read as a matrix beside the pool's reduction (the slow form): single
-        # dots; as constants XLA folds them into a matrix literal, and the form is gone.
+        # OI11 weights read as a matrix beside the pool's reduction (the slow form), as NCHW
+        # runs them: single dots. Channels-last reads them as 11OI (a view of the same bytes:
+        # not the slow form), and as constants XLA folds them into a matrix literal.
         (
             _pooled_1x1_conv(),
             rng.random((1, 512, 7, 7), np.float32),
-            jonnx._jit.LIBRARY_REDUCTIONS if constant_weights else jonnx._jit.LIBRARY_DOTS,
+            jonnx._jit.LIBRARY_DOTS if optimize == "no_channels_last" else jonnx._jit.LIBRARY_REDUCTIONS,
         ),
     ]:
         session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
         (expected,) = session.run(None, {"x": x})
-        model = jonnx.load(proto, optimize={"constant_weights": constant_weights})
+        switches = {"constant_weights": constant_weights, "channels_last": optimize != "no_channels_last"}
+        model = jonnx.load(proto, optimize=switches)
         np.testing.assert_allclose(np.asarray(model(x)[0]), expected, rtol=1e-5, atol=1e-6)
         if reductions:
             chooser = model._segments_params

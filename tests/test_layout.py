@@ -281,15 +281,17 @@ def test_layout_on_equals_off_and_onnxruntime(name):
 
 
 def test_kernel_layouts_the_pass_picks():
-    # Big 1x1 kernels stay as stored: no relayout copy is kept beside them (ResNet-50's first
-    # call held 3.2x its weights' bytes with them, 2.5-2.7x without); small ones are relaid out
-    # (D)HWIO, and k x k ones over 512 channels without strides I(D)HWO, for tap products.
+    # Big 1x1 kernels keep their stored bytes: no relayout copy is kept beside them (ResNet-50's
+    # first call held 3.2x its weights' bytes with them, 2.5-2.7x without), on CPU as an 11OI
+    # view of them; small ones are relaid out (D)HWIO, and k x k ones over 512 channels without
+    # strides I(D)HWO, for tap products.
     expected = {
-        bottleneck: {"wa/hwio": "HWIO", "wb": "OIHW", "wc": "OIHW", "wd/hwio": "HWIO"},
+        bottleneck: {"wa/hwio": "HWIO", "wb/hwoi": "HWOI", "wc/hwoi": "HWOI", "wd/hwio": "HWIO"},
         wide_3x3: {"wa/ihwo": "IHWO", "wb/hwio": "HWIO", "wc/hwio": "HWIO"},
     }
     if jax.default_backend() != "cpu":
-        # The tap products are a CPU lowering.
+        # The tap products are a CPU lowering, and only the CPU's relayouts can be views.
+        expected[bottleneck] = {"wa/hwio": "HWIO", "wb": "OIHW", "wc": "OIHW", "wd/hwio": "HWIO"}
         expected[wide_3x3] = {"wa/hwio": "HWIO", "wb/hwio": "HWIO", "wc/hwio": "HWIO"}
     for make, layouts in expected.items():
         proto, feeds = make()
@@ -302,6 +304,10 @@ def test_kernel_layouts_the_pass_picks():
         }
         assert convs == layouts
         assert sorted(model._prepared) == sorted(k for k, v in layouts.items() if v != "OIHW")
+        for name, layout in layouts.items():
+            if layout == "HWOI":  # the stored weights' own buffer
+                stored = model.params[name.split("/")[0]]
+                assert model._prepared[name].unsafe_buffer_pointer() == stored.unsafe_buffer_pointer()
 
 
 def test_kernel_relayouts_on_the_host_equal_the_compiled_ones():
@@ -355,7 +361,7 @@ def test_kernel_layout_choice():
     assert conv_ops.kernel_layout_for((512, 256, 3, 3), 1, (1, 1)) == "HWIO"  # XLA's convolution is fine there
     assert conv_ops.kernel_layout_for((128, 128, 3, 3), 1, (1, 1)) == "HWIO"
     assert conv_ops.kernel_layout_for((1024, 512, 3, 3), 2, (1, 1)) == "HWIO"
-    assert conv_ops.kernel_layout_for((2048, 512, 1, 1), 1, (1, 1)) == "OIHW"
+    assert conv_ops.kernel_layout_for((2048, 512, 1, 1), 1, (1, 1)) == ("HWOI" if cpu else "OIHW")
     assert conv_ops.kernel_layout_for((512, 16, 1, 1), 1, (1, 1)) == "HWIO"  # channel_taps reads (D)HWIO
     assert conv_ops.kernel_layout_for((64, 64, 1, 1), 1, (2, 2)) == "HWIO"  # too small to matter
 
@@ -481,7 +487,8 @@ def test_channels_last_conv_lowerings(case):
 def _laid_out(w, layout):
     """OI(D)HW weights in ``layout``."""
     nd = w.ndim - 2
-    perm = {"OIHW": range(nd + 2), "HWIO": (*range(2, nd + 2), 1, 0), "IHWO": (1, *range(2, nd + 2), 0)}[layout]
+    spatial = tuple(range(2, nd + 2))
+    perm = {"OIHW": range(nd + 2), "HWIO": (*spatial, 1, 0), "HWOI": (*spatial, 0, 1), "IHWO": (1, *spatial, 0)}[layout]
     return np.ascontiguousarray(np.transpose(w, tuple(perm)))
 
 
@@ -489,6 +496,8 @@ def _laid_out(w, layout):
 LAYOUT_CASES = [
     ("OIHW", (2, 20, 5, 6), (7, 20, 1, 1), {"strides": [2, 1], "pads": [1, 0, 0, 1]}, "matmul"),
     ("OIHW", (2, 6, 5, 6), (5, 6, 1, 1), {"strides": [2, 1], "pads": [1, 0, 0, 1]}, "channel_taps"),
+    ("HWOI", (2, 20, 5, 6), (7, 20, 1, 1), {"strides": [2, 1], "pads": [1, 0, 0, 1]}, "matmul"),
+    ("HWOI", (1, 24, 4, 3, 5), (9, 24, 1, 1, 1), {"strides": [1, 2, 1]}, "matmul"),
     ("IHWO", (2, 6, 20, 20), (5, 6, 3, 3), {"pads": [1, 1, 1, 1]}, "tap_products"),  # 800 output cells
     ("IHWO", (1, 5, 30, 31), (4, 5, 3, 2), {"pads": [2, 0, 1, 1], "dilations": [2, 3]}, "tap_products"),
     ("IHWO", (1, 3, 10, 9, 9), (2, 3, 2, 3, 2), {"auto_pad": "SAME_UPPER"}, "tap_products"),
@@ -528,7 +537,7 @@ def test_channels_last_conv_kernel_layouts(case, lowering, monkeypatch):
 
 
 def test_unknown_kernel_layout_is_an_error():
-    with pytest.raises(Exception, match="kernel_layout 'OHWI' is not one of HWIO, OIHW, IHWO"):
+    with pytest.raises(Exception, match="kernel_layout 'OHWI' is not one of HWIO, OIHW, HWOI, IHWO"):
         jonnx.ops.call("Conv", rand(1, 4, 4, 2), rand(3, 3, 2, 2), rand(2), domain=DOMAIN, kernel_layout="OHWI")
 
 
