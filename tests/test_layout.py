@@ -22,7 +22,7 @@ import jonnx
 from jonnx.ops import conv as conv_ops
 from jonnx.ops.channels_last import DOMAIN
 from tests._on_off import compare_on_off
-from tests.ops.test_conv_lowering import CASES as CONV_CASES
+from tests.ops.test_conv_lowering import CASES as CONV_CASES, conv_reference
 from tests.test_optimize import MODELS, _model, rand
 
 EXPORTS = pathlib.Path(__file__).resolve().parent / "models" / "exports"
@@ -445,13 +445,6 @@ def _first(y):
     return np.moveaxis(np.asarray(y), -1, 1)
 
 
-def _reference(op, inputs, **attrs):
-    from onnx.reference import ReferenceEvaluator
-
-    node = oh.make_node(op, list(inputs), ["y"], **attrs)
-    return ReferenceEvaluator(node).run(None, inputs)[0]
-
-
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[2]))}")
 def test_channels_last_conv_lowerings(case):
     lowering, xs, ws, attrs = case
@@ -469,7 +462,7 @@ def test_channels_last_conv_lowerings(case):
         lowering = "channel_taps" if xs[1] * taps <= 75 else "xla"
     assert chosen == (lowering if jax.default_backend() == "cpu" else "xla")
     got = jonnx.ops.call("Conv", x_last, w_last, b, domain=DOMAIN, **attrs)
-    want = _reference("Conv", {"x": x, "w": w, "b": b}, **attrs)
+    want = conv_reference({"x": x, "w": w, "b": b}, **attrs)[0]
     np.testing.assert_allclose(_first(got), want, rtol=1e-4, atol=1e-4)
 
     # Finite differences in float64 (the lowering is chosen the same way): float32's are too
@@ -525,7 +518,7 @@ def test_channels_last_conv_kernel_layouts(case, lowering, monkeypatch):
     assert chosen == (expected if lowering == "auto" and jax.default_backend() == "cpu" else "xla")
     attrs = {**attrs, "kernel_layout": layout}
     got = jonnx.ops.call("Conv", x_last, w_laid, b, domain=DOMAIN, **attrs)
-    want = _reference("Conv", {"x": x, "w": w, "b": b}, **{k: v for k, v in attrs.items() if k != "kernel_layout"})
+    want = conv_reference({"x": x, "w": w, "b": b}, **{k: v for k, v in attrs.items() if k != "kernel_layout"})[0]
     np.testing.assert_allclose(_first(got), want, rtol=1e-4, atol=1e-4)
     with jax.enable_x64(True):
 
