@@ -3,10 +3,15 @@ shapes and dtypes, plus gradients."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.test_util import check_grads
 
+import jonnx
 from jonnx import errors
+from jonnx.ops.products import weight_product
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
 
 RNG = np.random.default_rng(0)
@@ -138,3 +143,40 @@ def test_einsum_operand_count_is_checked():
 )
 def test_product_grads(op, inputs, attrs):
     check_op_grads(op, inputs, opset=13 if op != "Einsum" else 12, **attrs)
+
+
+def test_weight_product_derivatives():
+    # The custom JVP of activations times a weight matrix: every order, both modes, and vmap,
+    # against finite differences in float64 (products only take it for float32, on CPU).
+    with jax.enable_x64(True):
+        x, w = rand(2, 3, 4).astype(np.float64), rand(4, 5).astype(np.float64)
+        check_grads(lambda x, w: jnp.tanh(weight_product(x, w, None)), (x, w), order=2, modes=("fwd", "rev"))
+        per_example = jax.vmap(jax.grad(lambda w, x: jnp.sum(jnp.tanh(weight_product(x, w, None)))), (None, 0))
+        plain = jax.grad(lambda w, x: jnp.sum(jnp.tanh(jnp.matmul(x, w))))
+        want = np.stack([np.asarray(plain(w, xi)) for xi in x])
+        np.testing.assert_allclose(np.asarray(per_example(w, x)), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_weight_gradient_of_a_product_is_a_plain_product(op):
+    # float32 activations times a stored matrix: the weight gradient (and the weight tangent)
+    # against numpy in float64, and on CPU the form XLA compiles it to: a plain product of a
+    # stored transpose (a conditional) with the cotangent, never a dot contracted over both
+    # operands' rows (XLA's slow form, see ops/products.py).
+    x = rand(*((6, 8) if op == "Gemm" else (2, 6, 8)))
+    w = rand(8, 5)
+    model = jonnx.load(node_model(op, {"x": x, "w": w}, opset=13, initializers=["w"]))
+
+    def loss(params):
+        (y,) = model.apply(params, x)
+        return 0.5 * jnp.sum(y * y)
+
+    x64, w64 = x.astype(np.float64).reshape(-1, 8), w.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(jax.grad(loss)(model.params)["w"]), x64.T @ (x64 @ w64), rtol=1e-5)
+    t_w = rand(8, 5)
+    _, tangent = jax.jvp(lambda w: model.apply({"w": w}, x)[0], (model.params["w"],), (jnp.asarray(t_w),))
+    np.testing.assert_allclose(np.asarray(tangent).reshape(-1, 5), x64 @ t_w, rtol=1e-5, atol=1e-6)
+    if jax.default_backend() == "cpu":
+        text = jax.jit(jax.grad(loss)).lower(model.params).compile().as_text()
+        assert "conditional(" in text
+        assert "lhs_contracting_dims={0}" not in text
