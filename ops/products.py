@@ -13,8 +13,9 @@ from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import static_sizes, stored_transpose
 
 
-def product(a, b, precision):
-    """``jnp.matmul(a, b)``; on CPU, float32 activations times a matrix (a layer's weights) as
+def product(a, b, precision, transposed: bool = False):
+    """``a @ b`` (``a @ b.T`` if ``transposed``, ``b`` stored (N, K) as Gemm's ``transB`` reads
+    it); on CPU, float32 activations times a matrix (a layer's weights) as
     :func:`weight_product`, whose weight gradient runs as a plain product."""
     if (
         jnp.ndim(a) >= 2
@@ -23,36 +24,41 @@ def product(a, b, precision):
         and static_sizes(jnp.shape(a))
         and jax.default_backend() == "cpu"
     ):
-        return weight_product(a, b, precision)
-    return jnp.matmul(a, b, precision=precision)
+        return weight_product(a, b, transposed, precision)
+    return jnp.matmul(a, b.T if transposed else b, precision=precision)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def weight_product(x, w, precision):
-    """``x @ w`` for ``x`` of shape (..., K) and a matrix ``w`` (K, N), with the derivative in
-    ``w`` arranged for XLA's CPU backend.
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def weight_product(x, w, transposed: bool, precision):
+    """``x @ w`` for ``x`` of shape (..., K) and a matrix ``w`` (K, N), or ``x @ w.T`` for ``w``
+    stored (N, K) if ``transposed``, with the derivative in ``w`` arranged for XLA's CPU backend.
 
-    Differentiated op by op, the weight gradient is ``dot_general(x, g)`` contracted over both
-    operands' rows. XLA gives that form to its own dot, not to YNNPACK, and runs it slowly:
-    in a BERT-base fine-tuning step on AMD Zen 5 at 118-164 GFLOP/s against 223-240 for the
-    step's other products. Here the tangent in ``w`` is ``x`` transposed and stored
-    (:func:`jonnx.ops._util.stored_transpose`) times ``w``'s tangent, so that its transpose,
-    the weight gradient, is a plain product of that copy with the cotangent: the BERT step took
-    0.86 of the time (docs/performance.md, "Weight gradients"). Forward mode, vmap and higher
-    derivatives follow from plain JAX (the copy is a conditional JAX differentiates).
+    Differentiated op by op, the weight gradient is ``dot_general(x, g)`` (or ``(g, x)``)
+    contracted over both operands' rows. XLA gives that form to its own dot, not to YNNPACK,
+    and runs it slowly: in a BERT-base fine-tuning step on AMD Zen 5 at 118-164 GFLOP/s against
+    223-240 for the step's other products. Here the tangent in ``w`` reads a stored transposed
+    copy (:func:`jonnx.ops._util.stored_transpose`): of ``x`` times ``w``'s tangent, or, with
+    ``w`` transposed, of ``w``'s tangent times ``x``, so that its transpose, the weight
+    gradient, is a plain product of the copy of ``x`` with the cotangent, or of the copied
+    cotangent with ``x``. The BERT step took 0.86 of the time (docs/performance.md, "Weight
+    gradients"). Forward mode, vmap and higher derivatives follow from plain JAX (the copy is
+    a conditional JAX differentiates).
     """
-    return jnp.matmul(x, w, precision=precision)
+    return jnp.matmul(x, w.T if transposed else w, precision=precision)
 
 
-def _weight_product_jvp(precision, primals, tangents):
+def _weight_product_jvp(transposed, precision, primals, tangents):
     (x, w), (t_x, t_w) = primals, tangents
-    y = weight_product(x, w, precision)
+    y = weight_product(x, w, transposed, precision)
     t_y = jnp.zeros_like(y)
     if not isinstance(t_x, SymbolicZero):
-        t_y = jnp.matmul(t_x, w, precision=precision)
+        t_y = jnp.matmul(t_x, w.T if transposed else w, precision=precision)
     if not isinstance(t_w, SymbolicZero):
-        rows = stored_transpose(jnp.reshape(x, (-1, jnp.shape(x)[-1])))  # (K, rows)
-        term = lax.dot_general(rows, t_w, (((0,), (0,)), ((), ())), precision=precision)
+        rows = jnp.reshape(x, (-1, jnp.shape(x)[-1]))  # (M, K)
+        if transposed:  # (N, K) x (M, K) -> (N, M), copied to (M, N)
+            term = stored_transpose(lax.dot_general(t_w, rows, (((1,), (1,)), ((), ())), precision=precision))
+        else:  # (K, M) x (K, N) -> (M, N)
+            term = lax.dot_general(stored_transpose(rows), t_w, (((0,), (0,)), ((), ())), precision=precision)
         t_y = t_y + jnp.reshape(term, jnp.shape(y))
     return y, t_y
 
@@ -65,9 +71,9 @@ def gemm_core(a, b, c, attrs, ctx):
         raise ctx.error(f"A and B must be matrices, got shapes {jnp.shape(a)} and {jnp.shape(b)}")
     if attrs["transA"]:
         a = a.T
-    k_by_n = b.T if attrs["transB"] else b
-    if jnp.shape(a)[1] != jnp.shape(k_by_n)[0]:
-        raise ctx.error(f"inner dimensions differ: {jnp.shape(a)} @ {jnp.shape(k_by_n)} (after transA/transB)")
+    k_by_n = tuple(jnp.shape(b))[:: -1 if attrs["transB"] else 1]
+    if jnp.shape(a)[1] != k_by_n[0]:
+        raise ctx.error(f"inner dimensions differ: {jnp.shape(a)} @ {k_by_n} (after transA/transB)")
     dtype = jnp.result_type(a)
     alpha, beta = float(attrs["alpha"]), float(attrs["beta"])
     if attrs["transB"] and jnp.shape(a)[0] == 1:
@@ -76,9 +82,7 @@ def gemm_core(a, b, c, attrs, ctx):
         # reads B as stored (0.11 against 0.69 ms alone). The same sums, in the same order.
         y = jnp.matmul(b, a.T, precision=ctx.precision).T
     else:
-        # B stored (N, K) stays a plain product: its weight gradient would be transposed back
-        # after weight_product's (a BERT-sized 1024 x 768 x 768 gradient: 1.2x slower).
-        y = jnp.matmul(a, k_by_n, precision=ctx.precision) if attrs["transB"] else product(a, k_by_n, ctx.precision)
+        y = product(a, b, ctx.precision, transposed=bool(attrs["transB"]))
     if alpha != 1.0:
         y = (alpha * y).astype(dtype)
     if c is not None and beta != 0.0:

@@ -145,36 +145,47 @@ def test_product_grads(op, inputs, attrs):
     check_op_grads(op, inputs, opset=13 if op != "Einsum" else 12, **attrs)
 
 
-def test_weight_product_derivatives():
-    # The custom JVP of activations times a weight matrix: every order, both modes, and vmap,
-    # against finite differences in float64 (products only take it for float32, on CPU).
+@pytest.mark.parametrize("transposed", [False, True])
+def test_weight_product_derivatives(transposed):
+    # The custom JVP of activations times a weight matrix (stored (N, K) if transposed): every
+    # order, both modes, and vmap, against finite differences in float64 (products only take
+    # it for float32, on CPU).
     with jax.enable_x64(True):
-        x, w = rand(2, 3, 4).astype(np.float64), rand(4, 5).astype(np.float64)
-        check_grads(lambda x, w: jnp.tanh(weight_product(x, w, None)), (x, w), order=2, modes=("fwd", "rev"))
-        per_example = jax.vmap(jax.grad(lambda w, x: jnp.sum(jnp.tanh(weight_product(x, w, None)))), (None, 0))
-        plain = jax.grad(lambda w, x: jnp.sum(jnp.tanh(jnp.matmul(x, w))))
+        x, w = rand(2, 3, 4).astype(np.float64), rand(*((5, 4) if transposed else (4, 5))).astype(np.float64)
+
+        def f(x, w):
+            return jnp.tanh(weight_product(x, w, transposed, None))
+
+        check_grads(f, (x, w), order=2, modes=("fwd", "rev"))
+        per_example = jax.vmap(jax.grad(lambda w, x: jnp.sum(f(x, w))), (None, 0))
+        plain = jax.grad(lambda w, x: jnp.sum(jnp.tanh(jnp.matmul(x, w.T if transposed else w))))
         want = np.stack([np.asarray(plain(w, xi)) for xi in x])
         np.testing.assert_allclose(np.asarray(per_example(w, x)), want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
-def test_weight_gradient_of_a_product_is_a_plain_product(op):
+@pytest.mark.parametrize("op,attrs", [("MatMul", {}), ("Gemm", {}), ("Gemm", {"transB": 1})])
+def test_weight_gradient_of_a_product_is_a_plain_product(op, attrs):
     # float32 activations times a stored matrix: the weight gradient (and the weight tangent)
-    # against numpy in float64, and on CPU the form XLA compiles it to: a plain product of a
-    # stored transpose (a conditional) with the cotangent, never a dot contracted over both
-    # operands' rows (XLA's slow form, see ops/products.py).
+    # against numpy in float64, and on CPU the form XLA compiles it to: a plain product that
+    # reads a stored transpose (a conditional), never a dot contracted over both operands' rows
+    # (XLA's slow form, see ops/products.py).
     x = rand(*((6, 8) if op == "Gemm" else (2, 6, 8)))
+    transposed = bool(attrs.get("transB"))
     w = rand(8, 5)
-    model = jonnx.load(node_model(op, {"x": x, "w": w}, opset=13, initializers=["w"]))
+    stored = w.T.copy() if transposed else w
+    model = jonnx.load(node_model(op, {"x": x, "w": stored}, opset=13, initializers=["w"], **attrs))
 
     def loss(params):
         (y,) = model.apply(params, x)
         return 0.5 * jnp.sum(y * y)
 
     x64, w64 = x.astype(np.float64).reshape(-1, 8), w.astype(np.float64)
-    np.testing.assert_allclose(np.asarray(jax.grad(loss)(model.params)["w"]), x64.T @ (x64 @ w64), rtol=1e-5)
+    want = x64.T @ (x64 @ w64)
+    got = np.asarray(jax.grad(loss)(model.params)["w"])
+    np.testing.assert_allclose(got.T if transposed else got, want, rtol=1e-5)
     t_w = rand(8, 5)
-    _, tangent = jax.jvp(lambda w: model.apply({"w": w}, x)[0], (model.params["w"],), (jnp.asarray(t_w),))
+    t_stored = jnp.asarray(t_w.T.copy() if transposed else t_w)
+    _, tangent = jax.jvp(lambda w: model.apply({"w": w}, x)[0], (model.params["w"],), (t_stored,))
     np.testing.assert_allclose(np.asarray(tangent).reshape(-1, 5), x64 @ t_w, rtol=1e-5, atol=1e-6)
     if jax.default_backend() == "cpu":
         text = jax.jit(jax.grad(loss)).lower(model.params).compile().as_text()
