@@ -21,7 +21,7 @@ def product(a, b, precision, transposed: bool = False):
         jnp.ndim(a) >= 2
         and jnp.ndim(b) == 2
         and jnp.result_type(a) == jnp.result_type(b) == jnp.float32
-        and static_sizes(jnp.shape(a))
+        and static_sizes((*jnp.shape(a), *jnp.shape(b)))
         and jax.default_backend() == "cpu"
     ):
         return weight_product(a, b, transposed, precision)
