@@ -71,9 +71,9 @@ def gemm_core(a, b, c, attrs, ctx):
         raise ctx.error(f"A and B must be matrices, got shapes {jnp.shape(a)} and {jnp.shape(b)}")
     if attrs["transA"]:
         a = a.T
-    k_by_n = tuple(jnp.shape(b))[:: -1 if attrs["transB"] else 1]
-    if jnp.shape(a)[1] != k_by_n[0]:
-        raise ctx.error(f"inner dimensions differ: {jnp.shape(a)} @ {k_by_n} (after transA/transB)")
+    b_shape = tuple(jnp.shape(b))[:: -1 if attrs["transB"] else 1]  # (K, N)
+    if jnp.shape(a)[1] != b_shape[0]:
+        raise ctx.error(f"inner dimensions differ: {jnp.shape(a)} @ {b_shape} (after transA/transB)")
     dtype = jnp.result_type(a)
     alpha, beta = float(attrs["alpha"]), float(attrs["beta"])
     if attrs["transB"] and jnp.shape(a)[0] == 1:

@@ -34,27 +34,20 @@ def value_and_grad(model, feeds, train, key):
     return jax.jit(jax.value_and_grad(loss_of(model, feeds, train, key), has_aux=True))(model.params)
 
 
-def assert_outputs_close(got, want, tol=2e-5):
+def assert_outputs_close(got, want, tol=2e-5, err_msg=""):
     """An output within ``tol`` relative, or ``tol`` times its largest entry: where the
     outputs reach the hundreds, an entry near zero is a difference of large float32 sums,
     and summing in another order (the lowerings do) moves it by their rounding."""
     want = np.asarray(want)
     scale = float(np.max(np.abs(want), initial=1.0)) if want.dtype.kind in "fc" else 1.0
-    np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol * scale)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol * scale, err_msg=err_msg)
 
 
 def assert_gradients_close(got, want, tol, what=""):
     """Each parameter's gradient within ``tol`` relative, or ``tol`` times its largest entry."""
     assert set(got) == set(want)
     for name in want:
-        scale = float(np.max(np.abs(np.asarray(want[name])), initial=1.0))
-        np.testing.assert_allclose(
-            np.asarray(got[name]),
-            np.asarray(want[name]),
-            rtol=tol,
-            atol=tol * scale,
-            err_msg=f"gradient of {name}{what}",
-        )
+        assert_outputs_close(got[name], want[name], tol, err_msg=f"gradient of {name}{what}")
 
 
 def compare_on_off(proto, feeds, switches, *, trains=(False, None, True), grad_tol=1e-5):
