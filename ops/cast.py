@@ -9,9 +9,10 @@ explicitly:
   type's finite range before rounding, so they never become NaN/Inf.
 * float8e8m0: ONNX rounds the exponent ``up``/``down``/``nearest`` (``round_mode``) on the
   float32 bit pattern, which no dtype conversion does; done with integer bit arithmetic.
-* int4/uint4/int2/uint2 from floating point: ONNX's reference truncates to an integer and
-  keeps the low bits (ml_dtypes' behaviour); XLA would saturate, so the cast goes through
-  int32.
+* int4/uint4/int2/uint2 from floating point: truncated to an integer; values outside the type's
+  range (NaN included) become 0. ONNX leaves them undefined; 0 is what its reference and its
+  backend tests give with ml_dtypes 0.7 (earlier ml_dtypes kept the low bits). XLA would
+  saturate, so the cast is written out.
 
 Strings live on the host as numpy object arrays: casting to or from STRING needs the input
 known at trace time (a constant, an initializer, or a value folded from them).
@@ -140,8 +141,10 @@ def cast_numeric(x, target: np.dtype, saturate: bool, round_mode: str, ctx):
         limit = float(ml_dtypes.finfo(target).max)
         return jnp.clip(x, -limit, limit).astype(target)
     if target in _SUBBYTE_INTS and not jnp.issubdtype(source, jnp.integer) and source != np.bool_:
-        # truncate, then keep the low bits (XLA would saturate)
-        x = jnp.asarray(x).astype(jnp.int32)
+        # truncate; out of range (or NaN) gives 0 (module docstring)
+        whole = jnp.trunc(jnp.asarray(x))
+        info = ml_dtypes.iinfo(target)
+        x = jnp.where((whole >= info.min) & (whole <= info.max), whole, 0).astype(jnp.int32)
     return jnp.asarray(x).astype(target)
 
 
