@@ -2,7 +2,9 @@
 its transformers optimizer (BERT and GPT-2 at levels 0, 1 and 2, a Llama-style decoder and
 a ViT at 1 and 2), quantize_dynamic (on an MLP and on the optimized BERT) plus an
 extended-level session, an extended-level session on a CNN, and the MatMulNBits quantizer.
-jonnx runs each under jit and must match onnxruntime on the same file."""
+jonnx runs each under jit and must match onnxruntime on the same file (its int8 weights stored
+as uint8 for onnxruntime, which multiplies exactly that way on every CPU:
+tests/_exact_onnxruntime.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import pathlib
 
 import numpy as np
 import onnx
+import onnx.reference
 import pytest
 
 import jonnx
+from tests._exact_onnxruntime import exact_int8_weights
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -74,7 +78,8 @@ def test_onnxruntime_tool_output_runs_and_matches(name):
     assert CASES[name] <= contrib, f"{name} was expected to hold {CASES[name]}, has {contrib}"
     assert path.stat().st_size < 300_000
     feeds = _inputs(name)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    reference = exact_int8_weights(proto).SerializeToString()
+    want = ort.InferenceSession(reference, providers=["CPUExecutionProvider"]).run(None, feeds)
     model = jonnx.load(path)
     got = model(*[feeds[n] for n in model.input_names])
     for g, w in zip(got, want):
@@ -149,13 +154,15 @@ def test_optimized_and_quantized_exports_match_onnxruntime(name):
     # tolerance too: jonnx reproduces onnxruntime's integer arithmetic and dequantization
     # exactly (DynamicQuantizeLinear, MatMulInteger, QAttention's int32 products; MatMulNBits
     # at accuracy_level 0, which MatMulNBitsQuantizer writes), so only float rounding differs.
+    # onnxruntime runs the int8 weights as uint8 (tests/_exact_onnxruntime.py): its uint8 x int8
+    # kernel saturates on CPUs without VNNI.
     path = EXPORTS / name
     proto = onnx.load(path)
     assert EXPORT_CASES[name] <= _contrib_ops(proto), (
         f"{name} was expected to hold {EXPORT_CASES[name]}, has {_contrib_ops(proto)}"
     )
     assert path.stat().st_size < 300_000
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(exact_int8_weights(proto).SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = _export_feeds(session)
     want = session.run(None, feeds)
     model = jonnx.load(path)
@@ -249,3 +256,31 @@ def test_genai_builder_llama_decodes_like_onnxruntime(name, accuracy_level, padd
         past = dict(zip(names, want))  # both continue from onnxruntime's cache
         ids = want[0][:, -1].argmax(-1)[:, None]
         mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+
+
+def test_the_int8_weight_rewrite_keeps_the_function_and_makes_onnxruntime_exact():
+    # tests/_exact_onnxruntime.py: the rewritten model is the same function (the ONNX reference
+    # evaluator gives the same integers for both), and onnxruntime computes it exactly, full-range
+    # operands included (int64 numpy), on CPUs where its uint8 x int8 kernel saturates too.
+    a = RNG.integers(0, 256, (64, 64)).astype(np.uint8)
+    b = RNG.integers(-128, 128, (64, 32)).astype(np.int8)
+    b[:, 0] = 127
+    a[0] = 255
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMulInteger", ["a", "b", "", "zb"], ["y"])],
+        "g",
+        [onnx.helper.make_tensor_value_info("a", onnx.TensorProto.UINT8, [64, 64])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT32, [64, 32])],
+        [onnx.numpy_helper.from_array(b, "b"), onnx.numpy_helper.from_array(np.array(-3, np.int8), "zb")],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 10)])
+    rewritten = exact_int8_weights(model)
+    assert {t.data_type for t in rewritten.graph.initializer if t.name.startswith("b__uint8")} == {
+        onnx.TensorProto.UINT8
+    }
+    want = a.astype(np.int64) @ (b.astype(np.int64) + 3)
+    reference = onnx.reference.ReferenceEvaluator
+    np.testing.assert_array_equal(reference(rewritten).run(None, {"a": a})[0], want)
+    np.testing.assert_array_equal(reference(model).run(None, {"a": a})[0], want)
+    session = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"a": a})[0], want)

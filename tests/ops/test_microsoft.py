@@ -1,7 +1,8 @@
 """com.microsoft (onnxruntime contrib) operators against onnxruntime, under jit.
 
 Each case is a one-node model built with onnx.helper; onnxruntime (CPU, graph optimizations
-off) gives the expected outputs. Ops onnxruntime runs only on GPU (BiasAdd, BiasSplitGelu)
+off) gives the expected outputs, its int8 weights met by uint8 data stored as uint8 so that
+it multiplies exactly on every CPU (tests/_exact_onnxruntime.py). Ops onnxruntime runs only on GPU (BiasAdd, BiasSplitGelu)
 are checked against numpy formulas from onnxruntime's ContribOperators.md.
 """
 
@@ -18,6 +19,7 @@ from jax.test_util import check_grads
 
 import jonnx
 from jonnx.ops import quantize
+from tests._exact_onnxruntime import exact_int8_weights
 from tests.ops._harness import node_model, run_jonnx
 
 ort = pytest.importorskip("onnxruntime")
@@ -65,7 +67,7 @@ def check(
         model.graph.node[0].attribute.append(onnx.helper.make_attribute(name, value))
     if expected is None:
         feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in initializers}
-        expected = _session(model).run(None, feeds)
+        expected = _session(exact_int8_weights(model)).run(None, feeds)
     got = run_jonnx(model, inputs, jit=True)
     outputs = range(n_outputs) if outputs is None else outputs
     for i in outputs:
