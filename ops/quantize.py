@@ -250,13 +250,19 @@ def integer_matmul_mode() -> str:
     On CPU the fastest depends on the instructions (docs/performance.md, "Quantized paths"):
     with AMX's int8 tiles the int8 dot is 2-3.5x faster than bfloat16; without them, where
     the CPU has bfloat16 dot instructions (AVX512-BF16), bfloat16 beats the VNNI int8 dot at
-    BERT's sizes."""
+    BERT's sizes; on an x86 CPU with neither bfloat16 nor int8 dot instructions (VNNI), float32
+    products beat the int8 dot on two cores (the int8 BERT on an AVX2 AMD Zen 3: 0.81-0.92 of
+    the time)."""
     if INTEGER_MATMUL != "auto":
         return INTEGER_MATMUL
     if jax.default_backend() == "cpu":
         flags = _cpu.cpu_info()
-        if "amx_int8" not in flags and flags & {"avx512_bf16", "amx_bf16"}:
+        if "amx_int8" in flags:
+            return "int8"
+        if flags & {"avx512_bf16", "amx_bf16"}:
             return "bfloat16"
+        if "sse2" in flags and not flags & {"avx512_vnni", "avx_vnni"}:  # x86 without int8 dots
+            return "float32"
     return "int8"
 
 
