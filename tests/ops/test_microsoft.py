@@ -2,8 +2,9 @@
 
 Each case is a one-node model built with onnx.helper; onnxruntime (CPU, graph optimizations
 off) gives the expected outputs, its int8 weights met by uint8 data stored as uint8 so that
-it multiplies exactly on every CPU (tests/_exact_onnxruntime.py). Ops onnxruntime runs only on GPU (BiasAdd, BiasSplitGelu)
-are checked against numpy formulas from onnxruntime's ContribOperators.md.
+it multiplies exactly on every CPU (tests/_exact_onnxruntime.py). Ops onnxruntime runs only
+on GPU (BiasAdd, BiasSplitGelu) are checked against numpy formulas from onnxruntime's
+ContribOperators.md.
 """
 
 from __future__ import annotations
