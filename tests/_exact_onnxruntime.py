@@ -30,14 +30,20 @@ _UINT8_DATA = {onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT}
 
 
 def exact_int8_weights(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` in which onnxruntime multiplies uint8 data by uint8 weights only."""
-    model = onnx.shape_inference.infer_shapes(model)
+    """``model`` as onnxruntime multiplies exactly: a copy in which uint8 data meets uint8
+    weights only (``model`` itself where it has no integer product)."""
+    if not any(_weight_inputs(node) for node in model.graph.node):
+        return model
+    try:  # the data's types; files with contrib nodes but no com.microsoft import refuse
+        model = onnx.shape_inference.infer_shapes(model)
+    except onnx.shape_inference.InferenceError:
+        model = onnx.ModelProto.FromString(model.SerializeToString())  # types of inputs only
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info)}
     types.update({t.name: t.data_type for t in graph.initializer})
     for i, node in enumerate(graph.node):
-        where = _WEIGHT_INPUTS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+        where = _weight_inputs(node)
         if where is None or len(node.input) <= where[0] or types.get(node.input[0]) not in _UINT8_DATA:
             continue
         w_index, zp_index = where
@@ -55,3 +61,7 @@ def exact_int8_weights(model: onnx.ModelProto) -> onnx.ModelProto:
                 node.input.append("")
             node.input[index] = name
     return model
+
+
+def _weight_inputs(node: onnx.NodeProto) -> tuple[int, int] | None:
+    return _WEIGHT_INPUTS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
