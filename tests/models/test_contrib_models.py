@@ -17,6 +17,7 @@ import pytest
 
 import jonnx
 from tests._exact_onnxruntime import exact_int8_weights
+from tests.ops._harness import node_model
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -266,14 +267,8 @@ def test_the_int8_weight_rewrite_keeps_the_function_and_makes_onnxruntime_exact(
     b = RNG.integers(-128, 128, (64, 32)).astype(np.int8)
     b[:, 0] = 127
     a[0] = 255
-    graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("MatMulInteger", ["a", "b", "", "zb"], ["y"])],
-        "g",
-        [onnx.helper.make_tensor_value_info("a", onnx.TensorProto.UINT8, [64, 64])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT32, [64, 32])],
-        [onnx.numpy_helper.from_array(b, "b"), onnx.numpy_helper.from_array(np.array(-3, np.int8), "zb")],
-    )
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 10)])
+    inputs = {"a": a, "b": b, "za": None, "zb": np.array(-3, np.int8)}
+    model = node_model("MatMulInteger", inputs, opset=10, initializers=("b", "zb"))
     rewritten = exact_int8_weights(model)
     assert {t.data_type for t in rewritten.graph.initializer if t.name.startswith("b__uint8")} == {
         onnx.TensorProto.UINT8
