@@ -470,6 +470,7 @@ def test_channels_last_conv_lowerings(case):
     with jax.enable_x64(True):
         b64 = b.astype(np.float64)
 
+        @jax.jit  # eagerly, each piece of the lowering and its derivative compiles on its own
         def conv(x_last, w_last):
             return jonnx.ops.call("Conv", x_last, w_last, b64, domain=DOMAIN, **attrs)
 
@@ -522,6 +523,7 @@ def test_channels_last_conv_kernel_layouts(case, lowering, monkeypatch):
     np.testing.assert_allclose(_first(got), want, rtol=1e-4, atol=1e-4)
     with jax.enable_x64(True):
 
+        @jax.jit  # eagerly, each piece of the lowering and its derivative compiles on its own
         def conv(x_last, w_laid):
             return jonnx.ops.call("Conv", x_last, w_laid, b.astype(np.float64), domain=DOMAIN, **attrs)
 

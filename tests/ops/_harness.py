@@ -194,6 +194,10 @@ def check_op_grads(
             else [k for k, v in feeds.items() if v.dtype.kind == "f" and k not in m.static_input_names]
         )
 
+        # Compiled: run eagerly, every primitive of the op and of its derivatives compiles on
+        # its own (a repeated-target ScatterElements mul made 253 small compilations, 15 s).
+        # assert_matches_reference covers the eager path.
+        @jax.jit
         def f(*diff):
             merged = {**feeds, **dict(zip(wrt, diff))}
             return m.apply(m.params, **merged)[output]

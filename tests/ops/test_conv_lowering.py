@@ -168,7 +168,8 @@ def test_depthwise_weight_gradient_primitive(strides, monkeypatch):
         def loss(f):
             return lambda x, w: jnp.sum(jnp.tanh(f(jnp.sin(x), w, strides)) * ct)
 
-        got, want = jax.grad(loss(_depthwise), (0, 1)), jax.grad(loss(_xla_depthwise), (0, 1))
+        # Compiled: eagerly, each piece of the lowering and its derivatives compiles on its own.
+        got, want = (jax.jit(jax.grad(loss(f), (0, 1))) for f in (_depthwise, _xla_depthwise))
         for a, b in zip(got(x, w), want(x, w)):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
         assert calls, "the weight gradient did not go through tap_sums"
@@ -178,8 +179,8 @@ def test_depthwise_weight_gradient_primitive(strides, monkeypatch):
                 np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
         tangents = (RNG.standard_normal(x.shape), RNG.standard_normal(w.shape))
         np.testing.assert_allclose(
-            jax.jvp(loss(_depthwise), (x, w), tangents)[1],
-            jax.jvp(loss(_xla_depthwise), (x, w), tangents)[1],
+            jax.jit(lambda *p: jax.jvp(loss(_depthwise), p, tangents)[1])(x, w),
+            jax.jit(lambda *p: jax.jvp(loss(_xla_depthwise), p, tangents)[1])(x, w),
             rtol=1e-10,
         )
 
@@ -266,6 +267,7 @@ def test_channels_last_conv_transpose_derivatives(case):
             == expected
         )
 
+        @jax.jit  # eagerly, each piece of the lowering and its derivatives compiles on its own
         def f(x, w):
             return jonnx.ops.call("ConvTranspose", x, w, domain=DOMAIN, **attrs)
 

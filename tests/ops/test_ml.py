@@ -57,7 +57,7 @@ def ml_grads(op, x, **attrs):
         x64 = np.asarray(x, np.float64)
         m = jonnx.load(node_model(op, {"x": x64}, opset=1, domain=ML, **attrs))
         check_grads(
-            lambda v: m.apply(m.params, v)[0],
+            jax.jit(lambda v: m.apply(m.params, v)[0]),  # eagerly, every primitive compiles alone
             (jax.numpy.asarray(x64),),
             order=1,
             modes=("fwd", "rev"),
