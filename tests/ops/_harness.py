@@ -195,8 +195,8 @@ def check_op_grads(
         )
 
         # Compiled: run eagerly, every primitive of the op and of its derivatives compiles on
-        # its own (a repeated-target ScatterElements mul made 253 small compilations, 15 s).
-        # assert_matches_reference covers the eager path.
+        # its own (a ScatterElements mul test with repeated targets: 253 small compilations,
+        # 137 with the checks compiled). assert_matches_reference covers the eager path.
         @jax.jit
         def f(*diff):
             merged = {**feeds, **dict(zip(wrt, diff))}
