@@ -34,8 +34,10 @@ def value_and_grad(model, feeds, train, key):
     return jax.jit(jax.value_and_grad(loss_of(model, feeds, train, key), has_aux=True))(model.params)
 
 
-def _jaxpr(model, feeds, train, key):
-    return jax.make_jaxpr(jax.value_and_grad(loss_of(model, feeds, train, key), has_aux=True))(model.params)
+def _traced(model, feeds, train, key):
+    """:func:`value_and_grad`'s computation traced, not yet compiled: ``.jaxpr`` to compare,
+    ``.lower().compile()(model.params)`` to run it."""
+    return jax.jit(jax.value_and_grad(loss_of(model, feeds, train, key), has_aux=True)).trace(model.params)
 
 
 def _same(a, b) -> bool:
@@ -82,12 +84,14 @@ def compare_on_off(proto, feeds, switches, *, trains=(False, None, True), grad_t
     for train in trains:
         # Only BatchNormalization and Dropout read the flag: where it changes nothing, the
         # computation is the same as an earlier flag's, and compiling it again checks nothing new.
-        jaxprs = [_jaxpr(model, feeds, train, key) for model in (on, off)]
+        stages = [_traced(model, feeds, train, key) for model in (on, off)]
+        jaxprs = [stage.jaxpr for stage in stages]
         if any(all(_same(a, b) for a, b in zip(jaxprs, earlier)) for earlier in traced):
             continue
         traced.append(jaxprs)
-        (_, got), g_on = value_and_grad(on, feeds, train, key)
-        (_, want), g_off = value_and_grad(off, feeds, train, key)
+        ((_, got), g_on), ((_, want), g_off) = (
+            stage.lower().compile()(model.params) for stage, model in zip(stages, (on, off))
+        )
         got, want = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
         assert len(got) == len(want)
         for a, b in zip(got, want):
