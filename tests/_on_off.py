@@ -3,6 +3,8 @@ running statistics and gradients (tests/test_optimize.py, tests/test_layout.py).
 
 from __future__ import annotations
 
+import hashlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,27 +73,61 @@ def assert_gradients_close(got, want, tol, what=""):
         assert_outputs_close(got[name], want[name], tol, err_msg=f"gradient of {name}{what}")
 
 
+class _Unoptimized:
+    """The graph loaded with no pass on, and what the comparisons read of it, each computed
+    once: tests/test_optimize.py compares each pass, and all of them, against the same graph."""
+
+    def __init__(self, proto, feeds, key):
+        self.model = jonnx.load(proto, optimize=False)
+        self.feeds, self.key = feeds, key
+        self.outputs = self.model(**feeds, key=key)
+        self._stages, self._results = {}, {}
+
+    def jaxpr(self, train):
+        if train not in self._stages:
+            self._stages[train] = _traced(self.model, self.feeds, train, self.key)
+        return self._stages[train].jaxpr
+
+    def result(self, train):
+        """``((loss, (outputs, state)), gradients)`` for ``train``."""
+        if train not in self._results:
+            self.jaxpr(train)
+            self._results[train] = self._stages[train].lower().compile()(self.model.params)
+        return self._results[train]
+
+
+_UNOPTIMIZED: dict[str, _Unoptimized] = {}
+
+
+def _unoptimized(proto, feeds, key) -> _Unoptimized:
+    digest = hashlib.sha256(proto.SerializeToString())
+    for name, value in sorted(feeds.items()):
+        value = np.asarray(value)
+        digest.update(f"{name}{value.dtype}{value.shape}".encode() + value.tobytes())
+    if digest.hexdigest() not in _UNOPTIMIZED:
+        _UNOPTIMIZED[digest.hexdigest()] = _Unoptimized(proto, feeds, key)
+    return _UNOPTIMIZED[digest.hexdigest()]
+
+
 def compare_on_off(proto, feeds, switches, *, trains=(False, None, True), grad_tol=1e-5):
     """Load ``proto`` with ``optimize=switches`` and with ``optimize=False``; assert equal
     default-call outputs, and for each ``train`` (None: training-mode nodes as the graph says)
     equal outputs, running statistics and gradients. Returns the optimized model."""
-    on = jonnx.load(proto, optimize=switches)
-    off = jonnx.load(proto, optimize=False)
     key = jax.random.key(3)
-    for a, b in zip(on(**feeds, key=key), off(**feeds, key=key)):
+    on, off = jonnx.load(proto, optimize=switches), _unoptimized(proto, feeds, key)
+    for a, b in zip(on(**feeds, key=key), off.outputs):
         assert_outputs_close(a, b)
     traced = []
     for train in trains:
         # Only BatchNormalization and Dropout read the flag: where it changes nothing, the
         # computation is the same as an earlier flag's, and compiling it again checks nothing new.
-        stages = [_traced(model, feeds, train, key) for model in (on, off)]
-        jaxprs = [stage.jaxpr for stage in stages]
+        stage = _traced(on, feeds, train, key)
+        jaxprs = [stage.jaxpr, off.jaxpr(train)]
         if any(all(_same(a, b) for a, b in zip(jaxprs, earlier)) for earlier in traced):
             continue
         traced.append(jaxprs)
-        ((_, got), g_on), ((_, want), g_off) = (
-            stage.lower().compile()(model.params) for stage, model in zip(stages, (on, off))
-        )
+        (_, got), g_on = stage.lower().compile()(on.params)
+        (_, want), g_off = off.result(train)
         got, want = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
         assert len(got) == len(want)
         for a, b in zip(got, want):
