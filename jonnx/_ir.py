@@ -80,7 +80,7 @@ class Node:
         """
         if train is not None:
             return bool(train)
-        return bool(self.op.trains is not None and self.op.trains(self.attrs))
+        return bool(self.op.trains is not None and self.op.trains(self.attrs, len(self.outputs)))
 
     def padded(self, args: tuple) -> tuple:
         """``args`` with omitted trailing optional inputs filled in as None, up to ``arity``."""

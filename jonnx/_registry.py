@@ -96,9 +96,10 @@ class OpDef:
             value of a state input (BatchNormalization's running mean and variance). An op
             returns them in training mode even when the node does not list those outputs, and
             ``Model.apply`` collects them as the new state when the node runs in training mode.
-        trains: for ops with ``state_updates``, whether a node with these attributes runs in
-            training mode when the run leaves the choice to the graph (``train=None``):
-            BatchNormalization-15 with ``training_mode=1``. Default: it does not.
+        trains: for ops with ``state_updates``, ``trains(attrs, n_outputs)``: whether a node
+            with these attributes and this many declared outputs runs in training mode when
+            the run leaves the choice to the graph (``train=None``): BatchNormalization-15 with
+            ``training_mode=1``, BatchNormalization-9 with five outputs. Default: it does not.
         validate: checks a node at load time, ``validate(attrs, n_inputs, n_outputs)``,
             returning a message when the node is malformed (If branches giving different
             numbers of outputs), or None; the loader raises it as a ModelStructureError.
@@ -126,7 +127,7 @@ class OpDef:
     random: bool = False
     reads_graph: bool = False
     state_updates: Mapping[int, int] = dataclasses.field(default_factory=dict)
-    trains: Callable[[Mapping[str, Any]], bool] | None = None
+    trains: Callable[[Mapping[str, Any], int], bool] | None = None
     validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None
     attributes: Mapping[str, Any] | None = None
     n_inputs: int = 0
@@ -242,7 +243,7 @@ def register(
     random: bool = False,
     reads_graph: bool = False,
     state_updates: Mapping[int, int] | None = None,
-    trains: Callable[[Mapping[str, Any]], bool] | None = None,
+    trains: Callable[[Mapping[str, Any], int], bool] | None = None,
     validate: Callable[[Mapping[str, Any], int, int], str | None] | None = None,
     attributes: Mapping[str, Any] | None = None,
     n_inputs: int = 0,

@@ -118,7 +118,7 @@ def global_max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     attributes={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0, "legacy": 0},
     n_inputs=5,
     state_updates={1: 3, 2: 4},
-    trains=lambda attrs: bool(attrs["training_mode"]),
+    trains=lambda attrs, n_outputs: bool(attrs["training_mode"]),
 )
 def batch_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization`` (per-channel statistics) on N(D)HWC activations."""

@@ -186,11 +186,20 @@ def _bn_legacy(inputs, attrs, training: bool, spatial: bool, channels_last: bool
 _RUNNING_STATS = {1: 3, 2: 4}  # outputs 1 and 2 are the new running mean and variance
 
 
+def lists_statistics(n_outputs: int | None) -> bool:
+    """BatchNormalization-7/9's mode: training when the node lists more outputs than ``Y``.
+
+    The spec ties the mode to the output count (five in training, ``Y`` alone in test mode),
+    and onnxruntime runs a five-output node on batch statistics.
+    """
+    return (n_outputs or 1) > 1
+
+
 @register(
     "BatchNormalization",
     since=(1, 6),
     state_updates=_RUNNING_STATS,
-    trains=lambda attrs: not attrs["is_test"],
+    trains=lambda attrs, n_outputs: not attrs["is_test"],
 )
 def batch_normalization_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``-1/6: ``is_test=0`` (the default) is training mode.
@@ -201,23 +210,27 @@ def batch_normalization_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outpu
     return _bn_legacy(inputs, attrs, training, bool(attrs["spatial"]))
 
 
-@register("BatchNormalization", since=7, state_updates=_RUNNING_STATS)
+def _trains_by_outputs(attrs: Attrs, n_outputs: int) -> bool:
+    return lists_statistics(n_outputs)
+
+
+@register("BatchNormalization", since=7, state_updates=_RUNNING_STATS, trains=_trains_by_outputs)
 def batch_normalization_7(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``BatchNormalization``-7: inference unless the run is in training mode."""
-    return _bn_legacy(inputs, attrs, ctx.training(False), bool(attrs["spatial"]))
+    """ONNX ``BatchNormalization``-7: training mode when the node lists five outputs."""
+    return _bn_legacy(inputs, attrs, ctx.training(lists_statistics(ctx.n_outputs)), bool(attrs["spatial"]))
 
 
-@register("BatchNormalization", since=9, state_updates=_RUNNING_STATS)
+@register("BatchNormalization", since=9, state_updates=_RUNNING_STATS, trains=_trains_by_outputs)
 def batch_normalization_9(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``BatchNormalization``-9: per-channel statistics; training only with ``train``."""
-    return _bn_legacy(inputs, attrs, ctx.training(False), True)
+    """ONNX ``BatchNormalization``-9: per-channel statistics; training mode with five outputs."""
+    return _bn_legacy(inputs, attrs, ctx.training(lists_statistics(ctx.n_outputs)), True)
 
 
 @register(
     "BatchNormalization",
     since=(14, 15),
     state_updates=_RUNNING_STATS,
-    trains=lambda attrs: bool(attrs["training_mode"]),
+    trains=lambda attrs, n_outputs: bool(attrs["training_mode"]),
 )
 def batch_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``, opsets 14+: ``training_mode`` attribute or ``train``.

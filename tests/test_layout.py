@@ -142,7 +142,7 @@ def bn_training(opset=15):
     """BatchNormalization in training mode (running statistics updated), a Dropout between."""
     inits = {"w": rand(6, 3, 3, 3), "w2": rand(6, 6, 1, 1)}
     mode = {"training_mode": 1} if opset >= 14 else {}
-    stats = ["", "rm", "rv"] if opset >= 14 else []
+    stats = ["", "rm", "rv"] if opset >= 14 else ["", "rm", "rv", "sm", "sv"]  # five outputs: training
     nodes = [
         oh.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
         oh.make_node("BatchNormalization", ["c", *_bn("bn", 6, inits)], ["y", *stats[1:]], **mode),

@@ -47,7 +47,7 @@ import numpy as np
 
 from jonnx._ir import Graph, Node
 from jonnx._registry import lookup
-from jonnx.ops import conv
+from jonnx.ops import conv, normalization
 from jonnx.ops.channels_last import DOMAIN, VERSION
 from jonnx.optimize._util import int64, new_node, unique_name
 
@@ -273,7 +273,7 @@ class _Rewrite:
             elif node.opset <= 6:
                 mode = int(not attrs["is_test"])
             else:
-                mode = 0
+                mode = normalization.lists_statistics(len(node.outputs))
             attrs.update(training_mode=int(mode), legacy=int(node.opset < 14))
         outputs = [self._new_output(node.outputs[0], rank), *node.outputs[1:]]
         return self._internal(node, [self.last[x], *node.inputs[1:]], outputs, attrs)

@@ -11,6 +11,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import onnxruntime
 import pytest
 
 import jonnx.ops
@@ -106,6 +107,24 @@ def test_batchnorm_opset6_is_test_0_trains_with_five_outputs():
         rtol=1e-4,
         atol=1e-5,
     )
+
+
+@pytest.mark.parametrize("opset", [7, 9])
+def test_batchnorm_five_outputs_train_as_onnxruntime_does(opset):
+    # BatchNormalization-7/9 have no mode attribute: the spec ties training mode to the five
+    # outputs (Y alone is test mode), and onnxruntime runs a five-output node on batch
+    # statistics. numpy, not the ReferenceEvaluator: its BatchNormalization_9 returns Y alone.
+    inputs = _bn_inputs()
+    got = assert_matches_reference(
+        "BatchNormalization", inputs, 5, opset=opset, expected=lambda *a: _bn_train_numpy(*a), rtol=1e-4, atol=1e-5
+    )
+    model = node_model("BatchNormalization", inputs, 5, opset=opset)
+    ort = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = ort.run(None, inputs)
+    # saved_var is left open by ONNX: onnxruntime's is 1 / sqrt(var + epsilon), jonnx's the variance.
+    for i in range(4):
+        np.testing.assert_allclose(got[i], want[i], rtol=1e-4, atol=1e-5, err_msg=f"output {i}")
+    np.testing.assert_allclose(1 / np.sqrt(got[4] + 1e-5), want[4], rtol=1e-4)
 
 
 @pytest.mark.parametrize("opset", [1, 6, 7])
