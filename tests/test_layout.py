@@ -273,8 +273,8 @@ def test_layout_on_equals_off_and_onnxruntime(name):
     domains = {n.op_type for n in graph.nodes if n.domain == DOMAIN}
     assert "Conv" in domains
     assert _activation_transposes(graph) <= TRANSPOSES[name], [n.op_type for n in graph.nodes]
-    if name.startswith("bn_training"):
-        return  # onnxruntime's training-mode BatchNormalization is not what a train=None run does
+    if name == "bn_training":
+        return  # onnxruntime refuses BatchNormalization-15 in training mode with one output
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for got, want in zip(on(**feeds), session.run(None, feeds)):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
