@@ -27,9 +27,8 @@ SCRIPT = pathlib.Path(_sharded_steps.__file__)
 KINDS = ("data_parallel", "fsdp", "tensor_parallel")
 
 
-@pytest.fixture(scope="module")
-def mesh_report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("mesh") / "report.json"
+def _mesh_report(tmp_path) -> dict:
+    out = tmp_path / "report.json"
     env = {
         **os.environ,
         "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip(),
@@ -47,29 +46,36 @@ def mesh_report(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("model", ["encoder", "cnn"])
-def test_sharded_step_equals_the_single_device_step(mesh_report, model, kind):
-    r = mesh_report[f"{model}/{kind}"]
+def test_sharded_steps_on_eight_devices(tmp_path):
+    """Every check of the 8-device run, in one test: the subprocess takes ~45 s on the 2-core
+    CI machine, and as a module fixture of several tests it ran once per xdist worker."""
+    report = _mesh_report(tmp_path)
+    for model in ("encoder", "cnn"):
+        for kind in KINDS:
+            _check_step_equals_the_single_device_step(report[f"{model}/{kind}"], f"{model}/{kind}")
+    _check_fsdp_splits_every_weight_the_axis_divides(report["encoder/fsdp"]["specs"])
+    _check_tensor_parallel_splits_attention_and_ffn_pairs_megatron_style(report["encoder/tensor_parallel"]["specs"])
+    _check_tensor_parallel_splits_conv_pairs_with_their_batchnorm(report["cnn/tensor_parallel"]["specs"])
+
+
+def _check_step_equals_the_single_device_step(r, where):
     single, sharded = r["loss"]
-    assert abs(single - sharded) <= 1e-5 * max(1.0, abs(single)), r["loss"]
-    assert r["max_param_diff"] <= 1e-5
-    assert r["max_state_diff"] <= 1e-5
-    assert r["params_keep_shardings"]
-    assert r["opt_state_sharded_like_params"]
-    assert r["devices_used"] == 8
+    assert abs(single - sharded) <= 1e-5 * max(1.0, abs(single)), (where, r["loss"])
+    assert r["max_param_diff"] <= 1e-5, where
+    assert r["max_state_diff"] <= 1e-5, where
+    assert r["params_keep_shardings"], where
+    assert r["opt_state_sharded_like_params"], where
+    assert r["devices_used"] == 8, where
 
 
-def test_fsdp_splits_every_weight_the_axis_divides(mesh_report):
-    specs = mesh_report["encoder/fsdp"]["specs"]
+def _check_fsdp_splits_every_weight_the_axis_divides(specs):
     assert specs["emb"] == ["data"]  # (32, 16): the larger dimension
     assert specs["l0.q.w"] == [None, "data"]  # (16, 16): equal sizes, the last one
     assert specs["l0.ffn2.w"] == ["data"]  # (32, 16)
     assert specs["scale"] == []  # a scalar stays whole
 
 
-def test_tensor_parallel_splits_attention_and_ffn_pairs_megatron_style(mesh_report):
-    specs = mesh_report["encoder/tensor_parallel"]["specs"]
+def _check_tensor_parallel_splits_attention_and_ffn_pairs_megatron_style(specs):
     for layer in ("l0", "l1"):
         for name in ("q", "k", "v", "ffn1"):  # column: output features (heads for Q, K, V)
             assert specs[f"{layer}.{name}.w"] == [None, "model"], name
@@ -82,8 +88,7 @@ def test_tensor_parallel_splits_attention_and_ffn_pairs_megatron_style(mesh_repo
     assert specs["emb"] == []
 
 
-def test_tensor_parallel_splits_conv_pairs_with_their_batchnorm(mesh_report):
-    specs = mesh_report["cnn/tensor_parallel"]["specs"]
+def _check_tensor_parallel_splits_conv_pairs_with_their_batchnorm(specs):
     assert specs["c0.w"] == ["model"]  # output channels
     for name in ("c0.b", "bn0.scale", "bn0.bias", "bn0.mean", "bn0.var"):
         assert specs[name] == ["model"], name
