@@ -210,17 +210,23 @@ def batch_normalization_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outpu
     return _bn_legacy(inputs, attrs, training, bool(attrs["spatial"]))
 
 
-def _trains_by_outputs(attrs: Attrs, n_outputs: int) -> bool:
-    return lists_statistics(n_outputs)
-
-
-@register("BatchNormalization", since=7, state_updates=_RUNNING_STATS, trains=_trains_by_outputs)
+@register(
+    "BatchNormalization",
+    since=7,
+    state_updates=_RUNNING_STATS,
+    trains=lambda attrs, n_outputs: lists_statistics(n_outputs),
+)
 def batch_normalization_7(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``-7: training mode when the node lists five outputs."""
     return _bn_legacy(inputs, attrs, ctx.training(lists_statistics(ctx.n_outputs)), bool(attrs["spatial"]))
 
 
-@register("BatchNormalization", since=9, state_updates=_RUNNING_STATS, trains=_trains_by_outputs)
+@register(
+    "BatchNormalization",
+    since=9,
+    state_updates=_RUNNING_STATS,
+    trains=lambda attrs, n_outputs: lists_statistics(n_outputs),
+)
 def batch_normalization_9(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``BatchNormalization``-9: per-channel statistics; training mode with five outputs."""
     return _bn_legacy(inputs, attrs, ctx.training(lists_statistics(ctx.n_outputs)), True)

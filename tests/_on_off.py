@@ -33,7 +33,7 @@ def loss_of(model, feeds, train, key):
 def value_and_grad(model, feeds, train, key):
     """``((loss, (outputs, state)), gradients)`` at ``model.params``, compiled: an eager run
     would compile each small op (and each conv lowering's pieces) on its own, far slower."""
-    return jax.jit(jax.value_and_grad(loss_of(model, feeds, train, key), has_aux=True))(model.params)
+    return _traced(model, feeds, train, key).lower().compile()(model.params)
 
 
 def _traced(model, feeds, train, key):
@@ -83,16 +83,18 @@ class _Unoptimized:
         self.outputs = self.model(**feeds, key=key)
         self._stages, self._results = {}, {}
 
-    def jaxpr(self, train):
+    def _stage(self, train):
         if train not in self._stages:
             self._stages[train] = _traced(self.model, self.feeds, train, self.key)
-        return self._stages[train].jaxpr
+        return self._stages[train]
+
+    def jaxpr(self, train):
+        return self._stage(train).jaxpr
 
     def result(self, train):
         """``((loss, (outputs, state)), gradients)`` for ``train``."""
         if train not in self._results:
-            self.jaxpr(train)
-            self._results[train] = self._stages[train].lower().compile()(self.model.params)
+            self._results[train] = self._stage(train).lower().compile()(self.model.params)
         return self._results[train]
 
 

@@ -47,7 +47,7 @@ import numpy as np
 
 from jonnx._ir import Graph, Node
 from jonnx._registry import lookup
-from jonnx.ops import conv, normalization
+from jonnx.ops import conv
 from jonnx.ops.channels_last import DOMAIN, VERSION
 from jonnx.optimize._util import int64, new_node, unique_name
 
@@ -268,13 +268,8 @@ class _Rewrite:
         if op == "BatchNormalization":
             if attrs.get("spatial") not in (None, 1) or len(node.inputs) < 5:
                 return None  # opset < 9's per-activation statistics
-            if node.opset >= 14:
-                mode = attrs["training_mode"]
-            elif node.opset <= 6:
-                mode = int(not attrs["is_test"])
-            else:
-                mode = normalization.lists_statistics(len(node.outputs))
-            attrs.update(training_mode=int(mode), legacy=int(node.opset < 14))
+            # The mode the node's own version gives it (training_mode, is_test or its outputs).
+            attrs.update(training_mode=int(node.trains(None)), legacy=int(node.opset < 14))
         outputs = [self._new_output(node.outputs[0], rank), *node.outputs[1:]]
         return self._internal(node, [self.last[x], *node.inputs[1:]], outputs, attrs)
 
