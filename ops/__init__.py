@@ -88,8 +88,11 @@ def call(
             knows for ai.onnx, or the newest registered for other domains).
         key: PRNG key, for random ops.
         train: True for training-mode semantics (Dropout, BatchNormalization), False for
-            inference, None for what the op's attributes and inputs say.
-        n_outputs: how many outputs to produce, for ops that split by it (Split).
+            inference, None for what the op's attributes and inputs say (and, for
+            BatchNormalization-7 and 9, which have no mode attribute, its output count: five
+            outputs train, as a node listing them does, so ``n_outputs=5`` trains there).
+        n_outputs: how many outputs the node declares, for ops whose result depends on it
+            (Split's pieces, BatchNormalization-7 and 9's mode).
         **attrs: the op's attributes; the schema's defaults fill in the rest.
 
     Returns:
