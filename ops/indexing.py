@@ -45,15 +45,16 @@ def _check_range(indices, size: int, ctx, what: str = "index") -> None:
     Runtime indices are checked in checked mode (``ctx.check``, through checkify); in the
     fast default they pass, and the fast path clamps gathers and drops scatters.
     """
+    out_of_range = f"out of range [-{size}, {size - 1}]" if size else "out of range: the axis is empty"
     if not isinstance(indices, np.ndarray):
-        ctx.check((indices >= -size) & (indices < size), f"{what} out of range [-{size}, {size - 1}]")
+        ctx.check((indices >= -size) & (indices < size), f"{what} {out_of_range}")
         return
     if indices.size == 0:
         return
     bad = (indices < -size) | (indices >= size)
     if bad.any():
         pos = tuple(int(p) for p in np.argwhere(bad)[0])
-        raise ctx.error(f"{what} {int(indices[pos])} at position {pos} is out of range [-{size}, {size - 1}]")
+        raise ctx.error(f"{what} {int(indices[pos])} at position {pos} is {out_of_range}")
 
 
 def _wrap(indices, size):

@@ -22,8 +22,8 @@ result open or onnxruntime departs from it:
   wraps), so the fuzz draws floats in range;
 - ReduceMean of an empty set: undefined (jonnx and the ReferenceEvaluator NaN, onnxruntime 0);
 - NonZero of a scalar: onnxruntime reads it as 1-D ((1, n) indices, jonnx (0, n));
-- ConvTranspose with auto_pad SAME and dilations: onnxruntime's output shape is not the
-  specified ``input * stride``;
+- ConvTranspose with auto_pad SAME and dilations, or a kernel shorter than the stride:
+  onnxruntime's output shape is not the specified ``input * stride``;
 - Squeeze with an empty ``axes`` tensor: onnxruntime squeezes every 1 (jonnx and the
   ReferenceEvaluator squeeze nothing);
 - DynamicQuantizeLinear of a constant or empty tensor: onnxruntime's scale is 1, jonnx's and
@@ -1392,6 +1392,41 @@ def _same_padded_and_dilated(case: Case) -> bool:
     return str(case.attrs.get("auto_pad", "")).startswith("SAME") and dilated
 
 
+def _negative_same_padding(case: Case) -> bool:
+    """Whether a pooling case's SAME padding, as the specification computes it, is negative
+    along some axis (a window shorter than the stride): onnxruntime refuses it with one output
+    and the ReferenceEvaluator reads a window elsewhere."""
+    if not str(case.attrs.get("auto_pad", "")).startswith("SAME") or "kernel_shape" not in case.attrs:
+        return False
+    spatial = _first_input(case).shape[2:]
+    dilations = case.attrs.get("dilations") or [1] * len(spatial)
+    return any(
+        (-(-n // s) - 1) * s + (k - 1) * dil + 1 - n < 0
+        for n, s, k, dil in zip(spatial, case.attrs["strides"], case.attrs["kernel_shape"], dilations)
+    )
+
+
+def _window_exceeds_input(case: Case) -> bool:
+    """Whether a convolution's or pooling's (dilated) window is longer than its explicitly
+    padded (or VALID) input along some axis: jonnx refuses it, the references differ."""
+    if str(case.attrs.get("auto_pad", "NOTSET")).startswith("SAME") or case.op == "ConvTranspose":
+        return False
+    x = _first_input(case)
+    if "kernel_shape" in case.attrs:
+        kernel = case.attrs["kernel_shape"]
+    elif case.op == "Conv":
+        kernel = np.asarray(case.inputs["w"]).shape[2:]
+    else:
+        return False
+    spatial = x.shape[2:]
+    dilations = case.attrs.get("dilations") or [1] * len(spatial)
+    pads = case.attrs.get("pads") or [0] * (2 * len(spatial))
+    return any(
+        (k - 1) * dil + 1 > n + pads[i] + pads[i + len(spatial)]
+        for i, (n, k, dil) in enumerate(zip(spatial, kernel, dilations))
+    )
+
+
 def _first_input(case: Case) -> np.ndarray:
     return np.asarray(next(iter(case.inputs.values())))
 
@@ -1410,6 +1445,14 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
         lambda c: c.op == "ConvTranspose" and _same_padded_and_dilated(c),
     ),
     (
+        "ConvTranspose, SAME with a window shorter than the stride: onnxruntime's output shape",
+        lambda c: (
+            c.op == "ConvTranspose"
+            and str(c.attrs.get("auto_pad", "")).startswith("SAME")
+            and any(k < s for k, s in zip(np.asarray(c.inputs["w"]).shape[2:], c.attrs["strides"]))
+        ),
+    ),
+    (
         "MaxPool, SAME and dilations: onnxruntime pads for the undilated window",
         lambda c: c.op == "MaxPool" and _same_padded_and_dilated(c),
     ),
@@ -1418,6 +1461,14 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
         lambda c: (
             c.op in ("MaxPool", "AveragePool") and c.attrs.get("auto_pad") == "VALID" and bool(c.attrs.get("ceil_mode"))
         ),
+    ),
+    (
+        "a window longer than its padded input: jonnx refuses, the references differ",
+        lambda c: c.op in ("Conv", "MaxPool", "AveragePool", "LpPool") and _window_exceeds_input(c),
+    ),
+    (
+        "pooling, SAME padding that would be negative: onnxruntime refuses, the ReferenceEvaluator moves the window",
+        lambda c: c.op in ("MaxPool", "AveragePool", "LpPool") and _negative_same_padding(c),
     ),
     (
         "DynamicQuantizeLinear of a constant or empty tensor: onnxruntime's scale 1",

@@ -52,3 +52,32 @@ def test_departures_are_narrow():
     quantize = fuzz.Case("DynamicQuantizeLinear", {"x": np.array([1.0, 2.0], np.float32)}, {})
     assert fuzz.known_departure(quantize) is None
     assert fuzz.known_departure(quantize._replace(inputs={"x": np.ones(3, np.float32)})) is not None
+
+
+def test_departures_added_on_2026_12_02_are_narrow():
+    x = np.zeros((1, 1, 2, 2), np.float32)
+    # A window longer than its padded input; with one cell of padding it fits.
+    pool = fuzz.Case("MaxPool", {"x": x}, {"kernel_shape": [3, 1], "strides": [1, 1]})
+    assert fuzz.known_departure(pool) is not None
+    assert fuzz.known_departure(pool._replace(attrs={**pool.attrs, "pads": [1, 0, 0, 0]})) is None
+    # SAME pooling whose padding would be negative: a window shorter than the stride.
+    same = fuzz.Case("MaxPool", {"x": x}, {"kernel_shape": [1, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"})
+    assert fuzz.known_departure(same) is not None
+    assert fuzz.known_departure(same._replace(attrs={**same.attrs, "kernel_shape": [2, 2]})) is None
+    # ConvTranspose, SAME, a kernel shorter than the stride.
+    w = np.zeros((1, 1, 1, 2), np.float32)
+    transpose = fuzz.Case("ConvTranspose", {"x": x, "w": w}, {"strides": [2, 2], "auto_pad": "SAME_LOWER"})
+    assert fuzz.known_departure(transpose) is not None
+    assert fuzz.known_departure(transpose._replace(attrs={"strides": [1, 2], "auto_pad": "SAME_LOWER"})) is None
+    # A symmetric window of one point; periodic, or of two points, it is compared.
+    window = fuzz.Case("HannWindow", {"size": np.array(1, np.int64)}, {"periodic": 0})
+    assert fuzz.known_departure(window) is not None
+    assert fuzz.known_departure(window._replace(attrs={"periodic": 1})) is None
+    assert fuzz.known_departure(window._replace(inputs={"size": np.array(2, np.int64)})) is None
+    # BRANCH_NEQ meeting a NaN that no missing-value track sends to the true branch.
+    tree = {"nodes_modes": ["BRANCH_NEQ", "LEAF", "LEAF"], "nodes_missing_value_tracks_true": [0, 0, 0]}
+    neq = fuzz.Case("TreeEnsembleRegressor", {"x": np.array([[np.nan]], np.float32)}, tree)
+    assert fuzz.known_departure(neq) is not None
+    assert fuzz.known_departure(neq._replace(inputs={"x": np.zeros((1, 1), np.float32)})) is None
+    tracked = {**tree, "nodes_missing_value_tracks_true": [1, 1, 1]}
+    assert fuzz.known_departure(neq._replace(attrs=tracked)) is None

@@ -99,6 +99,14 @@ def test_gather_out_of_range_constant_index_raises(op):
         run_jonnx(model, inputs)
 
 
+def test_gather_from_an_empty_axis_says_the_axis_is_empty():
+    # Found by the fuzz (tests/conformance/fuzz.py): the message read "out of range [-0, -1]".
+    inputs = {"data": _data((0, 3, 0)), "indices": np.array(0, np.int64)}
+    model = node_model("Gather", inputs, opset=13, axis=2, initializers=("indices",))
+    with pytest.raises(errors.NodeError, match=r"index 0 at position \(\) is out of range: the axis is empty"):
+        run_jonnx(model, inputs)
+
+
 @pytest.mark.parametrize("opset", [1, 13])
 def test_gather_grads(opset):
     data = _data((4, 3))
