@@ -62,13 +62,14 @@ the ReferenceEvaluator's (and jonnx's) -inf. The family leaves out, with a comme
 corners where onnxruntime's kernels refuse a valid model or depart without documentation.
 
 The ``recurrent`` family draws RNN, GRU and LSTM; its first runs (2026-12-02: 1,800 cases of
-its final draws, 1,400 while drafting them, 100 with ``--grad``) found no jonnx bug. What they showed of the references, now drawn around
-(see the family's comments): onnxruntime runs these ops in float32 and layout 0 only, aborts
-the process on a GRU with an empty sequence or batch and on an LSTM with an empty batch, returns
-uninitialized memory as Y_h and Y_c after an empty sequence, and defaults a missing alpha or
-beta to 0 (ThresholdedRelu's alpha is 1.0 by the specification) and compares ThresholdedRelu's
-threshold strictly (the RNN text says ``x >= alpha``); the ReferenceEvaluator ignores ``clip``,
-``sequence_lens``, ``input_forget`` and ``activations``.
+its final draws, 1,400 while drafting them, 100 with ``--grad``) found no jonnx bug. What they
+showed of the references, now drawn around (see the family's comments): onnxruntime runs these
+ops in float32 and layout 0 only, aborts the process on a GRU with an empty sequence or batch
+and on an LSTM with an empty batch, returns uninitialized memory as Y_h and Y_c after an empty
+sequence, defaults a missing alpha or beta to 0 (ThresholdedRelu's alpha is 1.0 by the
+specification) and compares ThresholdedRelu's threshold strictly (the RNN text says ``x >=
+alpha``); the ReferenceEvaluator ignores ``clip``, ``sequence_lens``, ``input_forget`` and
+``activations``.
 
 The ``ml`` family draws ai.onnx.ml's TreeEnsembleRegressor, TreeEnsembleClassifier,
 LinearRegressor and LinearClassifier; its first runs (2026-12-02, 1,200 cases of its final
@@ -1223,7 +1224,8 @@ def ml(d: Draw) -> Case | None:
     (onnxruntime leaves out such a target's base value, and its MIN or MAX is 0 where jonnx's
     and the onnx reference's is the float range's end): there every leaf scores every target.
     The post transforms are NONE, SOFTMAX and LOGISTIC: onnxruntime's SOFTMAX_ZERO ignores the
-    base values and is NaN over all-zero scores.
+    base values and is NaN over all-zero scores, and PROBIT is NaN outside (0, 1), where the two
+    pick different labels among NaN scores.
     """
     op = d.pick(["TreeEnsembleRegressor", "TreeEnsembleClassifier", "LinearRegressor", "LinearClassifier"])
     n_features, rows = d.int(1, 4), d.int(0, 6)
