@@ -33,6 +33,12 @@ visibly depends on them:
   ``probabilities`` float [N, 3]); ai.onnx.ml ``Scaler`` and ``LinearClassifier``.
 * ``sklearn_mlp.onnx``: skl2onnx, ``MLPClassifier`` (one hidden layer of 8) on the same data,
   ``zipmap=False``: MatMul/Add/Relu/Softmax with the weights as initializers.
+* ``sklearn_forest_binary.onnx``, ``sklearn_boosting_binary.onnx`` (string labels),
+  ``sklearn_boosting.onnx`` (3 classes), ``sklearn_forest_regressor.onnx``: skl2onnx, small
+  ``RandomForestClassifier``/``GradientBoostingClassifier``/``RandomForestRegressor`` (5 trees)
+  on the same data (the binary ones on ``y % 2``, the regressor predicting feature 3 from the
+  others), ``zipmap=False``: ai.onnx.ml TreeEnsembleClassifier/Regressor in the forms skl2onnx
+  writes, where onnxruntime's binary-classifier rules and the onnx reference's could differ.
 
 * ``bert_tiny.onnx``: transformers' ``BertForSequenceClassification`` (one layer, width 16,
   vocabulary 50, 3 labels, random weights), TorchScript exporter in eval mode, with dynamic
@@ -177,6 +183,7 @@ def _initializers(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 def _sklearn_exports(out: pathlib.Path) -> None:
     from skl2onnx import to_onnx
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier, RandomForestRegressor
     from sklearn.linear_model import LogisticRegression
     from sklearn.neural_network import MLPClassifier
     from sklearn.pipeline import make_pipeline
@@ -195,15 +202,35 @@ def _sklearn_exports(out: pathlib.Path) -> None:
     mlp = MLPClassifier(hidden_layer_sizes=(8,), max_iter=300, random_state=0).fit(x, y)
     onx = to_onnx(mlp, x[:1], options={id(mlp): options}, target_opset={"": 17, "ai.onnx.ml": 3})
     (out / "sklearn_mlp.onnx").write_bytes(onx.SerializeToString())
+    # Tree ensembles in the forms skl2onnx writes them (ai.onnx.ml TreeEnsembleClassifier and
+    # Regressor): a binary forest (one column of probabilities, post_transform NONE), binary
+    # boosting with string labels (one column of scores, LOGISTIC, one base value), 3-class
+    # boosting (SOFTMAX, a base value per class), a regression forest.
+    binary = y % 2
+    trees = {
+        "forest_binary": RandomForestClassifier(5, max_depth=4, random_state=0).fit(x, binary),
+        "boosting_binary": GradientBoostingClassifier(n_estimators=5, max_depth=3, random_state=0).fit(
+            x, np.array(["no", "yes"])[binary]
+        ),
+        "boosting": GradientBoostingClassifier(n_estimators=5, max_depth=3, random_state=0).fit(x, y),
+        "forest_regressor": RandomForestRegressor(5, max_depth=4, random_state=0).fit(x[:, :3], x[:, 3]),
+    }
+    for name, est in trees.items():
+        columns = x[:1, :3] if name == "forest_regressor" else x[:1]
+        onx = to_onnx(est, columns, options={id(est): options} if name != "forest_regressor" else None,
+                      target_opset={"": 17, "ai.onnx.ml": 3})  # fmt: skip
+        (out / f"sklearn_{name}.onnx").write_bytes(onx.SerializeToString())
     test_x, _ = iris_like(20, seed=1)
+    classifiers = {"logreg": logreg, "mlp": mlp, **{k: v for k, v in trees.items() if k != "forest_regressor"}}
     np.savez(
         out / "sklearn_reference.npz",
         x=test_x,
         **{
             f"{name}/{what}": getattr(est, what)(test_x)
-            for name, est in (("logreg", logreg), ("mlp", mlp))
+            for name, est in classifiers.items()
             for what in ("predict", "predict_proba")
         },
+        **{"forest_regressor/predict": trees["forest_regressor"].predict(test_x[:, :3])},
     )
 
 

@@ -266,6 +266,30 @@ def test_sklearn_exports_match_onnxruntime_and_scikit_learn(name):
     np.testing.assert_allclose(np.asarray(proba), SKLEARN[f"{name}/predict_proba"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["forest_binary", "boosting_binary", "boosting"])
+def test_sklearn_tree_classifiers_match_onnxruntime_and_scikit_learn(name):
+    # TreeEnsembleClassifier as skl2onnx writes it: in the binary forms onnxruntime's rules for
+    # the second column and the onnx reference's (which jonnx follows) could differ; here they
+    # must not (tests/conformance/fuzz.py, the ml family, lists where they do).
+    path = EXPORTS / f"sklearn_{name}.onnx"
+    x = SKLEARN["x"]
+    label, proba = jonnx.load(path)(x)
+    want_label, want_proba = _ort(path, X=x)
+    np.testing.assert_array_equal(np.asarray(label).astype(str), want_label.astype(str))
+    np.testing.assert_allclose(np.asarray(proba), want_proba, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(label).astype(str), SKLEARN[f"{name}/predict"].astype(str))
+    np.testing.assert_allclose(np.asarray(proba), SKLEARN[f"{name}/predict_proba"], rtol=1e-4, atol=1e-5)
+
+
+def test_sklearn_forest_regressor_matches_onnxruntime_and_scikit_learn():
+    path = EXPORTS / "sklearn_forest_regressor.onnx"
+    x = SKLEARN["x"][:, :3]
+    (got,) = jonnx.load(path)(x)
+    (want,) = _ort(path, X=x)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got).ravel(), SKLEARN["forest_regressor/predict"], rtol=1e-5, atol=1e-5)
+
+
 def test_sklearn_mlp_fine_tunes():
     """skl2onnx writes an MLPClassifier's weights as initializers: they are params that train
     (LinearClassifier's coefficients, in the logistic regression, are attributes: constants)."""
