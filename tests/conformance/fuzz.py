@@ -1389,39 +1389,48 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, st
     return "differs", f"{'; '.join(found)} (against {source})"
 
 
+def _same_padded(case: Case) -> bool:
+    return str(case.attrs.get("auto_pad", "")).startswith("SAME")
+
+
 def _same_padded_and_dilated(case: Case) -> bool:
-    dilated = any(d > 1 for d in case.attrs.get("dilations", ()))
-    return str(case.attrs.get("auto_pad", "")).startswith("SAME") and dilated
+    return _same_padded(case) and any(d > 1 for d in case.attrs.get("dilations", ()))
+
+
+def _window(case: Case) -> tuple[tuple[int, ...], list[int], list[int]] | None:
+    """A convolution's or pooling's spatial input shape, kernel and dilations; None for an op
+    without a kernel (the global pools)."""
+    spatial = _first_input(case).shape[2:]
+    if "kernel_shape" in case.attrs:
+        kernel = case.attrs["kernel_shape"]
+    elif "w" in case.inputs:
+        kernel = np.asarray(case.inputs["w"]).shape[2:]
+    else:
+        return None
+    return spatial, list(kernel), case.attrs.get("dilations") or [1] * len(spatial)
 
 
 def _negative_same_padding(case: Case) -> bool:
-    """Whether a pooling case's SAME padding, as the specification computes it, is negative
-    along some axis (a window shorter than the stride): onnxruntime refuses it with one output
-    and the ReferenceEvaluator reads a window elsewhere."""
-    if not str(case.attrs.get("auto_pad", "")).startswith("SAME") or "kernel_shape" not in case.attrs:
+    """Whether a SAME-padded case's padding, as the specification computes it, is negative
+    along some axis (a window shorter than the stride): onnxruntime refuses such pooling with
+    one output and the ReferenceEvaluator reads a window elsewhere."""
+    window = _window(case) if _same_padded(case) else None
+    if window is None:
         return False
-    spatial = _first_input(case).shape[2:]
-    dilations = case.attrs.get("dilations") or [1] * len(spatial)
+    spatial, kernel, dilations = window
     return any(
         (-(-n // s) - 1) * s + (k - 1) * dil + 1 - n < 0
-        for n, s, k, dil in zip(spatial, case.attrs["strides"], case.attrs["kernel_shape"], dilations)
+        for n, s, k, dil in zip(spatial, case.attrs["strides"], kernel, dilations)
     )
 
 
 def _window_exceeds_input(case: Case) -> bool:
     """Whether a convolution's or pooling's (dilated) window is longer than its explicitly
     padded (or VALID) input along some axis: jonnx refuses it, the references differ."""
-    if str(case.attrs.get("auto_pad", "NOTSET")).startswith("SAME") or case.op == "ConvTranspose":
+    window = None if _same_padded(case) else _window(case)
+    if window is None:
         return False
-    x = _first_input(case)
-    if "kernel_shape" in case.attrs:
-        kernel = case.attrs["kernel_shape"]
-    elif case.op == "Conv":
-        kernel = np.asarray(case.inputs["w"]).shape[2:]
-    else:
-        return False
-    spatial = x.shape[2:]
-    dilations = case.attrs.get("dilations") or [1] * len(spatial)
+    spatial, kernel, dilations = window
     pads = case.attrs.get("pads") or [0] * (2 * len(spatial))
     return any(
         (k - 1) * dil + 1 > n + pads[i] + pads[i + len(spatial)]
@@ -1450,7 +1459,7 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
         "ConvTranspose, SAME with a window shorter than the stride: onnxruntime's output shape",
         lambda c: (
             c.op == "ConvTranspose"
-            and str(c.attrs.get("auto_pad", "")).startswith("SAME")
+            and _same_padded(c)
             and any(k < s for k, s in zip(np.asarray(c.inputs["w"]).shape[2:], c.attrs["strides"]))
         ),
     ),
