@@ -7,7 +7,7 @@ import functools
 import os
 import types
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -397,8 +397,11 @@ class Model:
             plan_segments, self._call_graph, self._constants, weights | prepared_names, shape_like, self._prepared_nodes
         )
         self._forced_host: frozenset[int] = frozenset()  # nodes found to need the host (__call__)
+        # Values found to be strings (host values): string graph inputs, and what host nodes
+        # turn out to return as strings (__call__). The nodes reading them run on the host.
+        self._host_values = frozenset(v.name for v in self.graph.inputs if v.dtype == np.dtype(object))
         self._loop_bodies = LoopBodies()  # the bodies of loops run on the host, compiled
-        self.segment_plan: SegmentPlan = self._plan()
+        self.segment_plan: SegmentPlan = self._plan(host_values=self._host_values)
         # What the segments and the graph outputs read of them.
         read_later = set(self.output_names) | {
             r for p, n in enumerate(self._call_graph.nodes) if p not in set(self._prepared_nodes) for r in n.reads
@@ -697,17 +700,23 @@ class Model:
             except errors.StaticValueError as e:
                 if not self._move_to_host(e):
                     raise
+            except _NewHostValues as e:
+                self._host_values |= e.names
+                self.segment_plan = self._plan(forced_host=self._forced_host, host_values=self._host_values)
 
     def _move_to_host(self, error: errors.StaticValueError) -> bool:
         """Re-plan with the node that raised ``error`` while compiling on the host, where it
         holds subgraphs (an If, Loop or Scan: :class:`jonnx.errors.RuntimeShapeError`, or a body
-        needing values known at trace time); False where that cannot help (another node, or
+        needing values known at trace time) or met strings with runtime data
+        (:class:`jonnx.errors.HostValueError`); False where that cannot help (another node, or
         one already on the host)."""
         graph, position = error.where or (None, None)
-        if graph is not self._call_graph or position in self._forced_host or not graph.nodes[position].subgraphs:
+        if graph is not self._call_graph or position in self._forced_host:
+            return False
+        if not (graph.nodes[position].subgraphs or isinstance(error, errors.HostValueError)):
             return False
         self._forced_host |= {position}
-        self.segment_plan = self._plan(forced_host=self._forced_host)
+        self.segment_plan = self._plan(forced_host=self._forced_host, host_values=self._host_values)
         return True
 
     def _call(
@@ -761,6 +770,9 @@ class Model:
                 else:
                     dynamic[name] = value
             static = tuple(static)
+            new = [n for n, s in static if _is_host_value(s.value) and n not in self._host_values]
+            if new:
+                raise _NewHostValues(new)
             if any(
                 isinstance(x, jax.core.Tracer)
                 for x in jax.tree_util.tree_leaves(dynamic if given is None else (given, dynamic))
@@ -1104,6 +1116,16 @@ def _strip_initializers(proto: onnx.ModelProto, *, in_place: bool) -> onnx.Model
             for field in _DATA_FIELDS:
                 tensor.ClearField(field)
     return proto
+
+
+class _NewHostValues(Exception):
+    """A stage about to be compiled reads strings that its plan did not know of: ``__call__``
+    re-plans with the nodes reading them on the host, rather than compiling the stage once
+    per distinct string."""
+
+    def __init__(self, names: Iterable[str]):
+        super().__init__(", ".join(names))
+        self.names = frozenset(names)
 
 
 def _is_host_value(value: Any) -> bool:

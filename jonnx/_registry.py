@@ -197,6 +197,14 @@ class OpContext:
         """A :class:`jonnx.errors.NodeError` that names this node."""
         return errors.NodeError(f"{self.where()}: {message}")
 
+    def host_error(self, message: str) -> errors.HostValueError:
+        """A :class:`jonnx.errors.HostValueError` that names this node: ``message`` says which
+        value had to be concrete because the node reads or writes strings."""
+        return errors.HostValueError(
+            f"{self.where()}: {message}. Model(*inputs) runs such a node on the host, on concrete "
+            "values; under jax.jit, jax.vmap or Model.apply they must be known at trace time"
+        )
+
     def check(self, ok: Any, message: str) -> None:
         """In checked mode, fail the run (also under ``jit``) where ``ok`` is false.
 

@@ -128,6 +128,7 @@ def plan_segments(
     static_inputs: Iterable[str] = (),
     prepared: Iterable[int] = (),
     forced_host: Iterable[int] = (),
+    host_values: Iterable[str] = (),
 ) -> SegmentPlan:
     """Split ``graph`` into stages (see the module docstring).
 
@@ -142,9 +143,13 @@ def plan_segments(
             no stage runs them, and their outputs reach every segment like ``traced`` values.
         forced_host: positions of nodes run on the host although their op is not a host op:
             those found, while compiling, to need concrete values (``Model.__call__``: a Loop
-            stacking a data-dependent number of rows, an If whose branches differ in shape).
+            stacking a data-dependent number of rows, an If whose branches differ in shape, a
+            Gather of strings by computed indices).
+        host_values: values known to hold strings (string graph inputs, and host nodes'
+            results found to be strings): the nodes reading them run on the host too, as a
+            segment would be compiled once per distinct string it receives.
     """
-    prepared, forced_host = set(prepared), set(forced_host)
+    prepared, forced_host, host_values = set(prepared), set(forced_host), set(host_values)
     graph_inputs = set(graph.input_names)
     # Per value: its level, whether it is concrete while its segment traces, and the first
     # level whose host step (or static arguments) can have it as numpy.
@@ -168,7 +173,9 @@ def plan_segments(
             node_on_host.append(False)
             continue
         reads = _reads(node, level)
-        host = (node.op.runs_on_host(node.attrs) or position in forced_host) and not all(concrete[r] for r in reads)
+        host = (
+            node.op.runs_on_host(node.attrs) or position in forced_host or any(r in host_values for r in reads)
+        ) and not all(concrete[r] for r in reads)
         if host:
             at = max((on_host_at[r] for r in reads), default=0)
             out_concrete = False

@@ -15,6 +15,7 @@ __all__ = [
     "UnsupportedOpError",
     "StaticValueError",
     "RuntimeShapeError",
+    "HostValueError",
     "InputError",
     "NodeError",
     "NumericCheckError",
@@ -78,6 +79,15 @@ class RuntimeShapeError(StaticValueError, NodeError):
     segment and runs that node on the host instead (on concrete values, differentiable under
     ``jax.grad`` with ``params=``); under ``jax.jit``, ``jax.vmap`` or ``Model.apply`` it is
     raised.
+    """
+
+
+class HostValueError(StaticValueError, NodeError):
+    """A node meets strings (host values, which JAX cannot hold) and runtime data together
+    inside one compiled computation: a string tensor indexed by computed indices (class labels
+    gathered by an ArgMax), or chosen by a computed condition (``Where``). ``Model(*inputs)``
+    catches this while compiling a segment and runs that node on the host instead, on concrete
+    values; under ``jax.jit``, ``jax.vmap`` or ``Model.apply`` it is raised.
     """
 
 

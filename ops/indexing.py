@@ -36,7 +36,7 @@ def _is_strings(x) -> bool:
 def _strings_need_concrete(ctx, *arrays) -> None:
     """JAX cannot hold strings: an op on a string tensor needs all its inputs concrete."""
     if any(a is not None and not isinstance(a, np.ndarray) for a in arrays):
-        raise ctx.error("string tensors can only be indexed by values known at trace time")
+        raise ctx.host_error("string tensors can only be indexed by values known at trace time")
 
 
 def _check_range(indices, size: int, ctx, what: str = "index") -> None:

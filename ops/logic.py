@@ -29,7 +29,7 @@ def _binary(fn, legacy: bool, np_fn=None):
             if np_fn is None:
                 raise ctx.error("string tensors are not supported by this op")
             if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
-                raise ctx.error("string tensors must be known at trace time (JAX has no string arrays)")
+                raise ctx.host_error("strings can only be compared with values known at trace time")
             return (np.asarray(np_fn(a, b), dtype=bool),)
         return (fn(a, b),)
 
@@ -74,7 +74,7 @@ def where(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     cond, x, y = inputs
     if _is_string(x) or _is_string(y):
         if not all(isinstance(v, np.ndarray) for v in inputs):
-            raise ctx.error("string tensors must be known at trace time (JAX has no string arrays)")
+            raise ctx.host_error("strings can only be chosen by a condition known at trace time")
         return (np.where(cond, x, y),)
     return (jnp.where(cond, x, y),)
 

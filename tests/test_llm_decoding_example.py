@@ -7,27 +7,17 @@ from __future__ import annotations
 
 import pathlib
 
-import jax
 import numpy as np
 import pytest
 
 import jonnx
+from tests._compiles import count_compiles
 from tests._scripts import load_script
 
 ort = pytest.importorskip("onnxruntime")
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "llm_decoding.py"
 ex = load_script(EXAMPLE, "_jonnx_example_llm_decoding")
-
-_COMPILES: list[str] = []
-
-
-def _count_compiles(event: str, duration: float, **_: object) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-        _COMPILES.append(event)
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compiles)
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +41,15 @@ def test_greedy_decoding_matches_onnxruntime_for_32_steps_with_one_compilation(d
     proto, model = decoder
     prompt = np.random.default_rng(1).integers(0, ex.VOCAB, (2, 5)).astype(np.int64)
     decode = ex.generate(model, prompt, 32)
-    before = len(_COMPILES)
-    tokens = np.asarray(decode(model.params, prompt))
-    assert len(_COMPILES) - before == 1, f"{len(_COMPILES) - before} compilations for the whole loop"
+    with count_compiles() as compiles:
+        tokens = np.asarray(decode(model.params, prompt))
+    assert len(compiles) == 1, f"{len(compiles)} compilations for the whole loop"
     np.testing.assert_array_equal(tokens, ex.onnxruntime_generate(proto, prompt, 32))
     # A second prompt of the same shape reuses the compiled loop.
     other = np.random.default_rng(2).integers(0, ex.VOCAB, (2, 5)).astype(np.int64)
-    again = np.asarray(decode(model.params, other))
-    assert len(_COMPILES) - before == 1
+    with count_compiles() as compiles:
+        again = np.asarray(decode(model.params, other))
+    assert not compiles
     np.testing.assert_array_equal(again, ex.onnxruntime_generate(proto, other, 32))
 
 

@@ -6,7 +6,6 @@ come from onnxruntime.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
 import tracemalloc
@@ -21,28 +20,9 @@ from onnx import TensorProto, numpy_helper
 
 import jonnx
 from jonnx import _interpreter, errors
+from tests._compiles import count_compiles
 
 ort = pytest.importorskip("onnxruntime")
-
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_compiles: list[str] = []
-_listening = False
-
-
-@contextlib.contextmanager
-def count_compiles():
-    """Yields a list that receives one entry per XLA backend compilation in the block."""
-    global _listening
-    # Listeners cannot be removed: register one for the whole session.
-    if not _listening:
-        jax.monitoring.register_event_duration_secs_listener(
-            lambda event, duration, **kw: _compiles.append(event) if event == _COMPILE_EVENT else None
-        )
-        _listening = True
-    start = len(_compiles)
-    found: list[str] = []
-    yield found
-    found.extend(_compiles[start:])
 
 
 def _ort(model: onnx.ModelProto, feeds: dict) -> list:
@@ -381,6 +361,118 @@ def test_string_output_under_users_jit_names_the_output():
     y, names = model(x)
     np.testing.assert_array_equal(np.asarray(y), [0.0, 2.0])
     assert names.tolist() == labels.tolist()
+
+
+def _string_labels_network(op: str) -> onnx.ModelProto:
+    """A classifier head that names its class with strings chosen by runtime data: Gather or
+    ai.onnx.ml ArrayFeatureExtractor of a label table by the ArgMax of the scores (how
+    skl2onnx writes string labels), or a Where on the sign of the best score."""
+    names = oh.make_tensor("names", TensorProto.STRING, [3], [b"cat", b"dog", b"\xc3\xa9el"])
+    inits = [names, _init("w", np.random.default_rng(5).normal(size=(4, 3)).astype(np.float32))]
+    nodes = [oh.make_node("MatMul", ["x", "w"], ["scores"])]
+    if op == "Where":
+        inits += [oh.make_tensor(k, TensorProto.STRING, [], [k.encode()]) for k in ("yes", "no")]
+        nodes += [
+            oh.make_node("ReduceMax", ["scores"], ["best"], axes=[1], keepdims=0),
+            oh.make_node("Greater", ["best", "zero"], ["positive"]),
+            oh.make_node("Where", ["positive", "yes", "no"], ["label"]),
+        ]
+        inits.append(_init("zero", np.float32(0)))
+    else:
+        nodes.append(oh.make_node("ArgMax", ["scores"], ["best"], axis=1, keepdims=op != "Gather"))
+        if op == "Gather":
+            nodes.append(oh.make_node("Gather", ["names", "best"], ["label"], axis=0))
+        else:  # [N, 1] labels, then flattened, as skl2onnx does
+            nodes += [
+                oh.make_node("ArrayFeatureExtractor", ["names", "best"], ["picked"], domain="ai.onnx.ml"),
+                oh.make_node("Reshape", ["picked", "flat"], ["label"]),
+            ]
+            inits.append(_init("flat", np.array([-1], np.int64)))
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [oh.make_tensor_value_info("label", TensorProto.STRING, ["N"])],
+        inits,
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 1)])
+
+
+@pytest.mark.parametrize("op", ["Gather", "ArrayFeatureExtractor", "Where"])
+def test_strings_chosen_by_runtime_data_run_on_the_host(op):
+    # Found while compiling the first segment: the node reading strings with computed indices
+    # (or a computed condition) moves to the host once; the scores compile once per shape,
+    # never per label.
+    proto = _string_labels_network(op)
+    model = jonnx.load(proto)
+    rng = np.random.default_rng(6)
+    for _ in range(3):
+        x = rng.normal(size=(5, 4)).astype(np.float32)
+        (got,) = model(x)
+        (want,) = _ort(proto, {"x": x})
+        assert got.tolist() == want.tolist()
+    # The Reshape of the strings found follows them to the host.
+    on_host = [model._call_graph.nodes[p].op_type for p in model.segment_plan.host_nodes]
+    assert on_host == ([op, "Reshape"] if op == "ArrayFeatureExtractor" else [op])
+    with count_compiles() as compiles:
+        model(rng.normal(size=(5, 4)).astype(np.float32))
+    assert not compiles
+    fresh = jonnx.load(proto)
+    with pytest.raises(errors.HostValueError, match=rf"\({op},.*string.*Model\(\*inputs\) runs such a node"):
+        jax.jit(fresh.apply)(fresh.params, x)
+
+
+def test_strings_a_host_node_returns_are_not_compiled_per_value():
+    # String labels from a classifier (a host node) reshaped beside its scores, and a string
+    # graph input passed through: the nodes reading strings run on the host, so the segment
+    # compiles once per shape, not once per distinct label or input string.
+    nodes = [
+        oh.make_node(
+            "LinearClassifier",
+            ["x"],
+            ["label", "scores"],
+            domain="ai.onnx.ml",
+            coefficients=[1.0, 0.0, 0.0, 1.0, -1.0, -1.0],
+            intercepts=[0.0, 0.5, -0.5],
+            classlabels_strings=["a", "b", "c"],
+        ),
+        oh.make_node("Reshape", ["label", "column"], ["labels"]),
+        oh.make_node("Identity", ["scores"], ["probabilities"]),
+        oh.make_node("Identity", ["tag"], ["tags"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [
+            oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2]),
+            oh.make_tensor_value_info("tag", TensorProto.STRING, ["N"]),
+        ],
+        [
+            oh.make_tensor_value_info("labels", TensorProto.STRING, ["N", 1]),
+            oh.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 3]),
+            oh.make_tensor_value_info("tags", TensorProto.STRING, ["N"]),
+        ],
+        [_init("column", np.array([-1, 1], np.int64))],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 1)])
+    model = jonnx.load(proto)
+    rng = np.random.default_rng(7)
+
+    def call():
+        feeds = {"x": rng.normal(size=(6, 2)).astype(np.float32), "tag": rng.choice(["p", "q", "r"], 6).astype(object)}
+        for got, want in zip(model(**feeds), _ort(proto, feeds)):
+            if want.dtype == object:
+                assert got.tolist() == want.tolist()
+            else:
+                np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+    call()
+    with count_compiles() as compiles:
+        for _ in range(3):
+            call()
+    assert not compiles
+    on_host = [model._call_graph.nodes[p].op_type for p in model.segment_plan.host_nodes]
+    assert on_host == ["LinearClassifier", "Reshape", "Identity"]  # the scores' Identity is compiled
 
 
 def test_bounded_detector_runs_inside_users_jit_and_matches_up_to_padding():

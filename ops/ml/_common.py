@@ -134,4 +134,4 @@ def string_labels_static(attrs):
 
 def need_concrete(x, ctx, what: str):
     if not is_concrete(x):
-        raise ctx.error(f"{what} needs a concrete input (it reads or writes host values)")
+        raise ctx.host_error(f"{what} needs a concrete input (it reads or writes strings)")
