@@ -61,7 +61,13 @@ def scaler(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
 @register("Normalizer", since=1, domain=ML)
 def normalizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX-ML ``Normalizer``-1: rows divided by their MAX, L1 or L2 norm (at least 1e-30)."""
+    """ONNX-ML ``Normalizer``-1: rows divided by their MAX, L1 or L2 norm (at least 1e-30).
+
+    MAX is the max norm, the largest magnitude, as in the onnx reference and scikit-learn
+    (whose ``Normalizer(norm="max")`` skl2onnx writes as MAX). onnxruntime divides by the
+    largest value instead, reading the specification's ``X / max(X)`` literally as
+    scikit-learn did before 0.23: rows whose largest magnitude is negative differ.
+    """
     x = as_2d(float_features(inputs[0]), ctx)
     norm = attrs["norm"]
     if norm == "MAX":
@@ -104,7 +110,8 @@ def imputer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 @register("FeatureVectorizer", since=1, domain=ML)
 def feature_vectorizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX-ML ``FeatureVectorizer``-1: concatenate inputs' features, cut or zero-padded to
-    ``inputdimensions``, as float. A 1-D input is one feature per row, as in the onnx reference.
+    ``inputdimensions``, as float32. A 1-D input is one row (``[1, C]``), as the specification
+    says and onnxruntime does (the onnx reference reads it as a column).
     """
     dims = attrs["inputdimensions"]
     if dims is None or len(dims) != len(inputs):
@@ -113,11 +120,14 @@ def feature_vectorizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     for x, d in zip(inputs, dims):
         x = jnp.asarray(x).astype(np.float32)
         if x.ndim == 1:
-            x = x[:, None]
+            x = x[None, :]
         if x.ndim != 2:
             raise ctx.error(f"every input must have rank 1 or 2, got shape {x.shape}")
         x = x[:, :d] if d <= x.shape[1] else jnp.pad(x, ((0, 0), (0, d - x.shape[1])))
         parts.append(x)
+    rows = {x.shape[0] for x in parts}
+    if len(rows) > 1:
+        raise ctx.error(f"the inputs have different numbers of rows {sorted(rows)}")
     return (jnp.concatenate(parts, axis=1),)
 
 

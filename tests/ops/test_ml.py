@@ -135,6 +135,24 @@ def test_feature_vectorizer():
     )
 
 
+def test_feature_vectorizer_reads_a_vector_as_one_row():
+    # The specification: "1-D tensors are treated as [1,C]" (onnxruntime agrees; the onnx
+    # reference reads a column). Integers become float32.
+    a = np.array([4, -1, 2], np.int64)
+    b = np.array([[7, 8]], np.int64)
+    model = node_model("FeatureVectorizer", {"a": a, "b": b}, opset=1, domain=ML, inputdimensions=[4, 1])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, {"a": a, "b": b})
+    np.testing.assert_array_equal(want, [[4.0, -1.0, 2.0, 0.0, 7.0]])
+    (got,) = run_jonnx(model, {"a": a, "b": b})
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    tall = np.ones((3, 2), np.int64)
+    mixed = node_model("FeatureVectorizer", {"a": a, "t": tall}, opset=1, domain=ML, inputdimensions=[3, 2])
+    with pytest.raises(errors.NodeError, match=r"different numbers of rows \[1, 3\]"):
+        run_jonnx(mixed, {"a": a, "t": tall})
+
+
 @pytest.mark.parametrize(
     "x,attrs",
     [
