@@ -82,6 +82,15 @@ fails on NaN inputs when ``nodes_missing_value_tracks_true`` is absent, and retu
 LinearRegressor's and the tree regressors' scores in the input's type where the schema says
 float.
 
+The ``ml_encoders`` family draws ai.onnx.ml's feature transforms and label maps and the
+SVMs; its first runs (2026-12-02, 2,000 cases) found two jonnx bugs, now fixed: a 1-D
+FeatureVectorizer input was read as a column (the specification and onnxruntime: one row),
+and a string tensor indexed by computed indices (ArrayFeatureExtractor or Gather of class
+names by an ArgMax, as skl2onnx writes string labels) was refused; it now runs on the host.
+One reference disagreement is counted: Normalizer's MAX, where onnxruntime divides by the
+largest value and the onnx reference (and jonnx, as scikit-learn) by the largest magnitude.
+onnxruntime aborts the process on a FeatureVectorizer of an empty batch.
+
 The ``signal`` family draws DFT (opsets 17 and 20), STFT and the window ops; its first runs
 (2026-12-02, 1,200 cases) found no jonnx bug. A symmetric window of one point is a departure
 by choice: the formula divides by zero, onnxruntime returns NaN, jonnx [1] as numpy and torch.
@@ -1270,6 +1279,210 @@ def ml(d: Draw) -> Case | None:
     return Case(op, {"x": x}, attrs, 2 if classifier else 1, domain=ML, opset=opset)
 
 
+WORDS = ["a", "b", "c", "", "é", "ab"]  # short strings, one empty and one beyond ASCII
+
+
+def _strings(d: Draw, shape) -> np.ndarray:
+    return np.asarray(d.rng.choice(WORDS, size=shape), dtype=object)
+
+
+def _label_encoder(d: Draw, x_kind: str) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """LabelEncoder-2 or -4 attributes mapping ``x_kind`` keys to values of a random kind,
+    with the input drawn among the keys and beside them."""
+    opset = d.pick([2, 4])
+    y_kind = d.pick(["int", "float", "string"])
+    n = d.int(1, 5)
+    pools = {
+        "int": lambda k: d.rng.choice(np.arange(-3, 4), size=k, replace=False).astype(np.int64),
+        "float": lambda k: d.rng.choice(GRID, size=k, replace=False).astype(np.float32),
+        "string": lambda k: np.asarray(d.rng.choice(WORDS, size=k, replace=False), dtype=object),
+    }
+    keys, values = pools[x_kind](n), pools[y_kind](n)
+    if x_kind == "float" and d.chance(0.2):
+        keys[0] = np.nan  # NaN keys match NaN inputs
+    names = {"int": "int64s", "float": "floats", "string": "strings"}
+    attrs: dict[str, Any] = {}
+    if opset == 4 and d.chance(0.5):
+        attrs["keys_tensor"] = onnx.numpy_helper.from_array(keys, "keys")
+        attrs["values_tensor"] = onnx.numpy_helper.from_array(values, "values")
+        if d.chance(0.5):
+            attrs["default_tensor"] = onnx.numpy_helper.from_array(pools[y_kind](1), "default")
+    else:
+        attrs[f"keys_{names[x_kind]}"] = keys.tolist()
+        attrs[f"values_{names[y_kind]}"] = values.tolist()
+        if d.chance(0.5):
+            default = {
+                "int": ("default_int64", -7),
+                "float": ("default_float", 9.5),
+                "string": ("default_string", "zz"),
+            }
+            attrs[default[y_kind][0]] = default[y_kind][1]
+    return attrs, {"keys": keys}, opset
+
+
+def _svm_kernel(d: Draw) -> dict[str, Any]:
+    return {
+        "kernel_type": d.pick(["LINEAR", "POLY", "RBF", "SIGMOID"]),
+        "kernel_params": [float(d.pick([0.1, 0.5, 1.0])), float(d.pick([0.0, 1.0])), float(d.int(1, 3))],
+    }
+
+
+def _svm_classifier(d: Draw, rows: int, features: int) -> Case:
+    """SVMClassifier: one-vs-one over support vectors (votes, or libsvm's pairwise-coupled
+    probabilities with ``prob_a``/``prob_b``) or a linear model, two to four classes."""
+    classes = d.int(2, 4)
+    attrs: dict[str, Any] = {}
+    if d.chance(0.5):
+        attrs["classlabels_ints"] = list(range(5, 5 + classes))
+    else:
+        attrs["classlabels_strings"] = [f"k{k}" for k in range(classes)]
+    pairs = classes * (classes - 1) // 2
+    if d.chance(0.8):
+        per_class = [d.int(1, 2) for _ in range(classes)]
+        n = sum(per_class)
+        attrs.update(
+            vectors_per_class=per_class,
+            support_vectors=d.array((n * features,)).tolist(),
+            # Of both signs, as a trained SVC's dual coefficients are (they sum to zero):
+            # onnxruntime labels a two-class model with all-positive ones by its own rule.
+            coefficients=(np.abs(d.array(((classes - 1) * n,))) * np.resize([1, -1], (classes - 1) * n)).tolist(),
+            rho=d.array((pairs,)).tolist(),
+            **_svm_kernel(d),
+        )
+        if d.chance(0.5):
+            attrs.update(prob_a=d.array((pairs,)).tolist(), prob_b=d.array((pairs,)).tolist())
+    else:
+        attrs.update(coefficients=d.array((classes * features,)).tolist(), rho=d.array((classes,)).tolist())
+    return Case("SVMClassifier", {"x": d.array((rows, features))}, attrs, 2, domain=ML, opset=1)
+
+
+def ml_encoders(d: Draw) -> Case | None:
+    """ai.onnx.ml's feature transforms and label maps: Binarizer, Scaler, Normalizer, Imputer,
+    ArrayFeatureExtractor, OneHotEncoder, LabelEncoder (opsets 1, 2 and 4, numeric and string
+    keys and values, NaN and -0.0, defaults), CategoryMapper, FeatureVectorizer, and the
+    SVMRegressor and SVMClassifier (every kernel, votes or probabilities), on float, double,
+    integer and string inputs, with empty batches."""
+    op = d.pick(
+        [
+            "Binarizer",
+            "Scaler",
+            "Normalizer",
+            "Imputer",
+            "ArrayFeatureExtractor",
+            "OneHotEncoder",
+            "LabelEncoder",
+            "CategoryMapper",
+            "FeatureVectorizer",
+            "SVMRegressor",
+            "SVMClassifier",
+        ]
+    )
+    rows, features = d.int(0, 4), d.int(1, 4)
+    on_grid = lambda shape, dtype: GRID[d.rng.integers(len(GRID), size=shape)].astype(dtype)  # noqa: E731
+    if op == "Binarizer":
+        x = on_grid((rows, features), d.pick(FLOATS))
+        return Case(op, {"x": x}, {"threshold": float(d.pick(GRID))}, domain=ML, opset=1)
+    if op == "Scaler":
+        x = d.array((rows, features), d.pick([np.float32, np.float64, np.int64, np.int32]))
+        count = d.pick([1, features])
+        attrs = {"offset": d.array((count,)).tolist(), "scale": d.array((count,)).tolist()}
+        return Case(op, {"x": x}, attrs, domain=ML, opset=1)
+    if op == "Normalizer":  # float32: the onnx reference keeps a double input's type
+        norm = d.pick(["MAX", "L1", "L2"])
+        # Under MAX a reference disagreement (the family's docstring), which only the onnx
+        # reference, reading 2-D inputs only, can settle.
+        x = on_grid((rows, features) if norm == "MAX" or d.chance(0.8) else (features,), np.float32)
+        return Case(op, {"x": x}, {"norm": norm}, domain=ML, opset=1)
+    if op == "Imputer":
+        count = d.pick([1, features])
+        if d.chance(0.6):
+            x = on_grid((rows, features), np.float32)
+            replaced = float(d.pick(GRID)) if d.chance(0.4) else float("nan")
+            x[d.rng.random(x.shape) < 0.3] = replaced
+            attrs = {"imputed_value_floats": d.array((count,)).tolist(), "replaced_value_float": replaced}
+        else:
+            x = d.array((rows, features), np.int64)
+            attrs = {"imputed_value_int64s": d.array((count,), np.int64).tolist(), "replaced_value_int64": d.int(-5, 5)}
+        return Case(op, {"x": x}, attrs, domain=ML, opset=1)
+    if op == "ArrayFeatureExtractor":
+        shape = d.shape(d.int(1, 3), empty=0.1)[:-1] + (features,)
+        kind = d.pick(["float", "int", "string"])
+        x = {
+            "float": lambda: d.array(shape),
+            "int": lambda: d.array(shape, np.int64),
+            "string": lambda: _strings(d, shape),
+        }[kind]()
+        y = d.rng.integers(0, features, size=d.int(1, 4)).astype(np.int64)
+        return Case(op, {"x": x, "y": y}, {}, constants=("y",), domain=ML, opset=1)
+    if op == "OneHotEncoder":
+        zeros = d.int(0, 1)
+        if d.chance(0.5):
+            cats = sorted(int(v) for v in d.rng.choice(np.arange(-3, 4), size=d.int(1, 4), replace=False))
+            pool = np.arange(-3, 4) if zeros else np.asarray(cats)
+            x = d.rng.choice(pool, size=(rows, features)).astype(d.pick([np.int64, np.int32, np.float32, np.float64]))
+            attrs = {"cats_int64s": cats}
+        else:
+            cats = [str(s) for s in d.rng.choice(WORDS, size=d.int(1, 4), replace=False)]
+            x = np.asarray(d.rng.choice(WORDS if zeros else cats, size=(rows, features)), dtype=object)
+            attrs = {"cats_strings": cats}
+        return Case(op, {"x": x}, {**attrs, "zeros": zeros}, domain=ML, opset=1)
+    if op == "CategoryMapper":
+        count = d.int(1, 4)
+        strings = [str(s) for s in d.rng.choice(WORDS, size=count, replace=False)]
+        ints = [int(v) for v in d.rng.choice(np.arange(-3, 4), size=count, replace=False)]
+        attrs = {"cats_strings": strings, "cats_int64s": ints}
+        if d.chance(0.5):
+            attrs.update(default_int64=-9, default_string="none")
+        x = _strings(d, (rows, features)) if d.chance(0.5) else d.rng.integers(-3, 4, size=(rows, features))
+        return Case(op, {"x": x}, attrs, domain=ML, opset=1)
+    if op == "LabelEncoder":
+        if d.chance(0.25):  # opset 1: strings to their class index, or indices to strings
+            classes = [str(s) for s in d.rng.choice(WORDS, size=d.int(1, 4), replace=False)]
+            attrs = {"classes_strings": classes}
+            if d.chance(0.5):
+                attrs.update(default_int64=-9, default_string="none")
+            x = _strings(d, (rows, features)) if d.chance(0.5) else d.rng.integers(-1, 5, size=(rows, features))
+            return Case(op, {"x": x}, attrs, domain=ML, opset=1)
+        x_kind = d.pick(["int", "float", "string"])
+        attrs, drawn, opset = _label_encoder(d, x_kind)
+        keys = drawn["keys"]
+        beside = {"int": np.arange(-4, 5), "float": GRID, "string": np.asarray(WORDS, object)}[x_kind]
+        pool = np.concatenate([keys, beside]) if x_kind != "string" else np.asarray(list(keys) + list(beside), object)
+        x = d.rng.choice(pool, size=(rows, features) if d.chance(0.8) else (features,))
+        x = x.astype(object if x_kind == "string" else keys.dtype)
+        if x_kind == "float" and d.chance(0.3):
+            x[x == 0] = -0.0  # equal to a key of 0.0
+        return Case(op, {"x": x}, attrs, domain=ML, opset=opset)
+    if op == "FeatureVectorizer":  # onnxruntime aborts the process on an empty batch
+        inputs, dims = {}, []
+        dtype, rows = d.pick([np.float32, np.float64, np.int64, np.int32]), max(rows, 1)
+        for k in range(d.int(1, 3)):
+            # A vector is one row (the specification), so only beside other single rows.
+            width = d.int(1, 3)
+            inputs[f"x{k}"] = d.array((width,) if rows == 1 and d.chance(0.5) else (rows, width), dtype)
+            dims.append(d.int(1, 4))
+        return Case(op, inputs, {"inputdimensions": dims}, domain=ML, opset=1)
+    if op == "SVMClassifier":
+        return _svm_classifier(d, rows, features)
+    # SVMRegressor: support vectors or a linear model, every kernel, one-class; float32, as
+    # onnxruntime runs no other (and the onnx reference keeps a double input's type).
+    x = d.array((rows, features))
+    attrs: dict[str, Any] = {"rho": [float(d.pick([-0.5, 0.0, 0.5]))]}
+    if d.chance(0.8):
+        n = d.int(1, 4)
+        attrs.update(
+            n_supports=n,
+            support_vectors=d.array((n * features,)).tolist(),
+            coefficients=d.array((n,)).tolist(),
+            **_svm_kernel(d),
+        )
+    else:
+        attrs.update(coefficients=d.array((features,)).tolist())
+    if d.chance(0.3):
+        attrs["one_class"] = 1
+    return Case(op, {"x": x}, attrs, domain=ML, opset=1)
+
+
 def signal(d: Draw) -> Case | None:
     """DFT (opsets 17 and 20: the axis an attribute or an input), STFT and the window ops:
     real or complex signals with batch axes, transform lengths shorter or longer than the
@@ -1331,6 +1544,7 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "loop": loop,
     "recurrent": recurrent,
     "ml": ml,
+    "ml_encoders": ml_encoders,
     "signal": signal,
 }
 
@@ -1518,7 +1732,7 @@ NO_GRADIENT = {"Floor", "Ceil", "Round", "Sign", "IsNaN", "Hardmax", "ArgMax", "
 NO_GRADIENT |= {"Less", "Greater", "Max", "Min", "ReduceMax", "ReduceMin", "MaxPool", "GlobalMaxPool", "Clip"}
 NO_GRADIENT |= {"NonZero", "Unique", "Cast", "Range", "Shape", "Size", "ConstantOfShape", "OneHot", "Relu", "Abs"}
 NO_GRADIENT |= {"HardSwish", "QuantizeLinear", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QGemm"}
-NO_GRADIENT |= {"MatMulIntegerToFloat"}
+NO_GRADIENT |= {"MatMulIntegerToFloat", "Binarizer", "Imputer"}
 
 
 def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarray], rng) -> tuple[str, str | None]:
