@@ -39,6 +39,12 @@ visibly depends on them:
   on the same data (the binary ones on ``y % 2``, the regressor predicting feature 3 from the
   others), ``zipmap=False``: ai.onnx.ml TreeEnsembleClassifier/Regressor in the forms skl2onnx
   writes, where onnxruntime's binary-classifier rules and the onnx reference's could differ.
+* ``sklearn_mlp_names.onnx``, ``sklearn_knn_names.onnx``: skl2onnx, ``MLPClassifier`` and
+  ``KNeighborsClassifier`` (3 neighbours) trained on class *names* (strings), ``zipmap=False``:
+  skl2onnx looks the label up with ``ArgMax`` then ``ArrayFeatureExtractor`` over a string
+  initializer, then ``Reshape``; the neighbours' labels are gathered as strings by ``TopK``'s
+  indices and compared with ``Equal`` against each class name (strings meeting runtime data,
+  which jonnx runs on the host).
 
 * ``bert_tiny.onnx``: transformers' ``BertForSequenceClassification`` (one layer, width 16,
   vocabulary 50, 3 labels, random weights), TorchScript exporter in eval mode, with dynamic
@@ -185,6 +191,7 @@ def _sklearn_exports(out: pathlib.Path) -> None:
     from skl2onnx import to_onnx
     from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier, RandomForestRegressor
     from sklearn.linear_model import LogisticRegression
+    from sklearn.neighbors import KNeighborsClassifier
     from sklearn.neural_network import MLPClassifier
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -220,8 +227,22 @@ def _sklearn_exports(out: pathlib.Path) -> None:
         onx = to_onnx(est, columns, options={id(est): options} if name != "forest_regressor" else None,
                       target_opset={"": 17, "ai.onnx.ml": 3})  # fmt: skip
         (out / f"sklearn_{name}.onnx").write_bytes(onx.SerializeToString())
+    # Trained on class names: skl2onnx's label lookup over strings.
+    names = np.array(["setosa", "versicolor", "virginica"])[y]
+    by_name = {
+        "mlp_names": MLPClassifier(hidden_layer_sizes=(8,), max_iter=300, random_state=0).fit(x, names),
+        "knn_names": KNeighborsClassifier(3).fit(x, names),
+    }
+    for name, est in by_name.items():
+        onx = to_onnx(est, x[:1], options={id(est): options}, target_opset={"": 17, "ai.onnx.ml": 3})
+        (out / f"sklearn_{name}.onnx").write_bytes(onx.SerializeToString())
     test_x, _ = iris_like(20, seed=1)
-    classifiers = {"logreg": logreg, "mlp": mlp, **{k: v for k, v in trees.items() if k != "forest_regressor"}}
+    classifiers = {
+        "logreg": logreg,
+        "mlp": mlp,
+        **{k: v for k, v in trees.items() if k != "forest_regressor"},
+        **by_name,
+    }
     np.savez(
         out / "sklearn_reference.npz",
         x=test_x,

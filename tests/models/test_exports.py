@@ -26,6 +26,7 @@ from jonnx.training import (
     predict,
     supervised_loss,
 )
+from tests._compiles import count_compiles
 
 EXPORTS = pathlib.Path(__file__).with_name("exports")
 TORCH = dict(np.load(EXPORTS / "torch_reference.npz"))
@@ -279,6 +280,28 @@ def test_sklearn_tree_classifiers_match_onnxruntime_and_scikit_learn(name):
     np.testing.assert_allclose(np.asarray(proba), want_proba, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(label).astype(str), SKLEARN[f"{name}/predict"].astype(str))
     np.testing.assert_allclose(np.asarray(proba), SKLEARN[f"{name}/predict_proba"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mlp_names", "knn_names"])
+def test_sklearn_string_labels_match_onnxruntime_and_scikit_learn(name):
+    # skl2onnx looks string labels up by ArgMax then ArrayFeatureExtractor over the class
+    # names; the neighbours' labels are strings gathered by TopK's indices and compared with
+    # Equal. Those nodes run on the host; the rest compiles once per shape, not per label.
+    path = EXPORTS / f"sklearn_{name}.onnx"
+    x = SKLEARN["x"]
+    model = jonnx.load(path)
+    label, proba = model(x)
+    want_label, want_proba = _ort(path, X=x)
+    assert label.tolist() == want_label.tolist() == SKLEARN[f"{name}/predict"].tolist()
+    np.testing.assert_allclose(np.asarray(proba), want_proba, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(proba), SKLEARN[f"{name}/predict_proba"], rtol=1e-4, atol=1e-5)
+    assert "ArrayFeatureExtractor" in [model._call_graph.nodes[p].op_type for p in model.segment_plan.host_nodes]
+    model(x[:5])
+    with count_compiles() as compiles:
+        for rows in (x[5:10], x[10:15], x[15:]):  # other labels, the same shape
+            label, _ = model(rows)
+            assert label.tolist() == _ort(path, X=rows)[0].tolist()
+    assert not compiles
 
 
 def test_sklearn_forest_regressor_matches_onnxruntime_and_scikit_learn():
