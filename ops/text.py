@@ -213,8 +213,9 @@ def _int_grams(grams: dict, dtype) -> dict:
 def tfidf_vectorizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``TfIdfVectorizer``-9 (TF, IDF, TFIDF over n-grams with skips).
 
-    ``weights[i]`` weighs output column ``i``, as onnxruntime and the reference read it.
-    Integer tokens may be traced; string tokens are host values.
+    ``weights[i]`` weighs the pool's ``i``-th n-gram, in the output column
+    ``ngram_indexes[i]``, as the specification says and onnxruntime does (the onnx reference
+    weighs column ``i``). Integer tokens may be traced; string tokens are host values.
     """
     x = inputs[0]
     mode = attrs["mode"]
@@ -240,9 +241,15 @@ def tfidf_vectorizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         grams = _int_grams(grams, dtype)
     counts = _ngram_counts(tokens, grams, max_skip, n_columns)
     weights = attrs["weights"]
-    if weights is not None and len(weights) < n_columns:
-        raise ctx.error(f"weights has {len(weights)} entries for {n_columns} output columns")
-    w = None if not weights else np.asarray(weights[:n_columns], np.float32)
+    indexes = attrs["ngram_indexes"]
+    if weights is not None and len(weights) < len(indexes):
+        raise ctx.error(f"weights has {len(weights)} entries for the pool's {len(indexes)} n-grams")
+    w = None
+    if weights:
+        # weights[i] is the i-th pool n-gram's (the specification, onnxruntime), whichever
+        # output column ngram_indexes gives it; the onnx reference reads it by column.
+        w = np.ones(n_columns, np.float32)
+        w[np.asarray(indexes)] = np.asarray(weights[: len(indexes)], np.float32)
     if mode == "IDF":
         counts = (counts > 0).astype(jnp.float32)
     if mode != "TF" and w is not None:

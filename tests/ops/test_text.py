@@ -7,7 +7,7 @@ import pytest
 
 import jonnx.ops
 from jonnx import errors
-from tests.ops._harness import assert_matches_reference, node_model, run_jonnx
+from tests.ops._harness import assert_matches_reference, node_model, ort_expected, run_jonnx
 
 
 def _s(*values, shape=None) -> np.ndarray:
@@ -187,6 +187,28 @@ def test_tfidf_int_shapes_and_dtypes(x):
         max_skip_count=1,
         **INT_POOL,
     )
+
+
+@pytest.mark.parametrize("mode", ["IDF", "TFIDF"])
+def test_tfidf_weights_follow_the_pool_order(mode):
+    # "The i-th element in weights is the weight of the i-th n-gram in pool", wherever
+    # ngram_indexes writes it (onnxruntime agrees; the onnx reference weighs column i).
+    attrs = dict(
+        mode=mode,
+        min_gram_length=1,
+        max_gram_length=2,
+        max_skip_count=0,
+        ngram_counts=[0, 3],
+        ngram_indexes=[3, 0, 4, 1, 2],
+        pool_int64s=[5, 6, 7, 5, 6, 7, 8],
+        weights=[10.0, 20.0, 30.0, 40.0, 50.0],
+    )
+    x = TOKENS
+    (want,) = ort_expected("TfIdfVectorizer", {"x": x}, opset=9, **attrs)
+    (got,) = run_jonnx(node_model("TfIdfVectorizer", {"x": x}, opset=9, **attrs), {"x": x})
+    np.testing.assert_array_equal(got, want)
+    # Token 5 (the pool's first n-gram) is in column 3 with the weight 10.
+    assert want[0, 3] == (10.0 if mode == "IDF" else 10.0 * np.sum(TOKENS[0] == 5))
 
 
 def test_tfidf_permuted_columns_and_missing_sizes():
