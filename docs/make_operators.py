@@ -99,7 +99,6 @@ MICROSOFT_REASONS = {
     "EPContext": "an execution provider's precompiled binary",
     "Snpe": "a Qualcomm SNPE binary",
     "SampleOp": "onnxruntime's example op",
-    "Tokenizer": "string tokenization on the host (onnxruntime-extensions territory)",
 }
 
 
@@ -226,9 +225,10 @@ def _microsoft_section() -> list[str]:
         "",
         "onnxruntime's contrib operators, as its transformers optimizer, quantizers and the genai",
         "model builder write them (semantics: onnxruntime's `docs/ContribOperators.md`, each",
-        "implemented op checked against onnxruntime in `tests/ops/test_microsoft.py`). onnxruntime",
-        "also registers `LayerNormalization`-1 and `SimplifiedLayerNormalization` in the default",
-        "domain; jonnx implements both there (see the ai.onnx table).",
+        "implemented op checked against onnxruntime in `tests/ops/test_microsoft.py`, Tokenizer",
+        "in `tests/ops/test_text.py`). onnxruntime also registers `LayerNormalization`-1 and",
+        "`SimplifiedLayerNormalization` in the default domain; jonnx implements both there (see",
+        "the ai.onnx table).",
         "",
         f"{done} of {len(names)} operators implemented.",
         "",

@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx.ops._re2 import compile_re2
 from jonnx.ops._util import index_dtype
 
 
-def _strings(x, ctx, what: str = "input") -> np.ndarray:
+def strings_of(x, ctx, what: str = "input") -> np.ndarray:
     """``x`` as an object array of ``str`` (bytes are decoded as UTF-8)."""
     x = np.asarray(x)
     if x.dtype.kind not in "OUS":
@@ -50,7 +51,7 @@ def string_normalizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     Case changes use Python's locale-independent Unicode ``str.lower``/``str.upper``;
     ``locale`` is accepted and not applied. Case-insensitive stopwords compare casefolded.
     """
-    x = _strings(inputs[0], ctx)
+    x = strings_of(inputs[0], ctx)
     shape = x.shape
     if len(shape) == 2 and shape[0] != 1 or len(shape) not in (1, 2):
         raise ctx.error(f"input must have shape [C] or [1, C], got {shape}")
@@ -82,7 +83,7 @@ def string_normalizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 @register("StringConcat", since=20, static_inputs=(0, 1), host=True)
 def string_concat(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``StringConcat``-20 (numpy broadcasting)."""
-    x, y = _strings(inputs[0], ctx, "X"), _strings(inputs[1], ctx, "Y")
+    x, y = strings_of(inputs[0], ctx, "X"), strings_of(inputs[1], ctx, "Y")
     try:
         shape = np.broadcast_shapes(x.shape, y.shape)
     except ValueError:
@@ -97,7 +98,7 @@ def string_split(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     Without a delimiter (or with ""), runs of whitespace separate and leading/trailing
     whitespace is dropped (Python's ``str.split()``).
     """
-    x = _strings(inputs[0], ctx)
+    x = strings_of(inputs[0], ctx)
     delimiter = attrs["delimiter"] or None
     maxsplit = attrs["maxsplit"]
     if maxsplit is not None and maxsplit < 0:
@@ -114,21 +115,22 @@ def string_split(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
 @register("RegexFullMatch", since=20, static_inputs=(0,), host=True)
 def regex_full_match(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
-    """ONNX ``RegexFullMatch``-20, with Python's ``re.fullmatch``.
+    """ONNX ``RegexFullMatch``-20, with Python's ``re.fullmatch`` of the RE2 pattern.
 
-    The spec names RE2 syntax. Python's ``re`` reads the common subset the same way; it
-    rejects RE2-only syntax (``\\pN``, ``\\p{Greek}``, ``\\C``, ``\\z``, ``(?U)``), with an
-    error naming the node, and accepts what RE2 rejects (backreferences, lookaround), and
-    it backtracks: a pathological pattern can take exponential time.
+    The spec names RE2 syntax: ``jonnx.ops._re2`` gives Python RE2's ASCII Perl classes
+    (``\\w``, ``\\d``, ``\\s``, ``\\b``), POSIX classes and ``\\z``. RE2-only syntax Python
+    cannot read (``\\pN``, ``\\p{Greek}``, ``\\C``, ``(?U)``) is an error naming the node;
+    what RE2 rejects and Python accepts (backreferences, lookaround) runs; and Python
+    backtracks, so a pathological pattern can take exponential time.
     """
-    x = _strings(inputs[0], ctx)
+    x = strings_of(inputs[0], ctx)
     pattern = attrs["pattern"]
     if pattern is None:
         raise ctx.error("needs the `pattern` attribute")
     try:
-        regex = re.compile(pattern)
-    except re.error as e:
-        raise ctx.error(f"pattern {pattern!r} is not a valid (Python re) regular expression: {e}") from None
+        regex = compile_re2(pattern)
+    except (re.error, ValueError) as e:
+        raise ctx.error(f"pattern {pattern!r} cannot run (RE2 read by Python re): {e}") from None
     return (_map_strings(lambda s: regex.fullmatch(s) is not None, x, otype=bool).reshape(x.shape),)
 
 
@@ -189,7 +191,7 @@ def _ngram_counts(tokens, grams: dict, max_skip: int, n_columns: int):
 
 def _string_token_ids(x, grams: dict, ctx):
     """String tokens as ids of the pool's strings (-1 for the rest), and the pools as ids."""
-    x = _strings(x, ctx)
+    x = strings_of(x, ctx)
     vocab: dict[str, int] = {}
     id_grams = {}
     for n, (pool, columns) in grams.items():

@@ -19,5 +19,6 @@ from jonnx.ops.microsoft import (  # noqa: F401
     misc,
     normalization,
     quantize,
+    text,
 )
 from jonnx.ops.microsoft._common import DOMAIN as DOMAIN

@@ -131,7 +131,7 @@ def test_regex_full_match(pattern, x):
 
 def test_regex_full_match_invalid_pattern():
     x = _s("a")
-    with pytest.raises(errors.NodeError, match="not a valid"):
+    with pytest.raises(errors.NodeError, match="cannot run"):
         run_jonnx(node_model("RegexFullMatch", {"x": x}, opset=20, pattern="(unclosed"), {"x": x})
 
 
@@ -242,3 +242,91 @@ def test_tfidf_needs_one_pool():
             ),
             {"x": TOKENS},
         )
+
+
+# -- RE2 patterns and com.microsoft Tokenizer, against onnxruntime ------------------------------
+
+# Strings where Python's Unicode-aware classes and RE2's ASCII ones part: accented letters,
+# Arabic-Indic digits, a vertical tab.
+RE2_STRINGS = _s("abc", "éa", "a b", "١٢", "12", " x ", "a,b", "]a", "\vx", "Straße", "!?", "a.1", "AB1", "")
+
+
+def _onnxruntime(model, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [r"\w+", r"\d+", r"\s*x\s*", r"[\w,]+", r"\W+", r"\D+", r"\S+", r"[\d.]+", r"a\b.*", r".*\Bb", r"x\z"]
+    + [r"[[:alpha:]]+", r"[^[:digit:]]*", r"[[:upper:][:digit:]]+", r"[[:punct:]]+", r"[]a]+", r"[^]a]+"],
+)
+def test_regex_full_match_reads_re2_classes_as_ascii(pattern):
+    # RE2's \w, \d, \s, \b are ASCII (Python's re: Unicode); Python has no POSIX classes.
+    model = node_model("RegexFullMatch", {"x": RE2_STRINGS}, opset=20, pattern=pattern)
+    (want,) = _onnxruntime(model, {"x": RE2_STRINGS})
+    (got,) = run_jonnx(model, {"x": RE2_STRINGS}, jit=False)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_regex_full_match_refuses_re2_syntax_python_cannot_mean():
+    x = _s("ab")
+    for pattern in [r"(?U)a+", r"[\W]", r"\pL+"]:
+        model = node_model("RegexFullMatch", {"x": x}, opset=20, pattern=pattern)
+        with pytest.raises(errors.NodeError, match="cannot run"):
+            run_jonnx(model, {"x": x}, jit=False)
+
+
+def _tokenizer(x, **attrs):
+    attrs = {"mark": 0, "pad_value": "#", "mincharnum": 1, **attrs}
+    return node_model("Tokenizer", {"x": x}, opset=1, domain="com.microsoft", **attrs)
+
+
+TOKENIZER_CASES = [
+    (_s("Hello World", "I love  computer science !"), {"separators": [" "]}),
+    (_s("a  b", " a b ", ""), {"separators": [" "], "mark": 1}),
+    (_s("", ""), {"separators": [" "], "mark": 1}),  # no token anywhere: no marks either
+    (_s("ab cde f"), {"separators": [" "], "mincharnum": 2}),
+    (_s("é ab ßß"), {"separators": [" "], "mincharnum": 2}),  # characters, not bytes
+    (_s("a,b;c", "x"), {"separators": [",", ";"]}),
+    (_s("ab ba"), {"separators": ["a", "ab"]}),  # tried in order at each position
+    (_s("ab cd"), {"separators": [" ", r"\b"]}),  # an empty match swallows a character
+    (_s("abc"), {"separators": ["(?:b|$)"]}),
+    (_s("a\tb\nc", "a\vb"), {"separators": [r"\s"]}),
+    (_s("abc", "é ß"), {"separators": [""]}),
+    (_s("abc", "é ß"), {"tokenexp": "."}),
+    (_s("abc def", "x1 y22", "éa bé"), {"tokenexp": r"[a-z]+"}),
+    (_s("the cat", "éa bé"), {"tokenexp": r"\w\w+"}),
+    (_s("hello", "ab12cd3"), {"tokenexp": "l*|[a-z]+"}),
+    (_s("u.s.a. is"), {"tokenexp": r"(?:[a-z]\.)+|\w+"}),
+    (_s("a b"), {"separators": [" "], "tokenexp": "a"}),  # both: the separators
+    (_s("a b", "c", "d e f", "", shape=(2, 2)), {"separators": [" "], "mark": 1, "pad_value": ""}),
+    (np.zeros((0,), object), {"separators": [" "]}),
+    (np.zeros((2, 0), object), {"separators": [" "]}),
+]
+
+
+@pytest.mark.parametrize("x,attrs", TOKENIZER_CASES)
+def test_tokenizer_matches_onnxruntime(x, attrs):
+    model = _tokenizer(x, **attrs)
+    (want,) = _onnxruntime(model, {"x": x})
+    (got,) = run_jonnx(model, {"x": x}, jit=False)
+    assert got.shape == want.shape
+    assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize(
+    "x,attrs,message",
+    [
+        (_s("ab"), {"separators": [" "], "mincharnum": 0}, "mincharnum must be positive"),
+        (_s("ab"), {"separators": [""], "mincharnum": 2}, "no token of one character"),
+        (_s("ab"), {}, "one of the `separators` and `tokenexp`"),
+        (np.array("a b", object), {"separators": [" "]}, r"shape \[C\] or \[N, C\]"),
+    ],
+)
+def test_tokenizer_refuses_what_onnxruntime_refuses(x, attrs, message):
+    model = _tokenizer(x, **attrs)
+    with pytest.raises(Exception):  # noqa: B017, PT011 -- onnxruntime's own error types
+        _onnxruntime(model, {"x": x})
+    with pytest.raises(errors.NodeError, match=message):
+        run_jonnx(model, {"x": x}, jit=False)
