@@ -45,6 +45,11 @@ visibly depends on them:
   initializer, then ``Reshape``; the neighbours' labels are gathered as strings by ``TopK``'s
   indices and compared with ``Equal`` against each class name (strings meeting runtime data,
   which jonnx runs on the host).
+* ``sklearn_count_text.onnx``, ``sklearn_tfidf_text.onnx``: skl2onnx, ``CountVectorizer`` and
+  ``TfidfVectorizer`` (unigrams) fitted on :data:`TEXTS`, input ``text`` string [N, 1]:
+  ``StringNormalizer`` (lower case), com.microsoft ``Tokenizer``, ``TfIdfVectorizer`` and,
+  for tf-idf, the idf weights and ``Normalizer``. (With bigrams skl2onnx's tokens keep the
+  one-letter words scikit-learn drops, so its bigrams differ from scikit-learn's.)
 
 * ``bert_tiny.onnx``: transformers' ``BertForSequenceClassification`` (one layer, width 16,
   vocabulary 50, 3 labels, random weights), TorchScript exporter in eval mode, with dynamic
@@ -76,6 +81,15 @@ import numpy as np
 
 OUT = pathlib.Path(__file__).with_name("exports")
 CLASSES = 3
+# A small corpus for the text vectorizers: upper and lower case, repeats, one-letter words.
+TEXTS = [
+    "The cat sat on the mat",
+    "the DOG sat down",
+    "A cat and a dog",
+    "dog eat dog world",
+    "sat sat sat",
+    "Mat, cat; DOG!",
+]
 
 
 def iris_like(n: int = 150, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -189,7 +203,9 @@ def _initializers(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 def _sklearn_exports(out: pathlib.Path) -> None:
     from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import StringTensorType
     from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier, RandomForestRegressor
+    from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.neighbors import KNeighborsClassifier
     from sklearn.neural_network import MLPClassifier
@@ -252,7 +268,24 @@ def _sklearn_exports(out: pathlib.Path) -> None:
             for what in ("predict", "predict_proba")
         },
         **{"forest_regressor/predict": trees["forest_regressor"].predict(test_x[:, :3])},
+        **_text_exports(out, CountVectorizer, TfidfVectorizer, StringTensorType, to_onnx),
     )
+
+
+def _text_exports(out: pathlib.Path, *classes) -> dict[str, np.ndarray]:
+    """The text vectorizers' files; returns their references (the corpus and a new text)."""
+    count_vectorizer, tfidf_vectorizer, string_tensor_type, to_onnx = classes
+    texts = np.array(TEXTS)
+    test = np.array(["the cat and THE dog", "zebra", "", "sat on a mat"])
+    found = {"text/fit": texts, "text/test": test}
+    for name, vec in {"count_text": count_vectorizer(), "tfidf_text": tfidf_vectorizer()}.items():
+        vec.fit(texts)
+        onx = to_onnx(
+            vec, initial_types=[("text", string_tensor_type([None, 1]))], target_opset={"": 17, "ai.onnx.ml": 3}
+        )
+        (out / f"sklearn_{name}.onnx").write_bytes(onx.SerializeToString())
+        found[f"{name}/transform"] = vec.transform(test).toarray().astype(np.float32)
+    return found
 
 
 def _keras_exports(out: pathlib.Path) -> None:

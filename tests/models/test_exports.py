@@ -304,6 +304,24 @@ def test_sklearn_string_labels_match_onnxruntime_and_scikit_learn(name):
     assert not compiles
 
 
+@pytest.mark.parametrize("name", ["count_text", "tfidf_text"])
+def test_sklearn_text_vectorizers_match_onnxruntime_and_scikit_learn(name):
+    # StringNormalizer, com.microsoft Tokenizer and TfIdfVectorizer on strings, as skl2onnx
+    # writes CountVectorizer and TfidfVectorizer.
+    path = EXPORTS / f"sklearn_{name}.onnx"
+    text = SKLEARN["text/test"].astype(object).reshape(-1, 1)
+    (got,) = jonnx.load(path)(text)
+    np.testing.assert_allclose(np.asarray(got), SKLEARN[f"{name}/transform"], rtol=1e-5, atol=1e-6)
+    # onnxruntime's StringNormalizer needs its locale (en_US.UTF-8 by default) installed,
+    # which machines without language packs lack: it runs the same model with C.UTF-8.
+    proto = onnx.load(path)
+    for node in proto.graph.node:
+        if node.op_type == "StringNormalizer":
+            node.attribute.append(oh.make_attribute("locale", "C.UTF-8"))
+    (want,) = _ort(proto.SerializeToString(), text=text)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
 def test_sklearn_forest_regressor_matches_onnxruntime_and_scikit_learn():
     path = EXPORTS / "sklearn_forest_regressor.onnx"
     x = SKLEARN["x"][:, :3]
