@@ -95,8 +95,10 @@ def string_concat(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 def string_split(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``StringSplit``-20: substrings padded with "" to the longest split, and counts.
 
-    Without a delimiter (or with ""), runs of whitespace separate and leading/trailing
-    whitespace is dropped (Python's ``str.split()``).
+    Without a delimiter (or with ""), runs of whitespace separate and leading and trailing
+    whitespace is dropped, also from what is left after ``maxsplit`` splits (as onnxruntime;
+    Python's ``str.split`` and the onnx reference keep it there). Whitespace is Unicode's,
+    tabs included, as the specification says; onnxruntime splits at spaces only.
     """
     x = strings_of(inputs[0], ctx)
     delimiter = attrs["delimiter"] or None
@@ -104,7 +106,7 @@ def string_split(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     if maxsplit is not None and maxsplit < 0:
         raise ctx.error(f"maxsplit must be non-negative, got {maxsplit}")
     maxsplit = -1 if maxsplit is None else maxsplit
-    parts = [s.split(delimiter, maxsplit) for s in x.reshape(-1)]
+    parts = [(s if delimiter else s.strip()).split(delimiter, maxsplit) for s in x.reshape(-1)]
     width = max((len(p) for p in parts), default=0)
     out = np.full((len(parts), width), "", object)
     for row, p in enumerate(parts):

@@ -38,7 +38,8 @@ def tokenizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     gives one token per character. A separator match of no characters also drops the
     character after it, as onnxruntime's does. With ``mark``, each row is wrapped in
     ``"\\x02"`` ... ``"\\x03"`` before the padding; when no string has a token the last axis is
-    empty, marks or not, and an empty input comes back as it is.
+    empty, marks or not; an empty input gives onnxruntime's shapes (``[0]``, or ``[N, 0]``
+    for ``[N, C]``).
     """
     x = strings_of(inputs[0], ctx)
     if x.ndim not in (1, 2):
@@ -54,8 +55,8 @@ def tokenizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     by_character = list(separators or ()) == [""] or (separators is None and tokenexp == ".")
     if by_character and mincharnum > 1:
         raise ctx.error(f"mincharnum {mincharnum} leaves no token of one character (separators [''] or tokenexp '.')")
-    if x.size == 0:
-        return (x,)
+    if x.size == 0:  # onnxruntime's shapes: [0] -> [0], [N, 0] and [0, C] -> [N, 0]
+        return (np.empty(x.shape[:1] + (0,) * (x.ndim - 1), object),)
     try:
         if by_character:
             split = list

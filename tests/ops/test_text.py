@@ -113,6 +113,17 @@ def test_string_split(x, attrs):
     assert_matches_reference("StringSplit", {"x": x}, 2, opset=20, **attrs)
 
 
+@pytest.mark.parametrize("maxsplit", [0, 1])
+def test_string_split_drops_trailing_whitespace_after_maxsplit(maxsplit):
+    # "leading or trailing whitespace is removed in the output", also from the rest left after
+    # maxsplit splits: onnxruntime agrees (Python's str.split and the onnx reference keep it).
+    x = _s(" x  y ", "a b c ", "  ")
+    (want, want_counts) = ort_expected("StringSplit", {"x": x}, 2, opset=20, maxsplit=maxsplit)
+    got, counts = run_jonnx(node_model("StringSplit", {"x": x}, 2, opset=20, maxsplit=maxsplit), {"x": x})
+    assert got.tolist() == want.tolist()
+    np.testing.assert_array_equal(counts, want_counts)
+
+
 @pytest.mark.parametrize(
     "pattern,x",
     [
@@ -303,6 +314,7 @@ TOKENIZER_CASES = [
     (_s("a b", "c", "d e f", "", shape=(2, 2)), {"separators": [" "], "mark": 1, "pad_value": ""}),
     (np.zeros((0,), object), {"separators": [" "]}),
     (np.zeros((2, 0), object), {"separators": [" "]}),
+    (np.zeros((0, 3), object), {"tokenexp": r"\w+"}),
 ]
 
 
