@@ -91,6 +91,17 @@ One reference disagreement is counted: Normalizer's MAX, where onnxruntime divid
 largest value and the onnx reference (and jonnx, as scikit-learn) by the largest magnitude.
 onnxruntime aborts the process on a FeatureVectorizer of an empty batch.
 
+The ``text`` family draws the string ops, TfIdfVectorizer and onnxruntime's Tokenizer; its
+first runs (2026-12-02, 1,600 cases) found four jonnx bugs, now fixed: TfIdfVectorizer
+weighed output columns where the specification weighs pool n-grams, RegexFullMatch read
+RE2's ASCII classes (``\\w``, ``\\d``, ``\\s``, ``\\b``) as Python's Unicode ones, StringSplit
+kept trailing whitespace after ``maxsplit`` splits, and Tokenizer (then new) shaped an empty
+``[0, C]`` input unlike onnxruntime. Counted departures of onnxruntime: StringSplit without a
+delimiter splits at spaces only (the specification: whitespace), and of an empty string by
+a delimiter gives no substring; StringNormalizer upper-cases ß one character at a time
+(jonnx: SS). onnxruntime's StringNormalizer needs its locale installed (the family names
+C.UTF-8); the ReferenceEvaluator's removes stopwords inside elements and strips accents.
+
 The ``signal`` family draws DFT (opsets 17 and 20), STFT and the window ops; its first runs
 (2026-12-02, 1,200 cases) found no jonnx bug. A symmetric window of one point is a departure
 by choice: the formula divides by zero, onnxruntime returns NaN, jonnx [1] as numpy and torch.
@@ -1527,6 +1538,111 @@ def signal(d: Draw) -> Case | None:
     return Case(op, inputs, attrs, constants=("dft_length", "axis"), opset=opset)
 
 
+TEXT_WORDS = [
+    "Apple",
+    "apple",
+    "APPLE",
+    "b",
+    "",
+    "Éa",
+    "éA",
+    "straße",
+    "a,b",
+    "a,,b",
+    " x  y ",
+    "1.5",
+    "-3",
+    "tab\tsep",
+]
+REGEXES = [r"a.*", r"[A-Z][a-z]+", r"\d+(\.\d+)?", r"(?i)apple", r".*,.*", r"\w+", r"\s*\S+\s*", r"[^,]*", r"a|b|"]
+REGEXES += [r"[[:alpha:]]+", r"[[:upper:]][[:lower:]]*", r".*\b.*", r"\W*\w+\W*", r"[\w,]*", r"\D+"]
+# The Tokenizer's separators and token patterns: none matches an empty string, where
+# onnxruntime's rule (the next character is swallowed) is tested apart.
+SEPARATORS = [" ", ",", ",,", r"\s+", "[,;]", "a", r"\W"]
+TOKENS = [r"\w+", r"[a-z]+", r"[[:alpha:]]+", r"\S+", r"\d+|[A-Z]", "."]
+
+
+def text(d: Draw) -> Case | None:
+    """The string ops: StringNormalizer (stopwords either case, case changes, [C] and [1, C]),
+    StringConcat (broadcasting), StringSplit (whitespace, one- and two-character delimiters,
+    maxsplit), RegexFullMatch (RE2 patterns, ASCII and POSIX classes among them),
+    TfIdfVectorizer (string and integer pools, n-grams with skips, the three modes, weights)
+    and onnxruntime's Tokenizer (separators, token patterns, characters, marks, mincharnum),
+    on inputs with empty, accented and delimiter-only strings."""
+    op = d.pick(["StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer", "Tokenizer"])
+    words = np.asarray(TEXT_WORDS, object)
+
+    def strings(shape):
+        return np.asarray(d.rng.choice(words, size=shape), dtype=object)
+
+    if op == "StringNormalizer":
+        count = d.int(1, 5)
+        x = strings((count,) if d.chance(0.5) else (1, count))
+        # onnxruntime needs a locale the system has: its default, en_US.UTF-8, is often
+        # missing (then it refuses the node), C.UTF-8 is not. jonnx ignores the attribute.
+        attrs: dict[str, Any] = {"case_change_action": d.pick(["NONE", "LOWER", "UPPER"]), "locale": "C.UTF-8"}
+        if d.chance(0.7):
+            attrs["stopwords"] = [str(w) for w in d.rng.choice(words[:5], size=d.int(1, 3), replace=False)]
+        if d.chance(0.5):
+            attrs["is_case_sensitive"] = d.int(0, 1)
+        return Case(op, {"x": x}, attrs, opset=10)
+    if op == "StringConcat":
+        shape = d.shape(d.int(0, 3), empty=0.15, most=3)
+        return Case(op, {"x": strings(shape), "y": strings(d.partner(shape))}, {}, opset=20)
+    if op == "StringSplit":
+        attrs = {}
+        if d.chance(0.7):
+            attrs["delimiter"] = d.pick([",", ",,", " ", "a"])
+        if d.chance(0.4):
+            attrs["maxsplit"] = d.int(0, 2)
+        return Case(op, {"x": strings(d.shape(d.int(0, 2), empty=0.15, most=3))}, attrs, n_outputs=2, opset=20)
+    if op == "RegexFullMatch":
+        x = strings(d.shape(d.int(0, 3), empty=0.15, most=3))
+        return Case(op, {"x": x}, {"pattern": d.pick(REGEXES)}, opset=20)
+    if op == "Tokenizer":  # onnxruntime's, which skl2onnx writes for its text vectorizers
+        attrs = {"mark": d.int(0, 1), "pad_value": d.pick(["#", ""]), "mincharnum": d.int(1, 3)}
+        if d.chance(0.15):
+            attrs.update(d.pick([{"separators": [""]}, {"tokenexp": "."}]), mincharnum=1)
+        elif d.chance(0.5):
+            attrs["separators"] = [str(s) for s in d.rng.choice(SEPARATORS, size=d.int(1, 2), replace=False)]
+        else:
+            attrs["tokenexp"] = d.pick(TOKENS)
+        x = strings(d.shape(d.int(1, 2), empty=0.15, most=3))
+        return Case(op, {"x": x}, attrs, domain=MS, opset=1)
+    # TfIdfVectorizer over a pool of 1- and 2-grams (3-grams some of the time).
+    use_strings = d.chance(0.5)
+    vocabulary = ["a", "b", "c", "d"] if use_strings else [1, 2, 3, 4]
+    lengths = [1, 2, 3] if d.chance(0.3) else [1, 2]
+    pool, counts = [], []
+    for n in lengths:
+        counts.append(len(pool))
+        grams = {tuple(d.rng.choice(vocabulary, size=n)) for _ in range(d.int(1, 3))}
+        for g in sorted(grams):
+            pool.extend(g)
+    n_grams = sum((counts[i + 1] if i + 1 < len(counts) else len(pool)) - c for i, c in enumerate(counts)) // 1
+    n_grams = sum(
+        ((counts[i + 1] if i + 1 < len(counts) else len(pool)) - counts[i]) // n for i, n in enumerate(lengths)
+    )
+    low = d.int(1, len(lengths))
+    attrs = {
+        "mode": d.pick(["TF", "IDF", "TFIDF"]),
+        "min_gram_length": low,
+        "max_gram_length": d.int(low, len(lengths)),
+        "max_skip_count": d.int(0, 2),
+        "ngram_counts": counts,
+        "ngram_indexes": [int(i) for i in d.rng.permutation(n_grams)],
+    }
+    attrs["pool_strings" if use_strings else "pool_int64s"] = [str(v) if use_strings else int(v) for v in pool]
+    if d.chance(0.5):
+        attrs["weights"] = [float(d.pick([0.5, 1.0, 2.0])) for _ in range(n_grams)]
+    shape = (d.int(1, 8),) if d.chance(0.5) else (d.int(1, 3), d.int(1, 8))
+    tokens = list(vocabulary) + (["z"] if use_strings else [7])
+    x = d.rng.choice(np.asarray(tokens, object if use_strings else np.int64), size=shape)
+    if not use_strings:
+        x = x.astype(d.pick([np.int32, np.int64]))
+    return Case(op, {"x": x}, attrs, opset=9)
+
+
 FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "elementwise": elementwise,
     "reduce": reduce,
@@ -1546,6 +1662,7 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "ml": ml,
     "ml_encoders": ml_encoders,
     "signal": signal,
+    "text": text,
 }
 
 
@@ -1711,6 +1828,27 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
             "BRANCH_NEQ" in c.attrs.get("nodes_modes", ())
             and bool(np.isnan(_first_input(c)).any())
             and not all(c.attrs.get("nodes_missing_value_tracks_true") or [0])
+        ),
+    ),
+    (
+        "StringSplit of an empty string by a delimiter: onnxruntime counts no substring, jonnx and the onnx "
+        "reference one empty substring",
+        lambda c: c.op == "StringSplit" and bool(c.attrs.get("delimiter")) and "" in _first_input(c).reshape(-1),
+    ),
+    (
+        "StringSplit without a delimiter, of strings with tabs or other whitespace: onnxruntime splits at spaces only",
+        lambda c: (
+            c.op == "StringSplit"
+            and not c.attrs.get("delimiter")
+            and any(ch.isspace() and ch != " " for s in _first_input(c).reshape(-1) for ch in s)
+        ),
+    ),
+    (
+        "StringNormalizer, UPPER of a ß: onnxruntime maps characters one by one and keeps it, jonnx gives SS",
+        lambda c: (
+            c.op == "StringNormalizer"
+            and c.attrs.get("case_change_action") == "UPPER"
+            and any("ß" in s for s in _first_input(c).reshape(-1))
         ),
     ),
     (
