@@ -1854,6 +1854,20 @@ def _window_exceeds_input(case: Case) -> bool:
     )
 
 
+def _resized_to_one(case: Case) -> bool:
+    """Whether a Resize makes some axis of length one out of a longer one."""
+    x = _first_input(case)
+    sizes, scales = case.inputs.get("sizes"), case.inputs.get("scales")
+    if sizes is not None:
+        out = np.asarray(sizes).tolist()
+    elif scales is not None:
+        out = [int(np.floor(n * s)) for n, s in zip(x.shape, np.asarray(scales).tolist())]
+    else:
+        return False
+    axes = case.attrs.get("axes") or range(len(out))
+    return any(o == 1 and x.shape[a] > 1 for a, o in zip(axes, out))
+
+
 def _first_input(case: Case) -> np.ndarray:
     return np.asarray(next(iter(case.inputs.values())))
 
@@ -1900,6 +1914,14 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
     (
         "DynamicQuantizeLinear of a constant or empty tensor: onnxruntime's scale 1",
         lambda c: c.op == "DynamicQuantizeLinear" and _all_equal(_first_input(c)),
+    ),
+    (
+        "Resize, pytorch_half_pixel to a length of one: the ReferenceEvaluator samples at -0.5, the specification at 0",
+        lambda c: (
+            c.op == "Resize"
+            and c.attrs.get("coordinate_transformation_mode") == "pytorch_half_pixel"
+            and _resized_to_one(c)
+        ),
     ),
     ("ReduceMean of an empty set: undefined", lambda c: c.op == "ReduceMean" and _first_input(c).size == 0),
     ("NonZero of a scalar: onnxruntime reads it as 1-D", lambda c: c.op == "NonZero" and _first_input(c).ndim == 0),

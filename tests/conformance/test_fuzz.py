@@ -81,3 +81,29 @@ def test_departures_added_on_2026_12_02_are_narrow():
     assert fuzz.known_departure(neq._replace(inputs={"x": np.zeros((1, 1), np.float32)})) is None
     tracked = {**tree, "nodes_missing_value_tracks_true": [1, 1, 1]}
     assert fuzz.known_departure(neq._replace(attrs=tracked)) is None
+
+
+def test_string_and_resize_departures_are_narrow():
+    def strings(*values):
+        return np.array(list(values), object)
+
+    # StringSplit without a delimiter: only strings holding whitespace other than spaces.
+    split = fuzz.Case("StringSplit", {"x": strings("a\tb", "c")}, {})
+    assert fuzz.known_departure(split) is not None
+    assert fuzz.known_departure(split._replace(inputs={"x": strings("a b", "c")})) is None
+    # ... and an empty string split by a delimiter.
+    by_comma = fuzz.Case("StringSplit", {"x": strings("", "a,b")}, {"delimiter": ","})
+    assert fuzz.known_departure(by_comma) is not None
+    assert fuzz.known_departure(by_comma._replace(inputs={"x": strings("a,,b")})) is None
+    # StringNormalizer upper-casing a ß; lower-casing it is compared.
+    upper = fuzz.Case("StringNormalizer", {"x": strings("straße")}, {"case_change_action": "UPPER"})
+    assert fuzz.known_departure(upper) is not None
+    assert fuzz.known_departure(upper._replace(attrs={"case_change_action": "LOWER"})) is None
+    # Resize with pytorch_half_pixel down to one sample along some axis.
+    x = np.zeros((1, 1, 5), np.float32)
+    attrs = {"mode": "cubic", "coordinate_transformation_mode": "pytorch_half_pixel"}
+    resize = fuzz.Case("Resize", {"x": x, "sizes": np.array([1, 1, 1], np.int64)}, attrs)
+    assert fuzz.known_departure(resize) is not None
+    assert fuzz.known_departure(resize._replace(inputs={"x": x, "sizes": np.array([1, 1, 2], np.int64)})) is None
+    half_pixel = {**attrs, "coordinate_transformation_mode": "half_pixel"}
+    assert fuzz.known_departure(resize._replace(attrs=half_pixel)) is None
