@@ -409,10 +409,10 @@ class Model:
         self._prepared_exports = tuple(sorted(prepared_names & read_later))
         self._prepared: dict[str, jax.Array] | None = None  # computed at the first call
         self._prepare = plain_jit(self._prepare_impl)
-        # What apply needs concrete: every static chain's graph inputs, host ops' included.
+        # What apply needs concrete: every static chain's graph inputs, host ops' included,
+        # and the string inputs (here still exactly the known host values).
         traced_apply = static_values(self.graph) | preferred_static_inputs(self.graph)
-        static_inputs = {v.name for v in self.graph.inputs if v.dtype == np.dtype(object)}
-        self.static_input_names = tuple(n for n in self.input_names if n in traced_apply or n in static_inputs)
+        self.static_input_names = tuple(n for n in self.input_names if n in traced_apply or n in self._host_values)
         # Strings live on the host as numpy object arrays and cannot leave a jitted function.
         # A segment's strings are known at trace time, so they depend only on what its cache
         # key holds (static arguments, shapes): the trace records them here, under that key.
@@ -702,7 +702,7 @@ class Model:
                     raise
             except _NewHostValues as e:
                 self._host_values |= e.names
-                self.segment_plan = self._plan(forced_host=self._forced_host, host_values=self._host_values)
+                self._replan()
 
     def _move_to_host(self, error: errors.StaticValueError) -> bool:
         """Re-plan with the node that raised ``error`` while compiling on the host, where it
@@ -716,8 +716,13 @@ class Model:
         if not (graph.nodes[position].subgraphs or isinstance(error, errors.HostValueError)):
             return False
         self._forced_host |= {position}
-        self.segment_plan = self._plan(forced_host=self._forced_host, host_values=self._host_values)
+        self._replan()
         return True
+
+    def _replan(self) -> None:
+        """A new segment plan with what calls have found: nodes that must run on the host,
+        and values that hold strings."""
+        self.segment_plan = self._plan(forced_host=self._forced_host, host_values=self._host_values)
 
     def _call(
         self, inputs: tuple, named_inputs: Mapping[str, Any], key: jax.Array | None, params: Mapping[str, Any] | None

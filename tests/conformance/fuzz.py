@@ -1310,9 +1310,9 @@ def _strings(d: Draw, shape) -> np.ndarray:
     return np.asarray(d.rng.choice(WORDS, size=shape), dtype=object)
 
 
-def _label_encoder(d: Draw, x_kind: str) -> tuple[dict[str, Any], dict[str, Any], int]:
-    """LabelEncoder-2 or -4 attributes mapping ``x_kind`` keys to values of a random kind,
-    with the input drawn among the keys and beside them."""
+def _label_encoder(d: Draw, x_kind: str) -> tuple[dict[str, Any], np.ndarray, int]:
+    """LabelEncoder-2 or -4 attributes mapping ``x_kind`` keys to values of a random kind;
+    returns them, the keys (the input is drawn among them and beside them) and the opset."""
     opset = d.pick([2, 4])
     y_kind = d.pick(["int", "float", "string"])
     n = d.int(1, 5)
@@ -1341,7 +1341,7 @@ def _label_encoder(d: Draw, x_kind: str) -> tuple[dict[str, Any], dict[str, Any]
                 "string": ("default_string", "zz"),
             }
             attrs[default[y_kind][0]] = default[y_kind][1]
-    return attrs, {"keys": keys}, opset
+    return attrs, keys, opset
 
 
 def _svm_kernel(d: Draw) -> dict[str, Any]:
@@ -1468,8 +1468,7 @@ def ml_encoders(d: Draw) -> Case | None:
             x = _strings(d, (rows, features)) if d.chance(0.5) else d.rng.integers(-1, 5, size=(rows, features))
             return Case(op, {"x": x}, attrs, domain=ML, opset=1)
         x_kind = d.pick(["int", "float", "string"])
-        attrs, drawn, opset = _label_encoder(d, x_kind)
-        keys = drawn["keys"]
+        attrs, keys, opset = _label_encoder(d, x_kind)
         beside = {"int": np.arange(-4, 5), "float": GRID, "string": np.asarray(WORDS, object)}[x_kind]
         pool = np.concatenate([keys, beside]) if x_kind != "string" else np.asarray(list(keys) + list(beside), object)
         x = d.rng.choice(pool, size=(rows, features) if d.chance(0.8) else (features,))
@@ -1632,7 +1631,6 @@ def text(d: Draw) -> Case | None:
         grams = {tuple(d.rng.choice(vocabulary, size=n)) for _ in range(d.int(1, 3))}
         for g in sorted(grams):
             pool.extend(g)
-    n_grams = sum((counts[i + 1] if i + 1 < len(counts) else len(pool)) - c for i, c in enumerate(counts)) // 1
     n_grams = sum(
         ((counts[i + 1] if i + 1 < len(counts) else len(pool)) - counts[i]) // n for i, n in enumerate(lengths)
     )
