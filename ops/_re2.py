@@ -104,6 +104,9 @@ def translate(pattern: str) -> str:
 
 
 def compile_re2(pattern: str) -> re.Pattern:
-    """:func:`translate`, compiled. Raises ValueError (or ``re.error``) for a pattern it
-    cannot run."""
-    return re.compile(translate(pattern))
+    """:func:`translate`, compiled. Raises ValueError for a pattern it cannot run: one RE2
+    construct Python cannot express, or what Python's ``re`` itself refuses."""
+    try:
+        return re.compile(translate(pattern))
+    except re.error as e:
+        raise ValueError(str(e)) from None

@@ -13,6 +13,7 @@ from jonnx._registry import OpContext
 from jonnx._tensors import np_dtype
 
 __all__ = [
+    "as_strings",
     "canonical",
     "dtype_of",
     "index_dtype",
@@ -27,6 +28,16 @@ __all__ = [
     "static_sizes",
     "stored_transpose",
 ]
+
+
+def as_strings(values: Any) -> np.ndarray:
+    """Any array-like of str/bytes as an object array of ``str``: bytes decoded as UTF-8 (bytes
+    that are not UTF-8 kept as surrogates, so they survive a round trip), anything else ``str()``."""
+    arr = np.asarray(values, dtype=object)
+    out = np.empty(arr.shape, object)
+    for i, v in np.ndenumerate(arr):
+        out[i] = v.decode("utf-8", errors="surrogateescape") if isinstance(v, bytes) else str(v)
+    return out
 
 
 def static_sizes(sizes: Any) -> bool:

@@ -9,29 +9,24 @@ also runs on traced inputs.
 
 from __future__ import annotations
 
-import re
-
 import jax.numpy as jnp
 import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._re2 import compile_re2
-from jonnx.ops._util import index_dtype
+from jonnx.ops._util import as_strings, index_dtype
 
 
 def strings_of(x, ctx, what: str = "input") -> np.ndarray:
-    """``x`` as an object array of ``str`` (bytes are decoded as UTF-8)."""
+    """A string op's input as an object array of ``str`` (:func:`as_strings`), refusing a
+    tensor that is not of strings, or holds anything but str and bytes, with the node's name."""
     x = np.asarray(x)
     if x.dtype.kind not in "OUS":
         raise ctx.error(f"{what} must be a string tensor, got dtype {x.dtype}")
-    out = np.empty(x.shape, object)
-    for i, v in np.ndenumerate(x):
-        if isinstance(v, bytes):
-            v = v.decode("utf-8", errors="surrogateescape")
-        elif not isinstance(v, str):
-            raise ctx.error(f"{what} holds a non-string element {v!r}")
-        out[i] = v
-    return out
+    bad = [v for v in x.flat if not isinstance(v, (str, bytes))]
+    if bad:
+        raise ctx.error(f"{what} holds a non-string element {bad[0]!r}")
+    return as_strings(x)
 
 
 def _map_strings(fn, *arrays, otype=object) -> np.ndarray:
@@ -131,7 +126,7 @@ def regex_full_match(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         raise ctx.error("needs the `pattern` attribute")
     try:
         regex = compile_re2(pattern)
-    except (re.error, ValueError) as e:
+    except ValueError as e:
         raise ctx.error(f"pattern {pattern!r} cannot run (RE2 read by Python re): {e}") from None
     return (_map_strings(lambda s: regex.fullmatch(s) is not None, x, otype=bool).reshape(x.shape),)
 

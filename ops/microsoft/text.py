@@ -66,7 +66,7 @@ def tokenizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         else:
             pattern = compile_re2(tokenexp)
             split = lambda s: [m.group() for m in pattern.finditer(s)]  # noqa: E731
-    except (re.error, ValueError) as e:
+    except ValueError as e:
         raise ctx.error(f"a pattern cannot run (RE2 read by Python re): {e}") from None
     rows = [[t for t in split(s) if len(t) >= mincharnum] for s in x.reshape(-1)]
     width = max(len(r) for r in rows)

@@ -9,12 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jonnx._values import is_concrete
-from jonnx.ops._util import index_dtype
+from jonnx.ops._util import as_strings, index_dtype
 
 __all__ = [
     "ML",
     "as_2d",
-    "as_strings",
     "class_labels",
     "float_features",
     "is_string_tensor",
@@ -32,15 +31,6 @@ ML = "ai.onnx.ml"
 def is_string_tensor(x) -> bool:
     """Whether ``x`` is a host tensor of strings (numpy ``str``/``bytes``/object dtype)."""
     return isinstance(x, (np.ndarray, np.generic)) and np.asarray(x).dtype.kind in "OUS"
-
-
-def as_strings(values) -> np.ndarray:
-    """Any array-like of str/bytes as an object array of ``str``."""
-    arr = np.asarray(values, dtype=object)
-    out = np.empty(arr.shape, object)
-    for i, v in np.ndenumerate(arr):
-        out[i] = v.decode("utf-8", errors="surrogateescape") if isinstance(v, bytes) else str(v)
-    return out
 
 
 def float_features(x) -> jax.Array:

@@ -10,8 +10,8 @@ import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
-from jonnx.ops._util import canonical
-from jonnx.ops.ml._common import ML, as_2d, as_strings, float_features, is_string_tensor, need_concrete
+from jonnx.ops._util import as_strings, canonical
+from jonnx.ops.ml._common import ML, as_2d, float_features, is_string_tensor, need_concrete
 
 # -- simple numeric ops ---------------------------------------------------------------------------
 

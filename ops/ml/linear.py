@@ -8,11 +8,10 @@ import numpy as np
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import index_dtype
+from jonnx.ops._util import as_strings, index_dtype
 from jonnx.ops.ml._common import (
     ML,
     as_2d,
-    as_strings,
     class_labels,
     float_features,
     need_concrete,

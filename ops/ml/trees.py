@@ -11,11 +11,10 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
-from jonnx.ops._util import canonical, index_dtype
+from jonnx.ops._util import as_strings, canonical, index_dtype
 from jonnx.ops.ml._common import (
     ML,
     as_2d,
-    as_strings,
     class_labels,
     float_features,
     need_concrete,
