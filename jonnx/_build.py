@@ -53,19 +53,25 @@ def default_memory_limit() -> int:
         return 8 << 30
 
 
+def _elem_dtype(name: str, elem_type: int) -> np.dtype | None:
+    try:
+        return np_dtype(elem_type) if elem_type else None
+    except errors.LoadError:
+        raise errors.ModelStructureError(f"value {name!r} is declared with unknown element type {elem_type}") from None
+
+
 def value_info(proto: onnx.ValueInfoProto) -> ValueInfo:
     """Decode a graph input/output declaration."""
     kind = proto.type.WhichOneof("value") if proto.HasField("type") else None
+    if kind == "map_type":  # its values' type, where they are tensors (ai.onnx.ml's maps)
+        values = proto.type.map_type.value_type
+        elem = values.tensor_type.elem_type if values.WhichOneof("value") == "tensor_type" else 0
+        return ValueInfo(proto.name, dtype=_elem_dtype(proto.name, elem), kind="map")
     if kind != "tensor_type":
-        mapping = {"sequence_type": "sequence", "optional_type": "optional", "map_type": "map"}
+        mapping = {"sequence_type": "sequence", "optional_type": "optional"}
         return ValueInfo(proto.name, kind=mapping.get(kind, "unknown"))
     tensor = proto.type.tensor_type
-    try:
-        dtype = np_dtype(tensor.elem_type) if tensor.elem_type else None
-    except errors.LoadError:
-        raise errors.ModelStructureError(
-            f"value {proto.name!r} is declared with unknown element type {tensor.elem_type}"
-        ) from None
+    dtype = _elem_dtype(proto.name, tensor.elem_type)
     shape = None
     if tensor.HasField("shape"):
         shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)

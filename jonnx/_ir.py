@@ -23,7 +23,8 @@ class ValueInfo:
 
     Attributes:
         name: the value's name.
-        dtype: numpy dtype of a tensor value, or None when unknown or not a tensor.
+        dtype: numpy dtype of a tensor value, or of a map's values; None when unknown or of
+            another kind.
         shape: dims (int, a symbolic name, or None when unknown), or None for unknown rank.
         kind: ``"tensor"``, ``"sequence"``, ``"optional"``, ``"map"`` or ``"unknown"``.
     """

@@ -400,6 +400,9 @@ class Model:
         # Values found to be strings (host values): string graph inputs, and what host nodes
         # turn out to return as strings (__call__). The nodes reading them run on the host.
         self._host_values = frozenset(v.name for v in self.graph.inputs if v.dtype == np.dtype(object))
+        # Map inputs (ai.onnx.ml) come as dicts of Python values: bind gives them their
+        # declared value type, as it cannot be told from the values (a float is float32 or 64).
+        self._map_inputs = {v.name: v.dtype for v in self.graph.inputs if v.kind == "map" and v.dtype is not None}
         self._loop_bodies = LoopBodies()  # the bodies of loops run on the host, compiled
         self.segment_plan: SegmentPlan = self._plan(host_values=self._host_values)
         # What the segments and the graph outputs read of them.
@@ -967,11 +970,13 @@ class Model:
         return pullback(cotangents)
 
     def bind(self, *inputs: Any, **named: Any) -> dict[str, Any]:
-        """The graph inputs by name, from positional and keyword inputs as ``apply`` takes them.
+        """The graph inputs by name, from positional and keyword inputs as ``apply`` takes them;
+        a map input's values as its declared type (numpy scalars, traced ones cast; strings as
+        given).
 
         Raises:
             jonnx.errors.InputError: too many inputs, an unknown name, an input given twice,
-                or a missing input.
+                a missing input, or a map value that is not of the map's declared type.
         """
         names = self.input_names
         if len(inputs) > len(names):
@@ -988,6 +993,9 @@ class Model:
         missing = [n for n in names if n not in values]
         if missing:
             raise errors.InputError(f"missing model input(s) {missing}; inputs: {list(names)}")
+        for name, dtype in self._map_inputs.items():
+            if isinstance(values[name], dict):
+                values[name] = _typed_map(name, values[name], dtype)
         return {n: values[n] for n in names}
 
     def _prepare_input(self, name: str, value: Any) -> Any:
@@ -1134,10 +1142,31 @@ class _NewHostValues(Exception):
 
 
 def _is_host_value(value: Any) -> bool:
-    """A value JAX cannot hold: a string tensor, or a sequence holding one."""
+    """A value JAX cannot hold: a string tensor, a map of strings, or a sequence holding one."""
     if isinstance(value, list):
         return any(_is_host_value(v) for v in value)
+    if isinstance(value, dict):
+        return any(isinstance(v, (str, bytes)) or _is_host_value(v) for v in value.values())
     return isinstance(value, np.ndarray) and value.dtype == object
+
+
+def _typed_map(name: str, value: dict, dtype: np.dtype) -> dict:
+    """A map input's values as ``dtype`` (see :meth:`Model.bind`)."""
+    if dtype == np.dtype(object):
+        bad = [v for v in value.values() if not isinstance(v, (str, bytes))]
+        if bad:
+            raise errors.InputError(f"map input {name!r} is declared with string values, but {bad[0]!r} was given")
+        return value
+    dtype = jax.dtypes.canonicalize_dtype(dtype)  # float64 is float32 with x64 off
+    typed = {}
+    for k, v in value.items():
+        try:
+            typed[k] = v.astype(dtype) if isinstance(v, jax.Array) else np.asarray(v, dtype)
+        except (TypeError, ValueError):
+            raise errors.InputError(
+                f"map input {name!r} is declared with {np.dtype(dtype).name} values, but {v!r} was given (key {k!r})"
+            ) from None
+    return typed
 
 
 def _content_key(value: Any) -> Any:

@@ -341,10 +341,7 @@ def _dict_row(d, vocabulary, ctx):
     if not isinstance(d, dict):
         raise ctx.error(f"X must be a map (dict) or a sequence of maps, got {type(d).__name__}")
     index = {k: i for i, k in enumerate(vocabulary)}
-    unknown = [k for k in d if index.get(_key(k)) is None]
-    if unknown:
-        raise ctx.error(f"map keys {unknown[:5]} are not in the vocabulary")
-    return {index[_key(k)]: v for k, v in d.items()}
+    return {index[_key(k)]: v for k, v in d.items() if _key(k) in index}
 
 
 def _key(k):
@@ -360,6 +357,10 @@ def dict_vectorizer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX-ML ``DictVectorizer``-1: a map -> a ``[1, V]`` tensor over the vocabulary (keys not in
     the map are 0, or "" for string values), as onnxruntime shapes it; a list of maps gives
     ``[len, V]``. Map values may be traced scalars.
+
+    The specification says every key must be in the vocabulary; a key that is not is
+    ignored, as onnxruntime and scikit-learn's DictVectorizer (what skl2onnx converts) do: a
+    feature unseen in training.
     """
     (x,) = inputs
     vocabulary = list(attrs["string_vocabulary"] or ()) or list(attrs["int64_vocabulary"] or ())
@@ -394,7 +395,8 @@ def cast_map(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
     DENSE keeps every value in key order; SPARSE writes value ``k`` at column ``k`` of
     ``max_map`` columns (missing keys 0, or "" for strings). Strings cast to float/int64 with
-    Python's ``float``; numbers to strings with ``str``.
+    Python's ``float`` (int64 truncates, as onnxruntime); numbers to strings as onnxruntime
+    writes them (C++ ``std::to_string``: six decimals), so they need concrete values.
     """
     (x,) = inputs
     if not isinstance(x, dict):
@@ -413,9 +415,12 @@ def cast_map(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         raise ctx.error(f"map_form must be DENSE or SPARSE, got {form!r}")
     values = [v for _, v in items]
     if cast_to == "TO_STRING":
+        if not all(is_concrete(v) or isinstance(v, (str, bytes)) for v in values):
+            raise ctx.host_error("numbers cast to strings need their concrete values")
         out = np.full((1, width), "", object)
         for j, v in zip(columns, values):
-            out[0, j] = as_strings([_key(v)])[0] if is_concrete(v) or isinstance(v, (str, bytes)) else str(v)
+            v = _key(v)
+            out[0, j] = as_strings([v])[0] if isinstance(v, (str, bytes)) else f"{float(v):f}"
         return (out,)
     dtype = np.float32 if cast_to == "TO_FLOAT" else canonical(np.int64)
     converted = []

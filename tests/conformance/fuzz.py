@@ -105,8 +105,21 @@ a delimiter gives no substring; StringNormalizer upper-cases ß one character at
 C.UTF-8); the ReferenceEvaluator's removes stopwords inside elements and strips accents.
 
 The ``sequence`` family draws the sequence ops, its sequence inputs built inside the model
-by SequenceConstruct (``Seq`` inputs, see ``_with_sequences``); its first runs (2026-12-02,
-1,200 cases and 200 with ``--grad``) found nothing.
+by SequenceConstruct (``Seq`` inputs, see ``_build``); its first runs (2026-12-02,
+1,200 cases and 200 with ``--grad``) found nothing, nor did SequenceMap's (added later that day).
+
+The ``optional`` family draws Optional, OptionalHasElement and OptionalGetElement on
+optionals built in the model (``Opt`` inputs) and plain values; the ``maps`` family draws
+DictVectorizer, CastMap and ZipMap on dicts fed as maps (``Map`` inputs). Their first runs
+(2026-12-02, 2,500 cases with the sequence family) found three jonnx bugs, now fixed: a
+map's values took the type Python gave them, not the declared one (float64 out of a float
+map under x64), a map of strings failed inside a compiled segment, and CastMap to strings
+failed (and wrote Python's ``str``, not onnxruntime's six decimals). DictVectorizer now
+ignores keys outside its vocabulary, as onnxruntime and scikit-learn do (the specification
+says they must not occur; jonnx refused them). A counted departure: onnxruntime writes
+``0.f`` in a SPARSE string cast's empty cells. onnxruntime refuses empty maps and its Python
+binding feeds maps of floats only; the ReferenceEvaluator shapes DictVectorizer's output
+``[V]`` (onnxruntime, and jonnx, ``[1, V]``) and wraps OptionalGetElement's tensor in a list.
 
 The ``signal`` family draws DFT (opsets 17 and 20), STFT and the window ops; its first runs
 (2026-12-02, 1,200 cases) found no jonnx bug. A symmetric window of one point is a departure
@@ -155,6 +168,26 @@ class Seq(NamedTuple):
 
     dtype: Any
     items: list
+
+
+class Opt(NamedTuple):
+    """An optional input: a tensor, a :class:`Seq`, or None for an empty one, of ``dtype``'s
+    tensors or (``of_sequence``) sequences of them (``run`` builds it with an Optional node)."""
+
+    dtype: Any
+    value: Any
+    of_sequence: bool = False
+
+
+class Map(NamedTuple):
+    """A map input, fed as a dict: its key and value types and the dict."""
+
+    key: Any
+    value: Any
+    items: dict
+
+
+STRUCTURES = (Seq, Opt, Map)  # inputs that are not tensors: built in the model or fed as they are
 
 
 class Draw:
@@ -1656,13 +1689,23 @@ def text(d: Draw) -> Case | None:
 
 def sequence(d: Draw) -> Case | None:
     """The sequence ops: SequenceAt, SequenceInsert, SequenceErase, SequenceLength,
-    ConcatFromSequence (new axis or not) and SplitToSequence (sizes, one size, or one per
-    element, keepdims), with positions negative and at the ends, empty sequences and empty
-    tensors. An input given as a list is a sequence, built in the model by SequenceConstruct
-    (SequenceEmpty when the list is empty)."""
+    ConcatFromSequence (new axis or not), SplitToSequence (sizes, one size, or one per
+    element, keepdims) and SequenceMap (:func:`_sequence_map`), with positions negative and at
+    the ends, empty sequences and empty tensors. A :class:`Seq` input is built in the model by
+    SequenceConstruct (SequenceEmpty when it has no tensors)."""
     op = d.pick(
-        ["SequenceAt", "SequenceInsert", "SequenceErase", "SequenceLength", "ConcatFromSequence", "SplitToSequence"]
+        [
+            "SequenceAt",
+            "SequenceInsert",
+            "SequenceErase",
+            "SequenceLength",
+            "ConcatFromSequence",
+            "SplitToSequence",
+            "SequenceMap",
+        ]
     )
+    if op == "SequenceMap":
+        return _sequence_map(d)
     dtype = d.pick([np.float32, np.int64])
     rank = d.int(1, 3)
     base = d.shape(rank, empty=0.15, most=3)
@@ -1723,6 +1766,111 @@ def sequence(d: Draw) -> Case | None:
     )
 
 
+def _body(nodes, inputs: list[tuple[str, Any]], outputs: list[tuple[str, Any]]) -> onnx.GraphProto:
+    """A subgraph of ``nodes`` whose inputs and outputs are tensors of the given types, shapes
+    left open (a SequenceMap body sees tensors of every shape in its sequences)."""
+
+    def info(name, dtype):
+        return onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None)
+
+    return onnx.helper.make_graph(nodes, "body", [info(*i) for i in inputs], [info(*o) for o in outputs])
+
+
+def _sequence_map(d: Draw) -> Case:
+    """SequenceMap over one or two sequences of one length (tensors of differing shapes, or
+    none), with a body of one or two outputs, and sometimes a tensor input that every iteration
+    sees whole."""
+    dtype = d.pick([np.float32, np.int64])
+    count = d.int(0, 3)
+    rank = d.int(0, 2)
+    shapes = [d.shape(rank, empty=0.15, most=3) for _ in range(count)]
+    inputs: dict[str, Any] = {"xs": Seq(dtype, [d.array(s, dtype) for s in shapes])}
+    nodes, body_in, body_out = [], [("x", dtype)], []
+    form = d.pick(["unary", "pair", "with_tensor"])
+    if form == "pair":  # a second sequence, its tensors shaped as the first's
+        inputs["ys"] = Seq(dtype, [d.array(s, dtype) for s in shapes])
+        body_in.append(("y", dtype))
+        nodes.append(onnx.helper.make_node(d.pick(["Add", "Mul", "Sub"]), ["x", "y"], ["z"]))
+    elif form == "with_tensor":  # a tensor broadcast against every element (a scalar or a 1)
+        inputs["t"] = d.array(d.pick([(), (1,)]), dtype)
+        body_in.append(("t", dtype))
+        nodes.append(onnx.helper.make_node(d.pick(["Add", "Mul", "Max"]), ["x", "t"], ["z"]))
+    else:
+        nodes.append(onnx.helper.make_node(d.pick(["Neg", "Identity", "Abs"]), ["x"], ["z"]))
+    body_out.append(("z", dtype))
+    n_outputs = 1
+    if d.chance(0.5):  # a second output: each element's shape, or its sum
+        if d.chance(0.5):
+            nodes.append(onnx.helper.make_node("Shape", ["x"], ["w"]))
+            body_out.append(("w", np.int64))
+        else:
+            nodes.append(onnx.helper.make_node("ReduceSum", ["x"], ["w"], keepdims=d.int(0, 1)))
+            body_out.append(("w", dtype))
+        n_outputs = 2
+    return Case("SequenceMap", inputs, {"body": _body(nodes, body_in, body_out)}, n_outputs, opset=17)
+
+
+def optional(d: Draw) -> Case | None:
+    """Optional (of a tensor, of a sequence, or empty by its ``type``), OptionalHasElement and
+    OptionalGetElement, on optionals built in the model (:class:`Opt`) and, from opset 18, on
+    plain tensors and sequences."""
+    op = d.pick(["Optional", "OptionalHasElement", "OptionalGetElement"])
+    dtype = d.pick([np.float32, np.int64, np.bool_])
+    tensor = d.array(d.shape(empty=0.2, most=3), dtype)
+    kind = d.pick(["tensor", "sequence"])
+    value = tensor if kind == "tensor" else Seq(dtype, [d.array(d.shape(2, most=3), dtype) for _ in range(d.int(0, 2))])
+    if op == "Optional":
+        if d.chance(0.3):  # empty, typed by the attribute
+            elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+            tp = onnx.helper.make_tensor_type_proto(elem, None)
+            if kind == "sequence":
+                tp = onnx.helper.make_sequence_type_proto(tp)
+            return Case(op, {}, {"type": tp}, opset=d.pick([15, 18]))
+        return Case(op, {"x": value}, {}, opset=d.pick([15, 18]))
+    opset = d.pick([15, 18])
+    if opset == 18 and d.chance(0.4):  # a plain tensor or sequence, not wrapped
+        return Case(op, {"x": value}, {}, opset=opset)
+    if op == "OptionalGetElement" or d.chance(0.6):
+        return Case(op, {"x": Opt(dtype, value)}, {}, opset=opset)
+    return Case(op, {"x": Opt(dtype, None, of_sequence=kind == "sequence")}, {}, opset=opset)
+
+
+def maps(d: Draw) -> Case | None:
+    """ai.onnx.ml's map ops: DictVectorizer (string or int64 keys, keys outside the
+    vocabulary), CastMap (DENSE and SPARSE, every cast) and ZipMap (string or int64 labels, a
+    batch of one or more rows). Maps of float values only: onnxruntime's Python binding cannot
+    feed the others (it reads every value as float; tests/ops/test_ml.py has them)."""
+    op = d.pick(["DictVectorizer", "CastMap", "ZipMap"])
+    if op == "ZipMap":
+        rows, classes = d.int(1, 3), d.int(1, 4)
+        x = d.array((rows, classes), np.float32)
+        if d.chance(0.5):
+            attrs = {"classlabels_strings": [f"c{i}" for i in d.rng.permutation(classes)]}
+        else:
+            attrs = {"classlabels_int64s": [int(v) for v in d.rng.choice(20, classes, replace=False) - 5]}
+        return Case(op, {"x": x}, attrs, domain="ai.onnx.ml")
+    if op == "CastMap":
+        size = d.int(1, 4)  # onnxruntime refuses an empty map
+        keys = sorted(int(k) for k in d.rng.choice(6, size, replace=False))
+        values = [float(v) for v in d.array((size,), np.float32)]
+        form = d.pick(["DENSE", "SPARSE"])
+        attrs = {"cast_to": d.pick(["TO_FLOAT", "TO_INT64", "TO_STRING"]), "map_form": form}
+        if form == "SPARSE":
+            attrs["max_map"] = d.int(max(keys, default=-1) + 1, 7)
+        return Case(op, {"x": Map(np.int64, np.float32, dict(zip(keys, values)))}, attrs, domain="ai.onnx.ml")
+    key = d.pick([str, np.int64])
+    vocabulary = (
+        [f"k{i}" for i in range(d.int(1, 5))]
+        if key is str
+        else sorted(d.rng.choice(9, d.int(1, 5), replace=False).tolist())
+    )
+    candidates = list(vocabulary) + ([f"k{len(vocabulary)}"] if key is str else [99])  # one key outside
+    chosen = [k for k in candidates if d.chance(0.6)] or [vocabulary[0]]  # onnxruntime refuses an empty map
+    values = [float(v) for v in d.array((len(chosen),), np.float32)]
+    attrs = {"string_vocabulary" if key is str else "int64_vocabulary": vocabulary}
+    return Case(op, {"x": Map(key, np.float32, dict(zip(chosen, values)))}, attrs, domain="ai.onnx.ml")
+
+
 FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "elementwise": elementwise,
     "reduce": reduce,
@@ -1741,6 +1889,8 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "recurrent": recurrent,
     "ml": ml,
     "ml_encoders": ml_encoders,
+    "maps": maps,
+    "optional": optional,
     "sequence": sequence,
     "signal": signal,
     "text": text,
@@ -1751,7 +1901,22 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
 
 
 def difference(got: np.ndarray, want: np.ndarray) -> str | None:
-    """Why ``got`` is not ``want`` (tensors, or sequences of them), or None."""
+    """Why ``got`` is not ``want`` (tensors, sequences of them, maps, or None for an empty
+    optional), or None."""
+    if got is None or want is None:
+        return (
+            None
+            if got is None and want is None
+            else f"{got is None and 'nothing' or 'a value'} against {want is None and 'nothing' or 'a value'}"
+        )
+    if isinstance(got, dict) or isinstance(want, dict):
+        if not (isinstance(got, dict) and isinstance(want, dict)):
+            return f"a {type(got).__name__} against a {type(want).__name__}"
+        if set(got) != set(want):  # a map has no order (onnxruntime's come sorted by key)
+            return f"keys {list(got)} against {list(want)}"
+        return next(
+            (f"key {k!r}: {why}" for k in got if (why := difference(np.asarray(got[k]), np.asarray(want[k])))), None
+        )
     if isinstance(got, list) or isinstance(want, list):
         if not (isinstance(got, list) and isinstance(want, list)) or len(got) != len(want):
             return f"a sequence of {len(got) if isinstance(got, list) else 'no'} tensors against {len(want) if isinstance(want, list) else 'a tensor'}"
@@ -1790,7 +1955,9 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, st
         except Exception:  # noqa: BLE001
             return "references fail", None
     try:
-        got = [y if isinstance(y, list) else np.asarray(y) for y in jonnx.load(model)(*feeds.values())]
+        got = [
+            y if y is None or isinstance(y, (list, dict)) else np.asarray(y) for y in jonnx.load(model)(*feeds.values())
+        ]
     except Exception as e:  # noqa: BLE001 -- every error is a finding
         return "raises", f"{type(e).__name__}: {str(e).splitlines()[0][:200]} ({source} runs it)"
     found = differences(got, want)
@@ -1938,6 +2105,15 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
         ),
     ),
     (
+        "CastMap SPARSE to strings with a key missing: onnxruntime writes '0.f' there (jonnx an empty string)",
+        lambda c: (
+            c.op == "CastMap"
+            and c.attrs.get("map_form") == "SPARSE"
+            and c.attrs.get("cast_to") == "TO_STRING"
+            and len(c.inputs["x"].items) < c.attrs["max_map"]
+        ),
+    ),
+    (
         "LabelEncoder-2 with a NaN key: onnxruntime never matches NaN (the specification compares bits)",
         lambda c: (
             c.op == "LabelEncoder"
@@ -1996,7 +2172,11 @@ def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarr
     if case.op in NO_GRADIENT:
         return "not differentiable", None
     names = list(feeds)
-    floats = [i for i, k in enumerate(names) if feeds[k].dtype.kind == "f" and feeds[k].size]
+    floats = [
+        i
+        for i, k in enumerate(names)
+        if isinstance(feeds[k], np.ndarray) and feeds[k].dtype.kind == "f" and feeds[k].size
+    ]
     xs = list(feeds.values())
     try:
         jmodel = jonnx.load(model)
@@ -2004,7 +2184,7 @@ def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarr
     except Exception:  # noqa: BLE001 -- the value check reports what does not run
         return "does not run", None
     wrt = tuple(i for i in floats if _traceable(jmodel, xs, i))
-    if not wrt or any(isinstance(y, list) for y in outputs):  # sequences out: not projected
+    if not wrt or any(y is None or isinstance(y, (list, dict)) for y in outputs):  # not tensors: not projected
         return "not differentiable", None
     projections = [rng.standard_normal(np.shape(y)) if np.asarray(y).dtype.kind == "f" else None for y in outputs]
     if all(p is None for p in projections):
@@ -2045,6 +2225,10 @@ def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarr
 def _widened(x):
     if isinstance(x, Seq):
         return Seq(np.float64, [_widened(t) for t in x.items]) if np.dtype(x.dtype).kind == "f" else x
+    if isinstance(x, Opt):
+        return x._replace(dtype=np.float64, value=_widened(x.value)) if np.dtype(x.dtype).kind == "f" else x
+    if isinstance(x, Map):
+        return x
     return np.asarray(x, np.float64) if x is not None and np.asarray(x).dtype.kind == "f" else x
 
 
@@ -2061,37 +2245,74 @@ def _traceable(jmodel: jonnx.Model, xs: list, i: int) -> bool:
     return True
 
 
-def _with_sequences(model: onnx.ModelProto, feeds: dict, case: Case) -> tuple[onnx.ModelProto, dict]:
-    """``model`` with each :class:`Seq` input built inside it by SequenceConstruct from one
-    graph input per tensor (SequenceEmpty for none), and the feeds for those inputs."""
-    graph = model.graph
-    for name, seq in case.inputs.items():
-        if not isinstance(seq, Seq):
-            continue
-        (placeholder,) = [v for v in graph.input if v.name == name]
-        graph.input.remove(placeholder)
-        elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(seq.dtype))
-        parts = [f"{name}{i}" for i in range(len(seq.items))]
-        for part, tensor in zip(parts, seq.items):
-            graph.input.append(onnx.helper.make_tensor_value_info(part, elem, tensor.shape))
-            feeds[part] = tensor
-        build = (
-            onnx.helper.make_node("SequenceConstruct", parts, [name])
-            if parts
-            else onnx.helper.make_node("SequenceEmpty", [], [name], dtype=elem)
+_MAP_TYPES = {str: onnx.TensorProto.STRING, np.int64: onnx.TensorProto.INT64, np.float32: onnx.TensorProto.FLOAT}
+_MAP_TYPES[np.float64] = onnx.TensorProto.DOUBLE
+
+
+def _build(graph: onnx.GraphProto, feeds: dict, name: str, value) -> None:
+    """Make ``name`` hold ``value`` in ``graph``: a tensor or a :class:`Map` as a graph input
+    fed from ``feeds``; a :class:`Seq` built by SequenceConstruct from one graph input per
+    tensor (SequenceEmpty for none); an :class:`Opt` by an Optional node, around its value or
+    typed and empty. Nodes go in front of the graph's, the ones they feed after them."""
+    if isinstance(value, Map):
+        tp = onnx.helper.make_map_type_proto(
+            _MAP_TYPES[value.key], onnx.helper.make_tensor_type_proto(_MAP_TYPES[value.value], [])
         )
-        graph.node.insert(0, build)
+        graph.input.append(onnx.helper.make_value_info(name, tp))
+        feeds[name] = value.items
+        return
+    if not isinstance(value, (Seq, Opt)):
+        value = np.asarray(value)  # a 0-d draw may be a numpy scalar, which onnxruntime refuses
+        graph.input.append(
+            onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+        )
+        feeds[name] = value
+        return
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(value.dtype))
+    if isinstance(value, Opt):
+        if value.value is None:  # empty: typed by the attribute
+            tp = onnx.helper.make_tensor_type_proto(elem, None)
+            tp = onnx.helper.make_sequence_type_proto(tp) if value.of_sequence else tp
+            graph.node.insert(0, onnx.helper.make_node("Optional", [], [name], type=tp))
+            return
+        graph.node.insert(0, onnx.helper.make_node("Optional", [f"{name}_value"], [name]))
+        _build(graph, feeds, f"{name}_value", value.value)
+        return
+    parts = [f"{name}{i}" for i in range(len(value.items))]
+    graph.node.insert(
+        0,
+        onnx.helper.make_node("SequenceConstruct", parts, [name])
+        if parts
+        else onnx.helper.make_node("SequenceEmpty", [], [name], dtype=elem),
+    )
+    for part, tensor in zip(parts, value.items):
+        _build(graph, feeds, part, tensor)
+
+
+def _with_structures(model: onnx.ModelProto, feeds: dict, case: Case) -> tuple[onnx.ModelProto, dict]:
+    """``model`` with each input that is not a tensor (:data:`STRUCTURES`) made by
+    :func:`_build` in place of its tensor placeholder, and the feeds for it."""
+    graph = model.graph
+    for name, value in case.inputs.items():
+        if isinstance(value, STRUCTURES):
+            (placeholder,) = [v for v in graph.input if v.name == name]
+            graph.input.remove(placeholder)
+            _build(graph, feeds, name, value)
     return model, feeds
 
 
 def describe(case: Case, initializers: set[str]) -> str:
-    shapes = ", ".join(
-        f"{name} sequence of {[list(np.shape(t)) for t in v.items]}"
-        if isinstance(v, Seq)
-        else f"{name}{'=const' if name in initializers else ''} {np.asarray(v).dtype.name}{list(np.shape(v))}"
-        for name, v in case.inputs.items()
-        if v is not None
-    )
+    def shown(name, v):
+        if isinstance(v, Seq):
+            return f"{name} sequence of {[list(np.shape(t)) for t in v.items]}"
+        if isinstance(v, Opt):
+            what = shown("", v.value) if v.value is not None else f" no {'sequence' if v.of_sequence else 'tensor'}"
+            return f"{name} optional of{what}"
+        if isinstance(v, Map):
+            return f"{name} map {v.items!r}"
+        return f"{name}{'=const' if name in initializers else ''} {np.asarray(v).dtype.name}{list(np.shape(v))}"
+
+    shapes = ", ".join(shown(name, v) for name, v in case.inputs.items() if v is not None)
     op = f"{case.domain}.{case.op}" if case.domain else case.op
     return f"{op} {case.attrs} ({shapes})"
 
@@ -2115,7 +2336,7 @@ def run(
         try:
             model = node_model(
                 case.op,
-                {k: np.zeros(0, v.dtype) if isinstance(v, Seq) else v for k, v in case.inputs.items()},
+                {k: np.zeros(0, np.float32) if isinstance(v, STRUCTURES) else v for k, v in case.inputs.items()},
                 case.n_outputs,
                 opset=case.opset or (1 if case.domain else opset),
                 domain=case.domain,
@@ -2129,9 +2350,9 @@ def run(
         feeds = {
             k: np.asarray(v)
             for k, v in case.inputs.items()
-            if v is not None and k not in initializers and not isinstance(v, Seq)
+            if v is not None and k not in initializers and not isinstance(v, STRUCTURES)
         }
-        model, feeds = _with_sequences(model, feeds, case)
+        model, feeds = _with_structures(model, feeds, case)
         if trace:
             print(f"#{number} {describe(case, initializers)}", flush=True)
         verdict, detail = check_gradient(case, model, feeds, d.rng) if grad else check(model, feeds)

@@ -118,3 +118,14 @@ def test_label_encoder_nan_departure_is_narrow():
     assert fuzz.known_departure(case) is not None
     assert fuzz.known_departure(case._replace(opset=4)) is None
     assert fuzz.known_departure(case._replace(inputs={"x": np.array([[-1.0]], np.float32)})) is None
+
+
+def test_cast_map_departure_is_narrow():
+    # onnxruntime writes "0.f" in a SPARSE string cast's cells that no key fills; a full map,
+    # a DENSE cast or a numeric one is compared.
+    x = fuzz.Map(np.int64, np.float32, {0: 1.5, 2: -1.0})
+    case = fuzz.Case("CastMap", {"x": x}, {"cast_to": "TO_STRING", "map_form": "SPARSE", "max_map": 4})
+    assert fuzz.known_departure(case) is not None
+    assert fuzz.known_departure(case._replace(attrs={**case.attrs, "max_map": 2})) is None
+    assert fuzz.known_departure(case._replace(attrs={**case.attrs, "map_form": "DENSE"})) is None
+    assert fuzz.known_departure(case._replace(attrs={**case.attrs, "cast_to": "TO_FLOAT"})) is None

@@ -698,8 +698,17 @@ def test_dict_vectorizer_against_onnxruntime():
     # Traced map values work too.
     f = jax.jit(lambda v: _call("DictVectorizer", {1: v, 3: 2 * v}, int64_vocabulary=[3, 2, 1]))
     np.testing.assert_allclose(f(np.float32(1.5)), [[3.0, 0.0, 1.5]])
-    with pytest.raises(errors.NodeError, match="not in the vocabulary"):
-        _call("DictVectorizer", {"q": 1.0}, string_vocabulary=["a"])
+    # A key outside the vocabulary is ignored, as onnxruntime does (the spec: "must be present").
+    unseen = {"a": 4.0, "q": 1.0}
+    np.testing.assert_allclose(
+        _call("DictVectorizer", unseen, string_vocabulary=["a", "b"]),
+        run_ort(
+            _map_model(
+                "DictVectorizer", onnx.TensorProto.STRING, onnx.TensorProto.FLOAT, None, string_vocabulary=["a", "b"]
+            ),
+            {"x": unseen},
+        )[0],
+    )
 
 
 @pytest.mark.parametrize("form,cast_to", [("DENSE", "TO_FLOAT"), ("SPARSE", "TO_FLOAT"), ("DENSE", "TO_INT64")])
@@ -730,3 +739,40 @@ def test_zip_map_against_onnxruntime(labels):
         for g, w in zip(got, want):
             for k in w:
                 np.testing.assert_allclose(float(g[k]), w[k], rtol=1e-6)
+
+
+def test_map_inputs_take_their_declared_value_type():
+    # Python floats in a map declared float: float32 out, as onnxruntime, also with x64 on
+    # (where the floats alone would make float64); a string there is refused by name.
+    model = _map_model("DictVectorizer", onnx.TensorProto.INT64, onnx.TensorProto.FLOAT, None, int64_vocabulary=[3, 4])
+    x = {3: 0.1, 4: 2.5}
+    with jax.enable_x64(True):
+        (got,) = jonnx.load(model)(x)
+    (want,) = run_ort(model, {"x": x})
+    assert got.dtype == want.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(errors.InputError, match=r"map input 'x' is declared with float32 values, but 'a' was given"):
+        jonnx.load(model)({3: "a"})
+
+
+def test_cast_map_to_strings_as_onnxruntime_writes_them():
+    # Numbers as C++'s std::to_string writes them (onnxruntime); the map's values reach the
+    # node traced inside a compiled segment, so the node moves to the host.
+    model = _map_model("CastMap", onnx.TensorProto.INT64, onnx.TensorProto.FLOAT, None, cast_to="TO_STRING")
+    x = {4: 1.5, 0: -2.0, 2: 1e-7, 3: 123456.78}
+    (want,) = run_ort(model, {"x": x})
+    (got,) = jonnx.load(model)(x)
+    assert got.tolist() == want.tolist() == [["-2.000000", "0.000000", "123456.781250", "1.500000"]]
+
+
+def test_maps_of_strings_run_on_the_host():
+    # onnxruntime's Python binding cannot feed a map of strings, so the values are the
+    # specification's: the vocabulary's order, "" where the map has no key, keys outside ignored.
+    model = _map_model(
+        "DictVectorizer", onnx.TensorProto.INT64, onnx.TensorProto.STRING, None, int64_vocabulary=[7, 2, 5]
+    )
+    m = jonnx.load(model)
+    assert m(x={2: "b", 7: "a", 9: "z"})[0].tolist() == [["a", "b", ""]]
+    assert m(x={5: "c"})[0].tolist() == [["", "", "c"]]
+    cast = jonnx.load(_map_model("CastMap", onnx.TensorProto.INT64, onnx.TensorProto.STRING, None, cast_to="TO_FLOAT"))
+    np.testing.assert_array_equal(cast({1: "2.5", 0: "-1"})[0], np.array([[-1.0, 2.5]], np.float32))
