@@ -121,6 +121,15 @@ says they must not occur; jonnx refused them). A counted departure: onnxruntime 
 binding feeds maps of floats only; the ReferenceEvaluator shapes DictVectorizer's output
 ``[V]`` (onnxruntime, and jonnx, ``[1, V]``) and wraps OptionalGetElement's tensor in a list.
 
+Later on 2026-12-02 the families grew to ops no family drew: Slice (``shape``: inputs of
+either integer type at the int64 extremes, steps of both signs, opset 1's attributes), the
+trigonometric and hyperbolic functions, IsInf, Shrink, Not, Or, LessOrEqual, GreaterOrEqual
+and the Bitwise ops (``elementwise``), and two new families, ``loss``
+(SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss with weights, ignore_index and every
+reduction) and ``detection`` (NonMaxSuppression). Their first runs (2,300 cases of the shape and
+elementwise families, 600 of each new family, 300 loss cases and 700 shape and elementwise
+ones with ``--grad``) found nothing.
+
 The ``signal`` family draws DFT (opsets 17 and 20), STFT and the window ops; its first runs
 (2026-12-02, 1,200 cases) found no jonnx bug. A symmetric window of one point is a departure
 by choice: the formula divides by zero, onnxruntime returns NaN, jonnx [1] as numpy and torch.
@@ -239,13 +248,45 @@ class Draw:
 def elementwise(d: Draw) -> Case | None:
     unary = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Sigmoid", "Tanh", "Floor", "Ceil", "Sign", "Reciprocal"]
     unary += ["Softplus", "Erf", "Round", "Sin", "IsNaN", "HardSwish", "Mish", "Gelu", "Celu", "Elu", "Selu"]
+    trig = ["Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"]
     binary = ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "Greater", "Mod", "PRelu"]
-    op = d.pick(unary + binary + ["Where", "Clip", "BitShift", "And", "Xor", "Sum", "Mean"])
+    binary += ["LessOrEqual", "GreaterOrEqual"]
+    bitwise = ["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"]
+    op = d.pick(unary + trig + binary + bitwise + ["Where", "Clip", "BitShift", "And", "Or", "Xor", "Not", "Sum", "Mean"]
+                + ["IsInf", "Shrink"])  # fmt: skip
     s = d.shape()
-    if op in unary:
+    if op in unary or op in trig:
         x = d.array(s, d.pick(FLOATS))
+        if op in ("Asin", "Acos", "Atanh"):  # inside their domain, (-1, 1)
+            x = (np.tanh(x) * 0.95).astype(x.dtype)
+        elif op == "Acosh":
+            x = (1 + np.abs(x)).astype(x.dtype)
+        elif op == "Tan":  # away from the poles
+            x = (np.tanh(x) * 1.4).astype(x.dtype)
         return Case(op, {"x": np.abs(x) if op in ("Log", "Sqrt") else x}, {})
-    if op in ("And", "Xor"):
+    if op == "IsInf":
+        x = d.array(s, d.pick(FLOATS))
+        x[d.rng.random(s) < 0.3] = np.inf
+        x[d.rng.random(s) < 0.2] = -np.inf
+        x[d.rng.random(s) < 0.1] = np.nan
+        flags = {"detect_positive": d.int(0, 1), "detect_negative": d.int(0, 1)} if d.chance(0.6) else {}
+        return Case(op, {"x": x}, flags)
+    if op == "Shrink":
+        dtype = d.pick((*FLOATS, np.int32, np.int64, np.int8))
+        attrs = {"lambd": d.pick([0.0, 0.5, 1.5]), "bias": d.pick([0.0, 0.5, 2.0])} if d.chance(0.7) else {}
+        if np.dtype(dtype).kind == "i":
+            attrs = {k: float(round(v)) for k, v in attrs.items()}  # whole numbers: exact in any type
+        return Case(op, {"x": d.array(s, dtype)}, attrs)
+    if op in bitwise:
+        dtype = d.pick([np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint32, np.uint64])
+        info = np.iinfo(dtype)
+        a = d.rng.integers(info.min, info.max, s, dtype=dtype, endpoint=True)
+        if op == "BitwiseNot":
+            return Case(op, {"x": a}, {})
+        return Case(op, {"a": a, "b": d.rng.integers(info.min, info.max, d.partner(s), dtype=dtype, endpoint=True)}, {})
+    if op == "Not":
+        return Case(op, {"x": d.array(s, np.bool_)}, {})
+    if op in ("And", "Or", "Xor"):
         return Case(op, {"a": d.array(s, np.bool_), "b": d.array(d.partner(s), np.bool_)}, {})
     if op == "BitShift":
         a, b = d.rng.integers(0, 100, s).astype(np.uint32), d.rng.integers(0, 4, d.partner(s)).astype(np.uint32)
@@ -265,6 +306,7 @@ def elementwise(d: Draw) -> Case | None:
     if op in ("Sum", "Mean"):
         return Case(op, {f"x{i}": d.array(d.partner(s) if i else s) for i in range(d.int(1, 3))}, {})
     integer = op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Less", "Greater", "Mod", "Pow")
+    integer = integer or op in ("LessOrEqual", "GreaterOrEqual")
     dtype = d.pick((*FLOATS, *INTS, np.int8, np.uint8)) if integer else d.pick(FLOATS)
     a, b = d.array(s, dtype), d.array(d.partner(s), dtype)
     if d.chance(0.5) and op != "PRelu":  # the broadcast partner on either side
@@ -310,7 +352,8 @@ def reduce(d: Draw) -> Case | None:
 
 def shape_ops(d: Draw) -> Case | None:
     op = d.pick(["Transpose", "Concat", "Flatten", "Squeeze", "Unsqueeze", "Tile", "Expand", "Reshape", "Shape"]
-                + ["Size", "Split", "Pad", "Trilu", "DepthToSpace", "SpaceToDepth", "Range", "ConstantOfShape"])  # fmt: skip
+                + ["Size", "Split", "Pad", "Trilu", "DepthToSpace", "SpaceToDepth", "Range", "ConstantOfShape"]
+                + ["Slice", "Slice"])  # fmt: skip
     s = d.shape()
     r = len(s)
     x = d.array(s, d.pick(FLOATS + INTS))
@@ -350,6 +393,8 @@ def shape_ops(d: Draw) -> Case | None:
         return Case(op, {"x": x}, attrs)
     if op == "Size":
         return Case(op, {"x": x}, {})
+    if op == "Slice":
+        return _slice(d, x) if r else None
     if op == "Split":
         if not r:
             return None
@@ -385,6 +430,46 @@ def shape_ops(d: Draw) -> Case | None:
         start, limit, delta = (np.array(v, dtype) for v in (d.int(-5, 5), d.int(-5, 5), d.pick([1, 2, -1, -3])))
         return Case(op, {"start": start, "limit": limit, "delta": delta}, {}, constants=("start", "limit", "delta"))
     return Case(op, {"shape": np.array(d.shape(), np.int64)}, {}, constants=("shape",))
+
+
+def _slice(d: Draw, x: np.ndarray) -> Case:
+    """Slice over some axes (negative, in any order, or all by default), with starts and ends
+    negative, past either end and at the int64 extremes exporters write, and steps of either
+    sign; as inputs (opset 10 on) or as opset 1's attributes (no steps)."""
+    r = x.ndim
+    axes = [int(a) for a in d.rng.permutation(r)[: d.int(1, r)]]
+    axes = [a - r if d.chance(0.3) else a for a in axes]
+    big = np.iinfo(np.int64)
+
+    def bound(n: int) -> int:
+        return d.pick([d.int(-n - 2, n + 2), d.int(-n - 2, n + 2), big.max, big.min, -1, 0])
+
+    starts = [bound(x.shape[a]) for a in axes]
+    ends = [bound(x.shape[a]) for a in axes]
+    if d.chance(0.25):  # opset 1: attributes, step 1, every axis when `axes` is absent
+        attrs = {"starts": starts, "ends": ends}
+        if len(axes) < r or d.chance(0.5):
+            attrs["axes"] = axes
+        else:
+            attrs["starts"] = [s for _, s in sorted(zip([a % r for a in axes], starts))]
+            attrs["ends"] = [e for _, e in sorted(zip([a % r for a in axes], ends))]
+        return Case("Slice", {"x": x}, attrs, opset=1)
+    steps = [d.pick([1, 1, 2, 3, -1, -2]) for _ in axes]
+    dtype = d.pick(INTS)
+    limits = np.iinfo(dtype)  # int32 indices hold their own extremes
+    inputs = {
+        "x": x,
+        "starts": np.clip(np.array(starts, np.int64), limits.min, limits.max).astype(dtype),
+        "ends": np.clip(np.array(ends, np.int64), limits.min, limits.max).astype(dtype),
+        "axes": np.array(axes, dtype) if d.chance(0.8) else None,
+        "steps": np.array(steps, dtype) if d.chance(0.7) else None,
+    }
+    if inputs["axes"] is None:  # then starts and ends name axes 0, 1, ... in order
+        k = len(axes)
+        inputs["starts"], inputs["ends"] = inputs["starts"][:k], inputs["ends"][:k]
+        if inputs["steps"] is not None:
+            inputs["steps"] = inputs["steps"][:k]
+    return Case("Slice", inputs, {}, constants=("starts", "ends", "axes", "steps"), opset=d.pick([10, 13]))
 
 
 def indexing(d: Draw) -> Case | None:
@@ -607,6 +692,62 @@ def normalization(d: Draw) -> Case | None:
         return Case(op, inputs, {"axis": axis}, constants=("scale", "bias"))
     stats = {"mean": d.array((c,), x.dtype), "var": np.abs(d.array((c,), x.dtype))}
     return Case(op, {"x": x, **per_channel, **stats}, {}, constants=("scale", "bias", "mean", "var"))
+
+
+def loss(d: Draw) -> Case | None:
+    """SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss (opsets 12 and 13): scores of
+    rank 2 to 4, every reduction, class weights, an ignore_index that some labels hit (and
+    may be negative), the log-probability output; what training-mode exports end in."""
+    op = d.pick(["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+    batch, classes = d.int(1, 3), d.int(1, 4)
+    extra = tuple(d.int(1, 3) for _ in range(d.int(0, 2)))
+    scores = d.array((batch, classes, *extra), d.pick(FLOATS))
+    labels = d.rng.integers(0, classes, (batch, *extra)).astype(d.pick(INTS))
+    attrs: dict[str, Any] = {"reduction": d.pick(["none", "sum", "mean"])}
+    if d.chance(0.4):
+        ignore = d.pick([-1, -100, 0, classes - 1])
+        attrs["ignore_index"] = ignore
+        labels.flat[d.rng.random(labels.size) < 0.3] = ignore
+    weights = np.abs(d.array((classes,), scores.dtype)) + 0.1 if d.chance(0.5) else None
+    if op == "NegativeLogLikelihoodLoss":
+        scores = np.log(np.abs(scores) / np.abs(scores).sum(1, keepdims=True)).astype(scores.dtype)
+        return Case(op, {"input": scores, "target": labels, "weight": weights}, attrs, constants=("weight",),
+                    opset=d.pick([12, 13]))  # fmt: skip
+    n_outputs = d.int(1, 2)  # and the log-probabilities
+    return Case(op, {"scores": scores, "labels": labels, "weights": weights}, attrs, n_outputs, ("weights",),
+                opset=d.pick([12, 13]))  # fmt: skip
+
+
+def detection(d: Draw) -> Case | None:
+    """NonMaxSuppression: batches and classes, boxes as corners in either diagonal order or
+    as centres, overlapping clusters, the limits given or omitted (as inputs or constants),
+    negative and zero box counts; scores drawn continuous, so no ties decide the order."""
+    batch, classes, n = d.int(1, 2), d.int(1, 3), d.int(0, 6)
+    centre = d.int(0, 1)
+    corners = d.rng.uniform(0, 4, (batch, n, 2)).astype(np.float32)
+    sizes = d.rng.uniform(0.2, 2.5, (batch, n, 2)).astype(np.float32)
+    if centre:
+        boxes = np.concatenate([corners, sizes], -1)  # [x_centre, y_centre, width, height]
+    else:
+        far = corners + sizes
+        flip = d.rng.random((batch, n, 1)) < 0.3  # the other diagonal: the specification allows either
+        boxes = np.concatenate([np.where(flip, far, corners), np.where(flip, corners, far)], -1)
+    scores = d.rng.random((batch, classes, n)).astype(np.float32)
+    inputs: dict[str, Any] = {
+        "boxes": boxes,
+        "scores": scores,
+        "max_output_boxes_per_class": np.array(d.pick([0, 1, 2, 5, 100]), np.int64) if d.chance(0.8) else None,
+        "iou_threshold": np.array(d.pick([0.0, 0.3, 0.5, 0.9]), np.float32) if d.chance(0.8) else None,
+        "score_threshold": np.array(d.pick([0.0, 0.2, 0.6]), np.float32) if d.chance(0.5) else None,
+    }
+    # Optional inputs are omitted only at the end: a later one given needs the earlier ones.
+    names = list(inputs)
+    last = max(i for i, k in enumerate(names) if inputs[k] is not None)
+    for k in names[2:last]:
+        if inputs[k] is None:
+            inputs[k] = {"max_output_boxes_per_class": np.array(3, np.int64)}.get(k, np.array(0.5, np.float32))
+    limits = ("max_output_boxes_per_class", "iou_threshold", "score_threshold")
+    return Case("NonMaxSuppression", inputs, {"center_point_box": centre}, constants=limits)
 
 
 def cast(d: Draw) -> Case | None:
@@ -1872,6 +2013,7 @@ def maps(d: Draw) -> Case | None:
 
 
 FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
+    "detection": detection,
     "elementwise": elementwise,
     "reduce": reduce,
     "shape": shape_ops,
@@ -1886,6 +2028,7 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "microsoft_quantized": microsoft_quantized,
     "attention": attention,
     "loop": loop,
+    "loss": loss,
     "recurrent": recurrent,
     "ml": ml,
     "ml_encoders": ml_encoders,

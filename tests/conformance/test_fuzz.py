@@ -23,7 +23,7 @@ def test_each_family_agrees_with_the_references(family):
     assert verdicts["ok"] >= CASES // 2  # most draws reached a reference and were compared
 
 
-@pytest.mark.parametrize("family", ["elementwise", "products", "normalization", "microsoft"])
+@pytest.mark.parametrize("family", ["elementwise", "products", "normalization", "microsoft", "loss"])
 def test_derivatives_agree_with_finite_differences(family):
     with jax.enable_x64(True):
         verdicts, findings = fuzz.run(seed=2026, cases=CASES, families=[family], grad=True)
