@@ -368,9 +368,13 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners, ctx):
         if mode == "nearest":
             pos = jnp.round(pos)  # half to even, as PyTorch
         lo, hi = (0.0, d - 1.0) if align_corners else (-0.5, d - 0.5)
-        if padding_mode == "border":
+        # Padding moves the sample point into the image; for cubic it applies to each of the
+        # four taps instead (below), the point left where it is: what PyTorch's grid_sample
+        # does, which exporters map GridSample to, and onnxruntime too. Moving a point past
+        # the border onto it first (the onnx reference) weighs the border taps differently.
+        if padding_mode == "border" and mode != "cubic":
             pos = jnp.where((pos < lo) | (pos > hi), jnp.clip(pos, 0, d - 1), pos)
-        elif padding_mode == "reflection":
+        elif padding_mode == "reflection" and mode != "cubic":
             pos = _reflect(pos, lo, hi)
         if mode == "nearest":
             taps, weights = [jnp.trunc(pos)], [None]
