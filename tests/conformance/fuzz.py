@@ -2417,8 +2417,8 @@ def _traceable(jmodel: jonnx.Model, xs: list, i: int) -> bool:
     return True
 
 
+# The key and value types of the maps the ``maps`` family draws.
 _MAP_TYPES = {str: onnx.TensorProto.STRING, np.int64: onnx.TensorProto.INT64, np.float32: onnx.TensorProto.FLOAT}
-_MAP_TYPES[np.float64] = onnx.TensorProto.DOUBLE
 
 
 def _build(graph: onnx.GraphProto, feeds: dict, name: str, value) -> None:
