@@ -372,9 +372,9 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners, ctx):
         # four taps instead (below), the point left where it is: what PyTorch's grid_sample
         # does, which exporters map GridSample to, and onnxruntime too. Moving a point past
         # the border onto it first (the onnx reference) weighs the border taps differently.
-        if padding_mode == "border" and mode != "cubic":
+        if mode != "cubic" and padding_mode == "border":
             pos = jnp.where((pos < lo) | (pos > hi), jnp.clip(pos, 0, d - 1), pos)
-        elif padding_mode == "reflection" and mode != "cubic":
+        elif mode != "cubic" and padding_mode == "reflection":
             pos = _reflect(pos, lo, hi)
         if mode == "nearest":
             taps, weights = [jnp.trunc(pos)], [None]

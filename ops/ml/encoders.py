@@ -341,7 +341,8 @@ def _dict_row(d, vocabulary, ctx):
     if not isinstance(d, dict):
         raise ctx.error(f"X must be a map (dict) or a sequence of maps, got {type(d).__name__}")
     index = {k: i for i, k in enumerate(vocabulary)}
-    return {index[_key(k)]: v for k, v in d.items() if _key(k) in index}
+    keys = ((_key(k), v) for k, v in d.items())
+    return {index[k]: v for k, v in keys if k in index}
 
 
 def _key(k):

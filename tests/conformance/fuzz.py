@@ -2069,12 +2069,10 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
 def difference(got: np.ndarray, want: np.ndarray) -> str | None:
     """Why ``got`` is not ``want`` (tensors, sequences of them, maps, or None for an empty
     optional), or None."""
+    if got is None and want is None:
+        return None
     if got is None or want is None:
-        return (
-            None
-            if got is None and want is None
-            else f"{got is None and 'nothing' or 'a value'} against {want is None and 'nothing' or 'a value'}"
-        )
+        return "nothing against a value" if got is None else "a value against nothing"
     if isinstance(got, dict) or isinstance(want, dict):
         if not (isinstance(got, dict) and isinstance(want, dict)):
             return f"a {type(got).__name__} against a {type(want).__name__}"
