@@ -35,7 +35,7 @@ from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype
 
 
 def rsqrt_eps(v, eps):
-    return lax.rsqrt(v + jnp.asarray(eps, dtype_of(v)))
+    return lax.rsqrt(v + np.asarray(eps, dtype_of(v)))
 
 
 def stash_dtype(x, stash_type) -> np.dtype:

@@ -18,11 +18,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx.ops import activation
 
 # name (lower case) -> (function of x, alpha, beta; default alpha; default beta). The defaults
 # are onnxruntime's and Keras's; an activation consumes an alpha/beta only if it takes one.
 _ACTIVATIONS: dict[str, tuple[Callable, float | None, float | None]] = {
-    "relu": (lambda x, a, b: jax.nn.relu(x), None, None),
+    "relu": (lambda x, a, b: activation.relu(x), None, None),
     "tanh": (lambda x, a, b: jnp.tanh(x), None, None),
     "sigmoid": (lambda x, a, b: jax.nn.sigmoid(x), None, None),
     "affine": (lambda x, a, b: a * x + b, 1.0, 0.0),

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx.ops import activation
 from jonnx.ops._util import dtype_of, normalize_axis
 from jonnx.ops.conv import convolve
 from jonnx.ops.microsoft._common import DOMAIN
@@ -31,7 +32,7 @@ def _activate(y, name, params, ctx):
     if name in (None, "", "Identity"):
         return y
     if name == "Relu":
-        return jnp.maximum(y, jnp.zeros((), dtype))
+        return activation.relu(y)
     if name == "Tanh":
         return jnp.tanh(y)
     if name == "Sigmoid":

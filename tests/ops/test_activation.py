@@ -99,6 +99,13 @@ def test_relu_gradient_at_zero_is_zero():
     np.testing.assert_array_equal(grad, np.zeros(3, np.float32))
 
 
+def test_relu_keeps_nan_and_infinities():
+    # numpy's maximum, as the ReferenceEvaluator's Relu: NaN propagates.
+    x = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, -2.5, 3.5], np.float32)
+    (got,) = run_jonnx(node_model("Relu", {"x": x}, opset=14), {"x": x})
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64])
 def test_relu_integer_types(dtype):
     x = np.array([-5, 0, 3, -1, 7], dtype)
