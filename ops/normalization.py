@@ -304,7 +304,8 @@ def _group_norm(x, scale, bias, attrs, ctx, per_channel: bool):
         raise ctx.error(f"num_groups={num_groups} does not divide the {c} channels")
     dtype = dtype_of(x)
     xs = x.astype(stash_dtype(x, attrs.get("stash_type")))
-    grouped = jnp.reshape(xs, (n, num_groups, -1))
+    # Spelled out, not -1: an empty batch leaves -1 nothing to divide.
+    grouped = jnp.reshape(xs, (n, num_groups, math.prod(shape[1:]) // num_groups))
     mean, var = moments(grouped, (2,))
     normed = ((grouped - mean) * rsqrt_eps(var, attrs["epsilon"])).astype(dtype)
     trailing = (1,) * (len(shape) - 2)

@@ -293,6 +293,14 @@ def test_group_normalization_18_per_group(groups):
         check_op_grads("GroupNormalization", inputs, opset=18, num_groups=groups)
 
 
+@pytest.mark.parametrize("opset,jit", [(18, True), (21, True), (21, False)])
+def test_group_normalization_of_an_empty_batch(opset, jit):
+    # Found by the fuzz's --grad run: the eager and compiled paths both failed on N = 0.
+    inputs = {"x": _f32(0, 4, 3), "s": _f32(2 if opset == 18 else 4), "b": _f32(2 if opset == 18 else 4)}
+    (y,) = run_jonnx(node_model("GroupNormalization", inputs, opset=opset, num_groups=2), inputs, jit=jit)
+    assert y.shape == (0, 4, 3) and y.dtype == np.float32
+
+
 def test_group_normalization_groups_must_divide_channels():
     inputs = {"x": _f32(2, 4, 3), "s": _f32(4), "b": _f32(4)}
     model = node_model("GroupNormalization", inputs, opset=21, num_groups=3)
