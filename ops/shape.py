@@ -396,11 +396,13 @@ def _pad(x, pads, mode, value, axes, ctx):
         raise ctx.error(f"pads {tuple(pads)} remove more than shape {dims} holds")
     x = x[crop]
     width = [(max(b, 0), max(e, 0)) for b, e in width]
+    if mode not in ("constant", "reflect", "edge", "wrap") or (mode == "wrap" and ctx.opset < 19):
+        raise ctx.error(f"unknown mode {mode!r}")
+    if not any(b or e for b, e in width):
+        return (x,)  # nothing to pad (a scalar's empty pads, which jnp.pad refuses)
     if mode == "constant":
         value = jnp.zeros((), jnp.result_type(x)) if value is None else jnp.reshape(value, ())
         return (jnp.pad(x, width, mode="constant", constant_values=value.astype(jnp.result_type(x))),)
-    if mode not in ("reflect", "edge", "wrap") or (mode == "wrap" and ctx.opset < 19):
-        raise ctx.error(f"unknown mode {mode!r}")
     for axis, (b, e) in enumerate(width):
         if (b or e) and jnp.shape(x)[axis] == 0:
             raise ctx.error(f"cannot {mode}-pad axis {axis} of size 0")

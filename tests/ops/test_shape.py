@@ -410,6 +410,14 @@ def test_pad_negative_crops(mode):
     assert_matches_reference("Pad", {"x": x, "pads": pads}, opset=13, mode=mode, initializers=["pads"], expected=[want])
 
 
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])
+def test_pad_of_a_scalar_is_the_scalar(mode):
+    # A scalar takes empty pads, which jnp.pad refuses (found by the fuzz).
+    x = np.array(2.5, np.float32)
+    pads = np.zeros(0, np.int64)
+    assert_matches_reference("Pad", {"x": x, "pads": pads}, opset=19, mode=mode, initializers=["pads"], expected=[x])
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float16])
 def test_pad_dtypes(dtype):
     inputs = {"x": rand(2, 3).astype(dtype), "pads": ints(1, 0, 0, 2), "value": np.array(3, dtype)}
