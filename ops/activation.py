@@ -47,8 +47,9 @@ def relu(x):
 
     Not ``jax.nn.relu``, whose float ``max`` XLA's CPU backend emits with a NaN check that keeps
     it from fusing with the slices after it: ResNet-50 at batch 1 compiled 55 kernels (823 kB
-    of LLVM IR) with it and 35 (394 kB) with the select, its first call 2.75-2.90 s against
-    1.97-2.14 s, and it ran 0.95x the time (batch 32: 0.97x; docs/performance.md).
+    of LLVM IR) with it and 35 (394 kB) with the select, XLA's compile took 0.95 against 1.24 s
+    (medians of eight fresh processes), and it ran 0.95x the time (batch 32: 0.97x;
+    docs/performance.md, "ReLU as a select").
     """
     if is_integer(x):
         return jnp.maximum(x, 0).astype(dtype_of(x))
