@@ -553,9 +553,17 @@ def _roi_block(images, ys, xs, mode):
     if mode == "avg":
         return jnp.sum(jnp.where(used, sum(terms), 0), axis=(3, 5)), None
     # As the reference and onnxruntime: the max over samples of the largest weighted corner
-    # value (not of the interpolated value).
-    best = jnp.maximum(jnp.maximum(terms[0], terms[1]), jnp.maximum(terms[2], terms[3]))
-    return None, jnp.max(jnp.where(used, best, -jnp.inf), axis=(3, 5))
+    # value (not of the interpolated value). Taken by index, not with max: JAX differentiates
+    # max by comparing its operand with the result, and under jit XLA computes these products
+    # in more than one fusion, rounding them differently, so no term may match the result
+    # (a NaN derivative, 0 / 0, where onnxruntime's values agree) or the wrong one does.
+    candidates = jnp.stack([jnp.where(used, t, -jnp.inf) for t in terms], axis=-1)  # (R,C,ph,mh,pw,mw,4)
+    candidates = jnp.moveaxis(candidates, 3, 4)  # (R, C, ph, pw, mh, mw, 4)
+    candidates = candidates.reshape(
+        *jnp.shape(candidates)[:4], math.prod(jnp.shape(candidates)[4:])
+    )  # no -1: R may be 0
+    picked = jnp.argmax(candidates, axis=-1)[..., None]
+    return None, jnp.take_along_axis(candidates, picked, axis=-1)[..., 0]
 
 
 def _roi_traced_adaptive(images, start_h, roi_h, start_w, roi_w, gh, gw, ph, pw, mode):
@@ -594,7 +602,7 @@ def _roi_traced_adaptive(images, start_h, roi_h, start_w, roi_w, gh, gw, ph, pw,
             total, best = _roi_block(images, block(ys, by, mh), block(xs, bx, mw), mode)
             if mode == "avg":
                 return acc + total
-            return jnp.maximum(acc, best)
+            return jnp.where(best > acc, best, acc)  # a select: see _roi_block on max
 
         return lax.cond(need_y[by] & need_x[bx], run, lambda acc: acc, acc), None
 

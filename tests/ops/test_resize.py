@@ -550,6 +550,20 @@ def test_roi_align_grads():
     check_op_grads("RoiAlign", inputs, opset=22, wrt=["x"], output_height=2, output_width=2, sampling_ratio=2)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_roi_align_max_grads_compiled(seed):
+    # Max mode's derivative in x and in the region, compiled: a region reaching past the map's
+    # right and bottom edges, where clamped samples repeat pixels (the fuzz's case; with the
+    # max taken by value, XLA's differently rounded copies of the products gave NaN there).
+    inputs = {
+        "x": np.random.default_rng(seed).standard_normal((2, 2, 4, 6)),
+        "rois": np.array([[1.856, 0.077, 11.217, 6.795]]),
+        "batch_indices": np.array([1], np.int64),
+    }
+    attrs = dict(mode="max", output_height=3, output_width=3, sampling_ratio=3, spatial_scale=0.5)
+    check_op_grads("RoiAlign", inputs, opset=21, wrt=["x", "rois"], eps=1e-6, **attrs)
+
+
 @pytest.mark.parametrize("opset", [1, 22])
 def test_max_roi_pool(opset):
     # No ReferenceEvaluator kernel; onnxruntime implements MaxRoiPool-1 (same semantics at 22).
