@@ -36,9 +36,13 @@ and keep it only where every contraction in a YNNPACK fusion reads stored data, 
 the slow form of :func:`jonnx._hlo.ynn_fusions_are_fast` (a 1x1 kernel read as a matrix
 beside a global average pool); elsewhere they compile with single dots
 (:class:`DotChoosingJit`). BERT at batch 1 0.92x the time, its int8 version 0.91x, the
-ResNet-18 training step 0.89x, the BERT fine-tuning step 0.96x; ResNet-50 and an
-EfficientNet-B0 at batch 1, which have the slow form, take single dots (docs/performance.md,
-"YNNPACK reductions"). :func:`jonnx.jit` does the
+ResNet-18 training step 0.89x, the BERT fine-tuning step 0.96x. ResNet-50 and an
+EfficientNet-B0 at batch 1 had the slow form; they keep the reductions since big 1x1 kernels
+reach the module as an 11OI view (0.975x and 0.957x the time of single dots, 2026-12-03).
+NCHW (``optimize={"channels_last": False}``) reads them as a matrix: ResNet-50's ReLU, a
+select, keeps its products out of the pool's fusion, while EfficientNet-B0's SiLU lets them
+in, and that call takes single dots (docs/performance.md, "YNNPACK reductions", "ReLU as a
+select"). :func:`jonnx.jit` does the
 same for any function; :func:`plain_jit` is the single-dot ``jax.jit``.
 
 Every function jonnx compiles itself goes through :func:`jit` or :func:`plain_jit`; a user's own
