@@ -155,6 +155,17 @@ now fixed, and not in a new op: GroupNormalization of an empty batch failed (its
 reshape divided by zero). onnxruntime refuses those cases, so only ``--grad``, which runs
 jonnx alone, saw it: read its "does not run" count too.
 
+Since 2026-12-03 too: a ``conv_variants`` family (MaxUnpool of non-overlapping windows with
+and without ``output_shape``, Col2Im, DeformConv at opsets 19 and 22 with groups, offset
+groups, bias and mask, ConvInteger with either weight type and optional zero points; empty
+batches included), and AffineGrid (2-D and 3-D) and Upsample (opsets 7 and 9) in ``resize``.
+Their first runs (950 value cases, 160 with ``--grad``) found nothing. AffineGrid with
+align_corners=1 along an axis of one point: onnxruntime places it at +1, the onnx reference
+and jonnx at -1 (the specification's Range from -1 by 2/0), PyTorch at 0; counted as the
+references disagreeing. A ``--grad`` run of every family (40 cases each, seed 31) found
+nothing either: its two "does not run" cases were errors by design (Gather of an empty axis,
+ArrayFeatureExtractor on strings under ``apply``).
+
 The ``signal`` family draws DFT (opsets 17 and 20), STFT and the window ops; its first runs
 (2026-12-02, 1,200 cases) found no jonnx bug. A symmetric window of one point is a departure
 by choice: the formula divides by zero, onnxruntime returns NaN, jonnx [1] as numpy and torch.
@@ -657,6 +668,8 @@ def conv_pool(d: Draw) -> Case | None:
 def resize(d: Draw) -> Case | None:
     if d.chance(0.3):
         return _grid_sample(d)
+    if d.chance(0.2):
+        return _affine_grid(d) if d.chance(0.5) else _upsample(d)
     rank = d.int(3, 4)
     x = d.array((d.int(1, 2), d.int(1, 2), *(d.int(1, 5) for _ in range(rank - 2))))
     mode = d.pick(["nearest", "linear", "cubic"])
@@ -680,6 +693,32 @@ def resize(d: Draw) -> Case | None:
     return Case("Resize", inputs, attrs, constants=("scales", "sizes"))
 
 
+def _affine_grid(d: Draw) -> Case:
+    """AffineGrid (opset 20): 2-D and 3-D grids of any size, empty batches included."""
+    rank = d.int(2, 3)
+    n = d.int(0, 2)
+    size = np.array([n, d.int(1, 3), *(d.int(1, 5) for _ in range(rank))], np.int64)
+    theta = d.array((n, rank, rank + 1))
+    return Case(
+        "AffineGrid", {"theta": theta, "size": size}, {"align_corners": d.int(0, 1)}, constants=("size",), opset=20
+    )
+
+
+def _upsample(d: Draw) -> Case:
+    """Upsample, opsets 7 (scales an attribute) and 9 (an input): nearest of any rank, linear of
+    2-D images, scales at least 1 (it cannot shrink)."""
+    opset = d.pick([7, 9])
+    mode = d.pick(["nearest", "linear"])
+    rank = 4 if mode == "linear" else d.int(1, 4)
+    x = d.array(tuple(d.int(1, 3) for _ in range(rank)))
+    scales = [d.pick([1.0, 1.5, 2.0, 3.0]) if mode == "nearest" or axis >= 2 else 1.0 for axis in range(rank)]
+    if opset == 7:
+        return Case("Upsample", {"x": x}, {"mode": mode, "scales": scales}, opset=7)
+    return Case(
+        "Upsample", {"x": x, "scales": np.array(scales, np.float32)}, {"mode": mode}, constants=("scales",), opset=9
+    )
+
+
 def _grid_sample(d: Draw) -> Case:
     """GridSample over 2-D images (opsets 16 and 20): every mode, padding mode and
     align_corners, grid points inside, on and past the borders."""
@@ -695,6 +734,121 @@ def _grid_sample(d: Draw) -> Case:
         "align_corners": d.int(0, 1),
     }
     return Case("GridSample", {"x": x, "grid": grid}, attrs, opset=opset)
+
+
+def conv_variants(d: Draw) -> Case | None:
+    """The convolution family's less common members: MaxUnpool, Col2Im, DeformConv and
+    ConvInteger (kept out of ``conv_pool``, whose draws at seed 2026 a test pins)."""
+    op = d.pick(["MaxUnpool", "Col2Im", "DeformConv", "ConvInteger"])
+    if op == "MaxUnpool":
+        return _max_unpool(d)
+    if op == "Col2Im":
+        return _col2im(d)
+    if op == "DeformConv":
+        return _deform_conv(d)
+    c = d.int(1, 3)
+    spatial = tuple(d.int(1, 5) for _ in range(d.int(1, 2)))
+    kernel = [d.int(1, n) for n in spatial]
+    group = d.pick([1, c])
+    m = d.int(1, 2) * group
+    qtype = d.pick([np.uint8, np.int8])  # onnxruntime's kernel: uint8 data, either weight type
+    attrs = {"strides": [d.int(1, 2) for _ in spatial], "group": group, "dilations": [1 for _ in spatial]}
+    if d.chance(0.5):
+        attrs["pads"] = [d.int(0, k - 1) for k in kernel] * 2
+    inputs = {
+        "x": d.rng.integers(0, 256, (d.int(0, 2), c, *spatial)).astype(np.uint8),
+        "w": d.array((m, c // group, *kernel), qtype) * 20,
+        "x_zero_point": np.array(d.int(0, 255), np.uint8) if d.chance(0.6) else None,
+        "w_zero_point": np.array(d.int(0, 5), qtype) if d.chance(0.4) else None,
+    }
+    if inputs["x_zero_point"] is None and inputs["w_zero_point"] is not None:
+        inputs["x_zero_point"] = np.array(0, np.uint8)  # an omitted input cannot be followed by a given one
+    return Case("ConvInteger", inputs, attrs, constants=("w", "x_zero_point", "w_zero_point"), opset=10)
+
+
+def _max_unpool(d: Draw) -> Case:
+    """MaxUnpool of windows that do not overlap (stride at least the kernel), each value sent
+    to a cell of its window, as MaxPool's indices would (overlapping windows can send two
+    values to one cell, whose order the specification leaves open); with an ``output_shape``
+    larger than the inferred one at times."""
+    rank = d.int(1, 2)
+    n, c = d.int(1, 2), d.int(1, 2)
+    kernel = [d.int(1, 3) for _ in range(rank)]
+    strides = [k + d.int(0, 1) for k in kernel]
+    pooled = [d.int(1, 3) for _ in range(rank)]
+    pads = [0] * (2 * rank)
+    if d.chance(0.3):
+        pads = [d.int(0, k - 1) for k in kernel] + [0] * rank
+    out = [(p - 1) * s - pads[i] - pads[rank + i] + k for i, (p, s, k) in enumerate(zip(pooled, strides, kernel))]
+    cells = []
+    for i in range(rank):  # per axis: each window's chosen cell, inside the output
+        low = np.arange(pooled[i]) * strides[i] - pads[i]
+        starts, stops = np.maximum(low, 0), np.minimum(low + kernel[i], out[i])
+        cells.append(d.rng.integers(starts, np.maximum(stops, starts + 1)))
+    grid = np.stack(np.meshgrid(*cells, indexing="ij"))  # (rank, *pooled)
+    flat = np.ravel_multi_index(tuple(grid), out)
+    plane = int(np.prod(out))
+    offsets = np.arange(n * c).reshape(n, c, *([1] * rank)) * plane
+    inputs = {"x": d.array((n, c, *pooled)), "i": (flat[None, None] + offsets).astype(np.int64), "output_shape": None}
+    if d.chance(0.3):
+        inputs["output_shape"] = np.array([n, c, *(o + d.int(0, 2) for o in out)], np.int64)
+    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads}
+    return Case("MaxUnpool", inputs, attrs, constants=("output_shape",), opset=d.pick([9, 11, 22]))
+
+
+def _col2im(d: Draw) -> Case:
+    """Col2Im (opset 18) of 2-D images, with strides, dilations and padding."""
+    image = [d.int(1, 5), d.int(1, 5)]
+    block = [d.int(1, 3), d.int(1, 3)]
+    dilations, strides = [d.int(1, 2), d.int(1, 2)], [d.int(1, 2), d.int(1, 2)]
+    pads = [d.int(0, 1) for _ in range(4)]
+    counts = [
+        (image[i] + pads[i] + pads[2 + i] - (dilations[i] * (block[i] - 1) + 1)) // strides[i] + 1 for i in range(2)
+    ]
+    if min(counts) < 1:
+        return None
+    c = d.int(1, 2)
+    inputs = {
+        "x": d.array((d.int(0, 2), c * block[0] * block[1], counts[0] * counts[1])),
+        "image_shape": np.array(image, np.int64),
+        "block_shape": np.array(block, np.int64),
+    }
+    attrs = {"dilations": dilations, "pads": pads, "strides": strides}
+    return Case("Col2Im", inputs, attrs, constants=("image_shape", "block_shape"), opset=18)
+
+
+def _deform_conv(d: Draw) -> Case | None:
+    """DeformConv (opsets 19 and 22) of 2-D images: groups, offset groups, strides, dilations,
+    padding, offsets reaching past the image, with and without a bias and a mask."""
+    offset_group, group = d.int(1, 2), d.int(1, 2)
+    c = int(np.lcm(offset_group, group)) * d.int(1, 2)  # both divide the channels
+    h, w = d.int(1, 5), d.int(1, 5)
+    kernel = [d.int(1, min(3, h)), d.int(1, min(3, w))]
+    strides, dilations = [d.int(1, 2), d.int(1, 2)], [1, d.int(1, 2)]
+    pads = [d.int(0, 1) for _ in range(4)]
+    oh = (h + pads[0] + pads[2] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    ow = (w + pads[1] + pads[3] - dilations[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+    if oh < 1 or ow < 1:
+        return None
+    n, m, taps = d.int(0, 2), group * d.int(1, 2), kernel[0] * kernel[1]
+    inputs = {
+        "x": d.array((n, c, h, w)),
+        "w": d.array((m, c // group, *kernel)),
+        "offset": d.array((n, offset_group * 2 * taps, oh, ow)) * 1.5,
+        "b": d.array((m,)) if d.chance(0.5) else None,
+        "mask": d.rng.uniform(0, 1, (n, offset_group * taps, oh, ow)).astype(np.float32) if d.chance(0.5) else None,
+    }
+    if inputs["b"] is None and inputs["mask"] is not None:
+        inputs["b"] = np.zeros(m, np.float32)
+    attrs = {
+        "kernel_shape": kernel,
+        "strides": strides,
+        "dilations": dilations,
+        "pads": pads,
+        "group": group,
+        "offset_group": offset_group,
+    }
+    return Case("DeformConv", inputs, attrs, constants=("w", "b"), opset=d.pick([19, 22]))
 
 
 def quantize(d: Draw) -> Case | None:
@@ -2130,6 +2284,7 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "indexing": indexing,
     "products": products,
     "conv_pool": conv_pool,
+    "conv_variants": conv_variants,
     "resize": resize,
     "quantize": quantize,
     "normalization": normalization,
