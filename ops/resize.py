@@ -555,13 +555,12 @@ def _roi_block(images, ys, xs, mode):
     # As the reference and onnxruntime: the max over samples of the largest weighted corner
     # value (not of the interpolated value). Taken by index, not with max: JAX differentiates
     # max by comparing its operand with the result, and under jit XLA computes these products
-    # in more than one fusion, rounding them differently, so no term may match the result
-    # (a NaN derivative, 0 / 0, where onnxruntime's values agree) or the wrong one does.
+    # in more than one fusion, rounded differently, so no term may equal the result (the
+    # derivative 0 / 0, NaN) or the wrong one does, while the values are right.
     candidates = jnp.stack([jnp.where(used, t, -jnp.inf) for t in terms], axis=-1)  # (R,C,ph,mh,pw,mw,4)
     candidates = jnp.moveaxis(candidates, 3, 4)  # (R, C, ph, pw, mh, mw, 4)
-    candidates = candidates.reshape(
-        *jnp.shape(candidates)[:4], math.prod(jnp.shape(candidates)[4:])
-    )  # no -1: R may be 0
+    per_bin = math.prod(jnp.shape(candidates)[4:])  # named, not -1: R may be 0
+    candidates = candidates.reshape(*jnp.shape(candidates)[:4], per_bin)
     picked = jnp.argmax(candidates, axis=-1)[..., None]
     return None, jnp.take_along_axis(candidates, picked, axis=-1)[..., 0]
 
