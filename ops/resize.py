@@ -601,7 +601,8 @@ def _roi_traced_adaptive(images, start_h, roi_h, start_w, roi_w, gh, gw, ph, pw,
             total, best = _roi_block(images, block(ys, by, mh), block(xs, bx, mw), mode)
             if mode == "avg":
                 return acc + total
-            return jnp.where(best > acc, best, acc)  # a select: see _roi_block on max
+            # A select (see _roi_block on max) that keeps a NaN, as maximum did and argmax does.
+            return jnp.where((best > acc) | jnp.isnan(best), best, acc)
 
         return lax.cond(need_y[by] & need_x[bx], run, lambda acc: acc, acc), None
 
