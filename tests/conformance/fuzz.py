@@ -843,15 +843,22 @@ def _max_unpool(d: Draw) -> Case:
     return Case("MaxUnpool", inputs, attrs, constants=("output_shape",), opset=d.pick([9, 11, 22]))
 
 
+def _windows_along(spatial, kernel, strides, dilations, pads) -> list[int]:
+    """How many windows fit along each axis (a convolution's output lengths; pads begins then ends)."""
+    rank = len(spatial)
+    return [
+        (n + pads[i] + pads[rank + i] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1
+        for i, n in enumerate(spatial)
+    ]
+
+
 def _col2im(d: Draw) -> Case:
     """Col2Im (opset 18) of 2-D images, with strides, dilations and padding."""
     image = [d.int(1, 5), d.int(1, 5)]
     block = [d.int(1, 3), d.int(1, 3)]
     dilations, strides = [d.int(1, 2), d.int(1, 2)], [d.int(1, 2), d.int(1, 2)]
     pads = [d.int(0, 1) for _ in range(4)]
-    counts = [
-        (image[i] + pads[i] + pads[2 + i] - (dilations[i] * (block[i] - 1) + 1)) // strides[i] + 1 for i in range(2)
-    ]
+    counts = _windows_along(image, block, strides, dilations, pads)
     if min(counts) < 1:
         return None
     c = d.int(1, 2)
@@ -873,8 +880,7 @@ def _deform_conv(d: Draw) -> Case | None:
     kernel = [d.int(1, min(3, h)), d.int(1, min(3, w))]
     strides, dilations = [d.int(1, 2), d.int(1, 2)], [1, d.int(1, 2)]
     pads = [d.int(0, 1) for _ in range(4)]
-    oh = (h + pads[0] + pads[2] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
-    ow = (w + pads[1] + pads[3] - dilations[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+    oh, ow = _windows_along([h, w], kernel, strides, dilations, pads)
     if oh < 1 or ow < 1:
         return None
     n, m, taps = d.int(0, 2), group * d.int(1, 2), kernel[0] * kernel[1]
