@@ -40,6 +40,7 @@ from jonnx._attributes import schema_defaults
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import conv as conv_ops, normalization, pool
 from jonnx.ops._util import static_sizes
+from jonnx.ops.reduce import reduce_max
 
 __all__ = ["DOMAIN", "VERSION"]
 
@@ -108,7 +109,7 @@ MEAN_PRODUCT_MIN_CELLS = 784
 def global_max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalMaxPool`` on N(D)HWC activations: (N, 1, ..., 1, C)."""
     x = inputs[0]
-    return (jnp.max(x, axis=pool.spatial_axes(x, ctx, channels_last=True), keepdims=True),)
+    return (reduce_max(x, pool.spatial_axes(x, ctx, channels_last=True), True),)
 
 
 @register(

@@ -19,6 +19,7 @@ from jax import lax
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import _window as geo
 from jonnx.ops._util import index_dtype, static_ints, static_sizes, take
+from jonnx.ops.reduce import reduce_max
 
 
 def _pool_setup(x, attrs, ctx, channels_last: bool = False):
@@ -410,7 +411,7 @@ def global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs
 def global_max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``GlobalMaxPool``, all opsets."""
     x = inputs[0]
-    return (jnp.max(x, axis=spatial_axes(x, ctx), keepdims=True),)
+    return (reduce_max(x, spatial_axes(x, ctx), True),)
 
 
 @register("GlobalLpPool", since=(1, 2, 22))

@@ -13,8 +13,10 @@ subtracts the maximum first, and ReduceL2's gradient at an all-zero slice is 0, 
 
 from __future__ import annotations
 
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -50,12 +52,52 @@ def _highest(dtype):
     return jnp.iinfo(dtype).max
 
 
-def _max(x, axis, keepdims):
-    return jnp.max(x, axis=axis, keepdims=keepdims, initial=_lowest(jnp.result_type(x)))
+def reduce_max(x, axis, keepdims):
+    """``max`` over the axes ``axis`` (-inf, or the lowest value, over none), differentiated by
+    index: the tangent of each slice's first maximal element in row-major order
+    (:func:`_chosen`)."""
+    return _chosen(x, tuple(axis), keepdims, True) if _is_float(x) else _extreme(x, axis, keepdims, True)
 
 
-def _min(x, axis, keepdims):
+def reduce_min(x, axis, keepdims):
+    """``min`` over ``axis``, like :func:`reduce_max`."""
+    return _chosen(x, tuple(axis), keepdims, False) if _is_float(x) else _extreme(x, axis, keepdims, False)
+
+
+def _extreme(x, axis, keepdims, largest):
+    if largest:
+        return jnp.max(x, axis=axis, keepdims=keepdims, initial=_lowest(jnp.result_type(x)))
     return jnp.min(x, axis=axis, keepdims=keepdims, initial=_highest(jnp.result_type(x)))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+def _chosen(x, axis, keepdims, largest):
+    """:func:`_extreme` of a float ``x``, whose tangent is that of the element an arg-max picks.
+
+    JAX's own rule compares ``x`` with the result and shares the tangent among the equal
+    elements. Under ``jax.jit`` on CPU that went wrong after a convolution lowered as fused
+    shifted products (channels-last, few channels): GlobalMaxPool's and ReduceMax's derivatives
+    were off in some elements (tests/test_gradients.py). An index picked from ``x`` and a gather
+    of the tangent, as MaxPool and RoiAlign do, are right there; ties go to the first element,
+    as in MaxPool."""
+    return _extreme(x, axis, keepdims, largest)
+
+
+@_chosen.defjvp
+def _chosen_jvp(axis, keepdims, largest, primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = _chosen(x, axis, keepdims, largest)
+    if any(jnp.shape(x)[a] == 0 for a in axis):  # over nothing: a constant
+        return y, jnp.zeros_like(y)
+    kept = [a for a in range(jnp.ndim(x)) if a not in axis]
+
+    def flat(v):  # the reduced axes last, in order (row-major), as one
+        moved = jnp.transpose(v, (*kept, *sorted(axis)))
+        return jnp.reshape(moved, (*jnp.shape(moved)[: len(kept)], -1))
+
+    pick = (jnp.argmax if largest else jnp.argmin)(flat(x), axis=-1, keepdims=True)
+    dy = jnp.take_along_axis(flat(t), pick, axis=-1)
+    return y, jnp.reshape(dy, jnp.shape(y))
 
 
 def _sum(x, axis, keepdims):
@@ -96,7 +138,7 @@ def _log_sum(x, axis, keepdims):
 def _log_sum_exp(x, axis, keepdims):
     dtype = jnp.result_type(x)
     x = _as_float(x)
-    m = _max(x, axis, True)
+    m = _extreme(x, axis, True, True)
     # Shift by the (finite) maximum so exp never overflows; the shift cancels in value and
     # gradient, so it is held constant.
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0))
@@ -109,8 +151,8 @@ def _log_sum_exp(x, axis, keepdims):
 _KINDS = {
     "ReduceSum": _sum,
     "ReduceMean": _mean,
-    "ReduceMax": _max,
-    "ReduceMin": _min,
+    "ReduceMax": reduce_max,
+    "ReduceMin": reduce_min,
     "ReduceProd": _prod,
     "ReduceL1": _l1,
     "ReduceL2": _l2,
