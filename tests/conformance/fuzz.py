@@ -176,7 +176,13 @@ The ``loop`` family draws Scan (opsets 9-21, every scan axis and direction) and 
 11-21, branches reading outer tensors, the condition fed or constant) beside Loop: 600 value
 cases and 80 with ``--grad``, nothing found. A Scan of zero steps is not drawn: onnxruntime
 1.32 dies of a floating point exception on it (the whole process), and the ReferenceEvaluator
-refuses it; jonnx returns the initial state and empty scan outputs.
+refuses it; jonnx returns the initial state and empty scan outputs. On 2026-12-03 it grew
+Loops that carry a sequence (opsets 13-21: appended to, put first, or erased and appended,
+empty or not at the start, with its length as a scan output), and ``--grad`` began to project
+sequence outputs tensor by tensor instead of skipping them: 550 value and 300 ``--grad``
+cases over the ``loop`` and ``sequence`` families, nothing found.
+
+Graphs of many ops, where the optimization passes act, are ``fuzz_graphs.py``'s.
 
 The ``signal`` family draws DFT (opsets 17 and 20), STFT and the window ops; its first runs
 (2026-12-02, 1,200 cases) found no jonnx bug. A symmetric window of one point is a departure
@@ -1555,7 +1561,9 @@ def attention(d: Draw) -> Case | None:
 def loop(d: Draw) -> Case | None:
     """Loop (:func:`_loop`), Scan (:func:`_scan`) and If (:func:`_if`)."""
     pick = d.rng.random()
-    return _loop(d) if pick < 0.5 else _scan(d) if pick < 0.75 else _if(d)
+    if pick < 0.35:
+        return _loop(d)
+    return _loop_sequence(d) if pick < 0.5 else _scan(d) if pick < 0.75 else _if(d)
 
 
 def _scan(d: Draw) -> Case:
@@ -1652,6 +1660,50 @@ def _loop(d: Draw) -> Case | None:
     }
     opset = d.pick([13, 16, 19, 21])
     return Case("Loop", inputs, {"body": body}, 2 + len(scans), ("M", "cond"), opset=opset)
+
+
+def _loop_sequence(d: Draw) -> Case:
+    """A Loop (opsets 13-21, which carry sequences) of 0-6 iterations that grows a carried
+    sequence, empty or not at the start, by a tensor it computes: appended, put first, or
+    appended after erasing the first; its length each iteration may be a scan output."""
+    dtype = d.pick(FLOATS)
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    h = d.array(d.shape(d.int(0, 2), empty=0.1), dtype)
+    start = Seq(dtype, [d.array(d.pick([h.shape, d.shape(d.int(0, 2))]), dtype) for _ in range(d.int(0, 3))])
+    make = onnx.helper.make_node
+    nodes = [
+        make("Mul", ["h_in", "scale"], ["scaled"]),
+        make(d.pick(["Tanh", "Neg", "Identity"]), ["scaled"], ["h_out"]),
+    ]
+    grow = d.pick(["append", "first", "erase first"] if start.items else ["append", "first"])
+    if grow == "append":
+        nodes.append(make("SequenceInsert", ["s_in", "h_out"], ["s_out"]))
+    else:
+        nodes.append(make("Constant", [], ["zero"], value=onnx.numpy_helper.from_array(np.array(0, np.int64))))
+        if grow == "first":
+            nodes.append(make("SequenceInsert", ["s_in", "h_out", "zero"], ["s_out"]))
+        else:  # the sequence keeps its length: erase the first, then append
+            nodes.append(make("SequenceErase", ["s_in", "zero"], ["s_kept"]))
+            nodes.append(make("SequenceInsert", ["s_kept", "h_out"], ["s_out"]))
+    nodes.append(make("Identity", ["c_in"], ["c_out"]))
+    scans = d.pick([[], ["length"]])
+    if scans:
+        nodes.append(make("SequenceLength", ["s_out"], ["length"]))
+    info = onnx.helper.make_tensor_value_info
+    body = onnx.helper.make_graph(
+        nodes,
+        "body",
+        [
+            info("i", onnx.TensorProto.INT64, []),
+            info("c_in", onnx.TensorProto.BOOL, []),
+            info("h_in", elem, h.shape),
+            onnx.helper.make_tensor_sequence_value_info("s_in", elem, None),
+        ],
+        [onnx.helper.make_empty_tensor_value_info(n) for n in ["c_out", "h_out", "s_out", *scans]],
+        [onnx.helper.make_tensor("scale", elem, [], [d.pick([1.5, -1.3, 0.7])])],
+    )
+    inputs = {"M": np.int64(d.int(0, 6)), "cond": None if d.chance(0.3) else np.bool_(True), "h": h, "s": start}
+    return Case("Loop", inputs, {"body": body}, 2 + len(scans), ("M", "cond"), opset=d.pick([13, 16, 19, 21]))
 
 
 # Activations the recurrent ops take, with whether each reads an alpha and a beta: an activation
@@ -2735,12 +2787,14 @@ def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarr
     except Exception:  # noqa: BLE001 -- the value check reports what does not run
         return "does not run", None
     wrt = tuple(i for i in floats if _traceable(jmodel, xs, i))
-    if not wrt or any(y is None or isinstance(y, (list, dict)) for y in outputs):  # not tensors: not projected
+    if not wrt or any(y is None or isinstance(y, dict) for y in outputs):  # not tensors: not projected
         return "not differentiable", None
-    projections = [rng.standard_normal(np.shape(y)) if np.asarray(y).dtype.kind == "f" else None for y in outputs]
+    # A sequence output is projected tensor by tensor.
+    tensors = [t for y in outputs for t in (y if isinstance(y, list) else [y])]
+    projections = [rng.standard_normal(np.shape(t)) if np.asarray(t).dtype.kind == "f" else None for t in tensors]
     if all(p is None for p in projections):
         return "not differentiable", None
-    if any(np.asarray(y).dtype != np.float64 for y, p in zip(outputs, projections) if p is not None):
+    if any(np.asarray(t).dtype != np.float64 for t, p in zip(tensors, projections) if p is not None):
         return "float32 inside", None  # the quantized ops dequantize to float32: too coarse to check
 
     # Compiled, as a function of the differentiated inputs only (the others stay concrete):
@@ -2751,7 +2805,8 @@ def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarr
         for i, x in zip(wrt, diff):
             args[i] = x
         outputs = jmodel.apply(jmodel.params, *args)
-        return sum(jnp.vdot(y, p) for y, p in zip(outputs, projections) if p is not None)
+        tensors = [t for y in outputs for t in (y if isinstance(y, list) else [y])]
+        return sum(jnp.vdot(t, p) for t, p in zip(tensors, projections) if p is not None)
 
     diff = [jnp.asarray(xs[i]) for i in wrt]
     try:
