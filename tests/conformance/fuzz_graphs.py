@@ -1,0 +1,511 @@
+"""Differential fuzzing of the optimization passes: random CNN-shaped graphs, optimized and not.
+
+A developer's tool, not a test: ``python -m tests.conformance.fuzz_graphs [--seed S]
+[--cases N] [--trace]`` draws graphs of up to 12 nodes that start with a convolution (so the
+channels-last pass rewrites them) and go on with what CNNs are made of, each reading a random
+earlier value: convolutions (grouped, depthwise, strided, dilated, transposed), pooling,
+BatchNormalization and InstanceNormalization, activations, arithmetic with another value or
+with a constant of any broadcasting shape ((C, 1, 1), (H, W), (1, 1, 1, W), ...), Concat,
+Split, Pad, Slice, Resize, Transpose, Softmax and reductions over any axes, and Flatten + Gemm
+heads (two heads on one value share its Flatten, for the product fusion);
+in the operator forms of opsets 9 to 21 (Pad, Slice and Clip's attributes before their inputs).
+Some intermediate values are graph outputs too, so the pass must hand them back in NCHW.
+
+Each graph is run by onnxruntime (float32) and by jonnx three ways: ``Model(*inputs)`` (the
+default passes: channels-last), with ``optimize={"constant_weights": True}`` (the weights
+compiled in, BatchNormalization folded into convolutions, shared-input products fused) and with
+``optimize=False``; every one must match onnxruntime. Then, in float64, the derivative of a
+random projection of the outputs with respect to the input and every weight, through
+``Model.apply`` with every pass named on and through the unoptimized graph, each compiled by
+``jonnx.jit``, must equal the unoptimized graph's run op by op (eagerly: no XLA fusion).
+
+The single-node fuzz (``tests/conformance/fuzz.py``) checks each op against the references;
+this one checks that the passes compose them without changing what the graph computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+import jonnx
+
+ALL_PASSES = {"channels_last": True, "fold_batchnorm": True, "fuse_matmuls": True, "dead_nodes": True}
+
+
+class Graph:
+    """A graph under construction: nodes, initializers, and every value's shape (from onnx's
+    shape inference after each node), drawn from one seeded generator."""
+
+    def __init__(self, rng: np.random.Generator, opset: int, dtype):
+        self.rng, self.opset, self.dtype = rng, opset, dtype
+        self.elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.elems: dict[str, int] = {}  # every value's element type
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.flattened: dict[str, str] = {}  # value -> its Flatten's output
+
+    def name(self, prefix: str) -> str:
+        return f"{prefix}{len(self.nodes)}_{len(self.inits)}_{len(self.shapes)}"
+
+    def weight(self, shape, scale: float = 1.0, positive: bool = False) -> str:
+        """An initializer drawn from the generator (in float64, then cast, so float32 and
+        float64 graphs of one seed hold the same values)."""
+        values = self.rng.standard_normal(shape) * scale
+        values = np.abs(values) + 0.5 if positive else values
+        name = self.name("w")
+        self.inits.append(numpy_helper.from_array(np.asarray(values).astype(self.dtype), name))
+        return name
+
+    def ints(self, values) -> str:
+        name = self.name("i")
+        self.inits.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
+        return name
+
+    def add(self, op: str, inputs: list[str], n_outputs: int = 1, **attrs) -> list[str] | None:
+        """Append a node; its outputs' names, or None (and no node) where onnx's shape
+        inference refuses it or cannot give every output a static, non-empty shape."""
+        outputs = [self.name(op.lower()) + f"_{k}" for k in range(n_outputs)]
+        self.nodes.append(helper.make_node(op, inputs, outputs, **attrs))
+        try:
+            inferred = onnx.shape_inference.infer_shapes(self.model([]), strict_mode=True, data_prop=True)
+        except Exception:  # noqa: BLE001 -- an invalid draw: taken back
+            self.nodes.pop()
+            return None
+        shapes, elems = {}, {}
+        for info in inferred.graph.value_info:
+            tensor = info.type.tensor_type
+            if info.name in outputs and tensor.HasField("shape"):
+                if all(d.HasField("dim_value") for d in tensor.shape.dim):
+                    shapes[info.name] = tuple(d.dim_value for d in tensor.shape.dim)
+                    elems[info.name] = tensor.elem_type
+        if set(shapes) != set(outputs) or any(d < 1 for s in shapes.values() for d in s):
+            self.nodes.pop()
+            return None
+        self.shapes.update(shapes)
+        self.elems.update(elems)
+        return outputs
+
+    def model(self, outputs: list[str]) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            self.nodes,
+            "fuzz",
+            self.inputs,
+            [helper.make_tensor_value_info(o, self.elems[o], None) for o in outputs],
+            self.inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        model.ir_version = 8
+        return model
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return self.shapes[name]
+
+
+def _pick(rng, options):
+    return options[int(rng.integers(len(options)))]
+
+
+# ---- the steps: each reads value ``x`` (rank 3-5 unless said) and returns its outputs or None
+
+
+def _conv(g: Graph, x: str) -> list[str] | None:
+    shape = g.shape_of(x)
+    channels, spatial = shape[1], shape[2:]
+    groups = _pick(g.rng, [1, 1, channels, *[k for k in (2, 3) if channels % k == 0]])
+    out = groups * int(g.rng.integers(1, 4 if groups > 1 else 9))
+    kernel = [int(g.rng.integers(1, min(3, s) + 1)) for s in spatial]
+    attrs = {"kernel_shape": kernel, "group": groups}
+    if g.rng.random() < 0.5:
+        attrs["strides"] = [int(g.rng.integers(1, 3)) for _ in spatial]
+    if g.rng.random() < 0.2:
+        attrs["dilations"] = [int(g.rng.integers(1, 3)) for _ in spatial]
+    if g.rng.random() < 0.15:
+        attrs["auto_pad"] = _pick(g.rng, ["SAME_UPPER", "SAME_LOWER", "VALID"])
+        attrs.pop("dilations", None)  # onnxruntime's SAME with dilations is not the specification's
+    elif g.rng.random() < 0.6:
+        attrs["pads"] = [int(g.rng.integers(0, k)) for k in kernel * 2]
+    fan_in = channels // groups * int(np.prod(kernel))
+    inputs = [x, g.weight((out, channels // groups, *kernel), 1 / np.sqrt(fan_in))]
+    if g.rng.random() < 0.6:
+        inputs.append(g.weight((out,), 0.1))
+    return g.add("Conv", inputs, **attrs)
+
+
+def _conv_transpose(g: Graph, x: str) -> list[str] | None:
+    shape = g.shape_of(x)
+    channels, spatial = shape[1], shape[2:]
+    groups = _pick(g.rng, [1, 1, channels])
+    per_group = int(g.rng.integers(1, 4))
+    kernel = [int(g.rng.integers(1, 4)) for _ in spatial]
+    strides = [int(g.rng.integers(1, 3)) for _ in spatial]
+    attrs = {"kernel_shape": kernel, "group": groups, "strides": strides}
+    if g.rng.random() < 0.5:
+        attrs["pads"] = [int(g.rng.integers(0, k)) for k in kernel * 2]
+    if g.rng.random() < 0.3:
+        attrs["output_padding"] = [int(g.rng.integers(0, s)) for s in strides]
+    weights = g.weight((channels, per_group, *kernel), 1 / np.sqrt(channels // groups * int(np.prod(kernel))))
+    return g.add("ConvTranspose", [x, weights], **attrs)
+
+
+def _batchnorm(g: Graph, x: str) -> list[str] | None:
+    c = g.shape_of(x)[1]
+    stats = [g.weight((c,), 0.3, positive=True), g.weight((c,), 0.1), g.weight((c,), 0.1), g.weight((c,), 0.3, True)]
+    return g.add("BatchNormalization", [x, *stats], epsilon=float(_pick(g.rng, [1e-5, 1e-3])))
+
+
+def _instance_norm(g: Graph, x: str) -> list[str] | None:
+    c = g.shape_of(x)[1]
+    return g.add("InstanceNormalization", [x, g.weight((c,), 0.3, positive=True), g.weight((c,), 0.1)])
+
+
+def _pool(g: Graph, x: str) -> list[str] | None:
+    spatial = g.shape_of(x)[2:]
+    op = _pick(g.rng, ["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"])
+    if op.startswith("Global"):
+        return g.add(op, [x])
+    kernel = [int(g.rng.integers(1, min(3, s) + 1)) for s in spatial]
+    attrs = {"kernel_shape": kernel, "strides": [int(g.rng.integers(1, 3)) for _ in spatial]}
+    if g.rng.random() < 0.5:
+        attrs["pads"] = [int(g.rng.integers(0, k)) for k in kernel * 2]
+    if g.opset >= 10 and g.rng.random() < 0.3:
+        attrs["ceil_mode"] = 1
+    if op == "AveragePool" and g.rng.random() < 0.5:
+        attrs["count_include_pad"] = 1
+    indices = op == "MaxPool" and g.rng.random() < 0.2  # the pass leaves such a node alone
+    return g.add(op, [x], 2 if indices else 1, **attrs)
+
+
+def _activation(g: Graph, x: str) -> list[str] | None:
+    op = _pick(g.rng, ["Relu", "Sigmoid", "Tanh", "LeakyRelu", "Abs", "Neg", "Clip", "HardSwish", "Softplus"])
+    if op == "HardSwish" and g.opset < 14:
+        op = "HardSigmoid"
+    if op == "Clip":
+        if g.opset < 11:
+            return g.add("Clip", [x], min=-0.5, max=0.8)
+        low, high = np.array(-0.5, g.dtype), np.array(0.8, g.dtype)
+        names = [g.name("lo"), g.name("hi")]
+        g.inits += [numpy_helper.from_array(low, names[0]), numpy_helper.from_array(high, names[1])]
+        return g.add("Clip", [x, *names])
+    return g.add(op, [x])
+
+
+def _broadcast_shape(g: Graph, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A constant shape that broadcasts to ``shape``: per channel, per position, scalar, ..."""
+    rank, c = len(shape), shape[1]
+    options = [(c,) + (1,) * (rank - 2), (1, c) + (1,) * (rank - 2), (), (1,), shape[1:], shape[2:], (shape[-1],)]
+    options += [(1,) * (rank - 1) + (shape[-1],), tuple(s if g.rng.random() < 0.5 else 1 for s in shape)]
+    return _pick(g.rng, options)
+
+
+def _arithmetic(g: Graph, x: str, others: list[str]) -> list[str] | None:
+    shape = g.shape_of(x)
+    op = _pick(g.rng, ["Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "PRelu"])
+    same = [o for o in others if o != x and g.shape_of(o) == shape]
+    if same and op not in ("Div", "PRelu") and g.rng.random() < 0.5:
+        y = _pick(g.rng, same)
+    elif op == "PRelu":
+        y = g.weight(_pick(g.rng, [(shape[1],) + (1,) * (len(shape) - 2), (1,)]), 0.3)
+    else:
+        y = g.weight(_broadcast_shape(g, shape), 0.5, positive=op == "Div")
+    operands = [y, x] if g.rng.random() < 0.3 and op != "PRelu" else [x, y]
+    return g.add(op, operands)
+
+
+def _concat(g: Graph, x: str, others: list[str]) -> list[str] | None:
+    shape = g.shape_of(x)
+    axis = int(g.rng.integers(-len(shape), len(shape)))
+    fits = [o for o in others if len(g.shape_of(o)) == len(shape)]
+    fits = [
+        o for o in fits if all(a == b for i, (a, b) in enumerate(zip(g.shape_of(o), shape)) if i != axis % len(shape))
+    ]
+    return g.add("Concat", [x, _pick(g.rng, fits or [x])], axis=axis)
+
+
+def _split(g: Graph, x: str) -> list[str] | None:
+    shape = g.shape_of(x)
+    axis = int(g.rng.integers(-len(shape), len(shape)))
+    if shape[axis] < 2:
+        return None
+    first = int(g.rng.integers(1, shape[axis]))
+    sizes = [first, shape[axis] - first]
+    if g.opset < 13:
+        return g.add("Split", [x], 2, axis=axis, split=sizes)
+    return g.add("Split", [x, g.ints(sizes)], 2, axis=axis)
+
+
+def _pad(g: Graph, x: str) -> list[str] | None:
+    shape = g.shape_of(x)
+    mode = _pick(g.rng, ["constant", "constant", "reflect", "edge"])
+    high = {"constant": 3, "reflect": 2, "edge": 3}[mode]
+    pads = [int(g.rng.integers(0, high)) if s > high else 0 for s in shape * 2]
+    if mode == "constant" and g.rng.random() < 0.3:  # a crop
+        pads = [p - 1 if s > 2 and p == 0 and g.rng.random() < 0.5 else p for p, s in zip(pads, shape * 2)]
+    if g.opset < 11:
+        return g.add("Pad", [x], mode=mode, pads=pads, value=0.25)
+    inputs = [x, g.ints(pads)]
+    if mode == "constant":
+        value = g.name("v")
+        g.inits.append(numpy_helper.from_array(np.array(0.25, g.dtype), value))
+        inputs.append(value)
+    if g.opset >= 18 and g.rng.random() < 0.5:  # only some axes, negative or not
+        axes = [a for a in range(len(shape)) if g.rng.random() < 0.6] or [len(shape) - 1]
+        half = len(shape)
+        inputs[1] = g.ints([pads[a] for a in axes] + [pads[half + a] for a in axes])
+        if len(inputs) == 2:
+            inputs.append("")
+        inputs.append(g.ints([a - len(shape) if g.rng.random() < 0.5 else a for a in axes]))
+    return g.add("Pad", inputs, mode=mode)
+
+
+def _slice(g: Graph, x: str) -> list[str] | None:
+    shape = g.shape_of(x)
+    axes = [a for a in range(len(shape)) if g.rng.random() < 0.5] or [len(shape) - 1]
+    starts, ends, steps = [], [], []
+    for a in axes:
+        n = shape[a]
+        step = _pick(g.rng, [1, 1, 2, -1]) if g.opset >= 10 else 1
+        begin, end = sorted(int(v) for v in g.rng.integers(0, n + 1, 2))
+        if end == begin:
+            end = begin + 1
+        if step < 0:
+            begin, end = end - 1, begin - 1 if begin > 0 else -n - 1
+        starts.append(begin - n if g.rng.random() < 0.3 and begin < n else begin)
+        ends.append(end)
+        steps.append(step)
+    written = [a - len(shape) if g.rng.random() < 0.4 else a for a in axes]
+    if g.opset < 10:
+        return g.add("Slice", [x], starts=starts, ends=ends, axes=written)
+    return g.add("Slice", [x, g.ints(starts), g.ints(ends), g.ints(written), g.ints(steps)])
+
+
+def _resize(g: Graph, x: str) -> list[str] | None:
+    shape = g.shape_of(x)
+    mode = _pick(g.rng, ["nearest", "linear"])
+    if g.opset < 11:
+        scales = [1.0, 1.0] + [float(_pick(g.rng, [1, 2, 3])) for _ in shape[2:]]
+        name = g.name("s")
+        g.inits.append(numpy_helper.from_array(np.array(scales, np.float32), name))
+        return g.add("Upsample", [x, name], mode=mode)
+    transform = _pick(g.rng, ["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"])
+    attrs = {"mode": mode, "coordinate_transformation_mode": transform}
+    sizes = g.opset >= 13 and g.rng.random() < 0.4
+    spatial = [float(_pick(g.rng, [0.5, 1.5, 2.0, 3.0])) for _ in shape[2:]]
+    axes = g.opset >= 18 and g.rng.random() < 0.4
+    if axes:
+        attrs["axes"] = [a - len(shape) if g.rng.random() < 0.5 else a for a in range(2, len(shape))]
+    if sizes:
+        wanted = [max(1, int(s * n)) for s, n in zip(spatial, shape[2:])]
+        values = wanted if axes else [shape[0], shape[1], *wanted]
+        return g.add("Resize", [x, "", "", g.ints(values)], **attrs)
+    values = spatial if axes else [1.0, 1.0, *spatial]
+    name, roi = g.name("s"), ""
+    g.inits.append(numpy_helper.from_array(np.array(values, np.float32), name))
+    if g.opset < 13:  # roi is not optional yet
+        roi = g.name("roi")
+        g.inits.append(numpy_helper.from_array(np.zeros(0, np.float32), roi))
+    return g.add("Resize", [x, roi, name], **attrs)
+
+
+def _transpose(g: Graph, x: str) -> list[str] | None:
+    rank = len(g.shape_of(x))
+    return g.add("Transpose", [x], perm=[int(p) for p in g.rng.permutation(rank)])
+
+
+def _reduce(g: Graph, x: str) -> list[str] | None:
+    rank = len(g.shape_of(x))
+    op = _pick(g.rng, ["ReduceMean", "ReduceSum", "ReduceMax", "Softmax"])
+    if op == "Softmax":
+        axis = int(g.rng.integers(-rank, rank))
+        return g.add("Softmax", [x], axis=axis) if g.opset >= 13 or axis in (-1, rank - 1) else None
+    axes = [a - rank if g.rng.random() < 0.4 else a for a in range(rank) if g.rng.random() < 0.4] or [1]
+    if op == "ReduceSum" and g.opset >= 13 or g.opset >= 18:
+        return g.add(op, [x, g.ints(axes)], keepdims=1)
+    return g.add(op, [x], axes=axes, keepdims=1)
+
+
+def _head(g: Graph, x: str) -> list[str] | None:
+    """Flatten and a Gemm: the end of a branch (rank 2)."""
+    if x not in g.flattened:
+        made = g.add("Flatten", [x], axis=1)
+        if made is None:
+            return None
+        g.flattened[x] = made[0]
+    flat = g.flattened[x]
+    features = g.shape_of(flat)[1]
+    classes = int(g.rng.integers(1, 6))
+    return g.add("Gemm", [flat, g.weight((classes, features), 1 / np.sqrt(features)), g.weight((classes,))], transB=1)
+
+
+STEPS = {
+    "conv": (_conv, 4),
+    "conv_transpose": (_conv_transpose, 1),
+    "batchnorm": (_batchnorm, 3),
+    "instance_norm": (_instance_norm, 1),
+    "pool": (_pool, 2),
+    "activation": (_activation, 3),
+    "arithmetic": (_arithmetic, 3),
+    "concat": (_concat, 2),
+    "split": (_split, 1),
+    "pad": (_pad, 1),
+    "slice": (_slice, 1),
+    "resize": (_resize, 1),
+    "transpose": (_transpose, 1),
+    "reduce": (_reduce, 1),
+    "head": (_head, 1),
+}
+_TAKE_OTHERS = {"arithmetic", "concat"}
+
+
+def draw(seed: int, dtype=np.float32) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The graph of ``seed`` in ``dtype`` (the same graph and values for either float type)
+    and its input."""
+    rng = np.random.default_rng(seed)
+    opset = int(_pick(rng, [9, 11, 13, 16, 18, 21]))
+    g = Graph(rng, opset, dtype)
+    spatial_rank = _pick(rng, [1, 2, 2, 2, 3])
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 7)), *[int(rng.integers(3, 9)) for _ in range(spatial_rank)])
+    g.inputs.append(helper.make_tensor_value_info("x", g.elem, shape))
+    g.shapes["x"], g.elems["x"] = shape, g.elem
+    x = rng.standard_normal(shape).astype(dtype)
+    _conv(g, "x")
+    names, weights = list(STEPS), np.array([w for _, w in STEPS.values()], float)
+    for _ in range(int(rng.integers(2, 12))):
+        cnn = [v for v in g.shapes if v != "x" and 3 <= len(g.shapes[v]) <= 5 and g.elems[v] == g.elem]
+        if not cnn:
+            break
+        source = cnn[-1] if rng.random() < 0.6 else _pick(rng, cnn)
+        step = names[int(rng.choice(len(names), p=weights / weights.sum()))]
+        fn = STEPS[step][0]
+        fn(g, source, cnn) if step in _TAKE_OTHERS else fn(g, source)
+    made = [v for v in g.shapes if v != "x"]
+    if not made:
+        return g.model([]), {"x": x}
+    outputs = [made[-1], *[v for v in made[:-1] if rng.random() < 0.15]]
+    return g.model(outputs), {"x": x}
+
+
+def _close(got, want) -> str | None:
+    """Why ``got`` is not ``want``, within float32 summation-order differences scaled to the
+    output's size, or None."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{got.dtype}{list(got.shape)} against {want.dtype}{list(want.shape)}"
+    if want.dtype.kind != "f":
+        return None if np.array_equal(got, want) else "integers differ"
+    scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
+    gap = float(np.max(np.abs(got.astype(np.float64) - want), initial=0.0))
+    return None if gap <= 2e-4 * scale else f"differs by {gap:.3g} (scale {scale:.3g})"
+
+
+CONFIGS = {"default": True, "constant weights": {"constant_weights": True}, "unoptimized": False}
+
+
+def check(seed: int) -> tuple[str, str | None]:
+    """``(verdict, detail)`` for the graph of ``seed``: ``ok``, ``references fail``, ``differs``
+    (a configuration against onnxruntime, or the optimized derivative against the plain one)
+    or ``raises``."""
+    model, feeds = draw(seed)
+    if not model.graph.output:
+        return "empty", None
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = session.run(None, feeds)
+    except Exception:  # noqa: BLE001 -- onnxruntime refuses a draw it does not implement
+        return "references fail", None
+    for config, option in CONFIGS.items():
+        try:
+            got = jonnx.load(model, optimize=option)(*feeds.values())
+        except Exception as e:  # noqa: BLE001 -- every error is a finding
+            return "raises", f"{config}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        found = [f"output {i}: {why}" for i, (a, b) in enumerate(zip(got, want)) if (why := _close(a, b))]
+        if found:
+            return "differs", f"{config} against onnxruntime: {'; '.join(found)}"
+    return _check_gradient(seed)
+
+
+def _check_gradient(seed: int) -> tuple[str, str | None]:
+    """The float64 derivatives, compiled, through every pass and through none, against the
+    unoptimized graph's run op by op."""
+    model, feeds = draw(seed, np.float64)
+    x = jnp.asarray(feeds["x"])
+    plain, optimized = jonnx.load(model, optimize=False), jonnx.load(model, optimize=ALL_PASSES)
+    outputs = plain.apply(plain.params, x)
+    rng = np.random.default_rng(seed + 1)
+    projections = [rng.standard_normal(np.shape(y)) if np.asarray(y).dtype.kind == "f" else None for y in outputs]
+
+    def gradient(m: jonnx.Model, compiled: bool):
+        def loss(params, x):
+            ys = m.apply(params, x)
+            return sum(jnp.vdot(y, p) for y, p in zip(ys, projections) if p is not None)
+
+        grad = jax.grad(loss, argnums=(0, 1))
+        return (jonnx.jit(grad) if compiled else grad)(m.params, x)
+
+    # The reference runs op by op: no XLA fusion can make it wrong too.
+    want = gradient(plain, compiled=False)
+    for config, m in (("unoptimized", plain), ("optimized", optimized)):
+        try:
+            got = gradient(m, compiled=True)
+        except Exception as e:  # noqa: BLE001
+            return "raises", f"{config} gradient: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        leaves = {"x": (got[1], want[1]), **{k: (got[0][k], want[0][k]) for k in want[0]}}
+        for name, (a, b) in leaves.items():
+            a, b = np.asarray(a), np.asarray(b)
+            scale = max(1.0, float(np.max(np.abs(b), initial=0.0)))
+            if not np.allclose(a, b, rtol=0, atol=1e-9 * scale):
+                gap = float(np.max(np.abs(a - b)))
+                return "differs", f"{config} gradient (compiled) in {name}: off by {gap:.3g} (scale {scale:.3g})"
+    return "ok", None
+
+
+def describe(seed: int) -> str:
+    model, _ = draw(seed)
+    ops = [n.op_type for n in model.graph.node]
+    return f"seed {seed}, opset {model.opset_import[0].version}: {' -> '.join(ops)}"
+
+
+def run(seed: int, cases: int, *, trace: bool = False) -> tuple[collections.Counter, list[str]]:
+    """Check the graphs of seeds ``seed * 100_000 + k``; the count of each verdict and the
+    findings, printed as they come. Needs ``jax_enable_x64`` (the gradient check is float64)."""
+    verdicts: collections.Counter = collections.Counter()
+    findings = []
+    for k in range(cases):
+        case_seed = seed * 100_000 + k
+        if trace:
+            print(describe(case_seed), flush=True)
+        verdict, detail = check(case_seed)
+        verdicts[verdict] += 1
+        if detail:
+            findings.append(f"{verdict}: {describe(case_seed)}\n    {detail}")
+            print(findings[-1], flush=True)
+    return verdicts, findings
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cases", type=int, default=100)
+    parser.add_argument("--trace", action="store_true", help="print each graph before running it")
+    args = parser.parse_args()
+    jax.config.update("jax_enable_x64", True)
+    warnings.filterwarnings("ignore")
+    ort.set_default_logger_severity(4)
+    verdicts, _ = run(args.seed, args.cases, trace=args.trace)
+    print(f"{sum(verdicts.values())} graphs (seed {args.seed}): {dict(verdicts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
