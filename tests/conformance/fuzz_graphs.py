@@ -7,9 +7,12 @@ earlier value: convolutions (grouped, depthwise, strided, dilated, transposed), 
 BatchNormalization and InstanceNormalization, activations, arithmetic with another value or
 with a constant of any broadcasting shape ((C, 1, 1), (H, W), (1, 1, 1, W), ...), Concat,
 Split, Pad, Slice, Resize, Transpose, Softmax and reductions over any axes, and Flatten + Gemm
-heads (two heads on one value share its Flatten, for the product fusion);
-in the operator forms of opsets 9 to 21 (Pad, Slice and Clip's attributes before their inputs).
-Some intermediate values are graph outputs too, so the pass must hand them back in NCHW.
+heads (two heads on one value share its Flatten); in the operator forms of opsets 9 to 21
+(Pad, Slice and Clip's attributes before their inputs). A quarter of the graphs are encoders
+instead: (B, T, D) values through MatMuls by weights (several often reading one value, as
+attention's Q, K and V, which the product fusion joins), one-head attention, LayerNormalization,
+activations, arithmetic, Concat, Split and reductions. Some intermediate values are graph
+outputs too, so a pass must hand them back as the graph has them.
 
 Each graph is run by onnxruntime (float32) and by jonnx three ways: ``Model(*inputs)`` (the
 default passes: channels-last), with ``optimize={"constant_weights": True}`` (the weights
@@ -55,6 +58,7 @@ class Graph:
         self.elems: dict[str, int] = {}  # every value's element type
         self.inputs: list[onnx.ValueInfoProto] = []
         self.flattened: dict[str, str] = {}  # value -> its Flatten's output
+        self.matmul_inputs: set[str] = set()  # values a MatMul reads
 
     def name(self, prefix: str) -> str:
         return f"{prefix}{len(self.nodes)}_{len(self.inits)}_{len(self.shapes)}"
@@ -368,27 +372,90 @@ STEPS = {
 _TAKE_OTHERS = {"arithmetic", "concat"}
 
 
+# ---- encoder steps: each reads ``x`` of shape (B, T, D) (``others``: values it may pair with)
+
+
+def _linear(g: Graph, x: str, others: list[str]) -> list[str] | None:
+    """MatMul by a 2-D weight, often of a value another MatMul reads (attention's Q, K and V:
+    the product fusion), with a bias Add or not."""
+    read = [o for o in others if o in g.matmul_inputs]
+    if read and g.rng.random() < 0.6:
+        x = _pick(g.rng, read)
+    g.matmul_inputs.add(x)
+    d = g.shape_of(x)[-1]
+    made = g.add("MatMul", [x, g.weight((d, _pick(g.rng, [d, 4, 6, 8])), 1 / np.sqrt(d))])
+    if made is None or g.rng.random() < 0.4:
+        return made
+    return g.add("Add", [made[0], g.weight(g.shape_of(made[0])[-1:], 0.1)])
+
+
+def _attention(g: Graph, x: str, others: list[str]) -> list[str] | None:
+    """Softmax(q k^T * scale) v over three values of one shape (one head)."""
+    same = [o for o in others if g.shape_of(o) == g.shape_of(x)] or [x]
+    k, v = _pick(g.rng, same), _pick(g.rng, same)
+    kt = g.add("Transpose", [k], perm=[0, 2, 1])
+    scores = kt and g.add("MatMul", [x, kt[0]])
+    scaled = scores and g.add("Mul", [scores[0], g.weight((), 0.2, positive=True)])
+    weights = scaled and g.add("Softmax", [scaled[0]], axis=-1 if g.opset >= 13 else 2)
+    return weights and g.add("MatMul", [weights[0], v])
+
+
+def _layer_norm(g: Graph, x: str) -> list[str] | None:
+    d = g.shape_of(x)[-1]
+    if g.opset < 17:
+        return _activation(g, x)
+    return g.add("LayerNormalization", [x, g.weight((d,), 0.3, positive=True), g.weight((d,), 0.1)], axis=-1)
+
+
+ENCODER_STEPS = {
+    "linear": (_linear, 5),
+    "attention": (_attention, 2),
+    "layer_norm": (_layer_norm, 1),
+    "activation": (_activation, 2),
+    "arithmetic": (_arithmetic, 2),
+    "concat": (_concat, 1),
+    "split": (_split, 1),
+    "reduce": (_reduce, 1),
+}
+_ENCODER_TAKE_OTHERS = {"linear", "attention", "arithmetic", "concat"}
+
+
 def draw(seed: int, dtype=np.float32) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The graph of ``seed`` in ``dtype`` (the same graph and values for either float type)
-    and its input."""
+    and its input: a CNN three times in four, else an encoder."""
     rng = np.random.default_rng(seed)
     opset = int(_pick(rng, [9, 11, 13, 16, 18, 21]))
     g = Graph(rng, opset, dtype)
-    spatial_rank = _pick(rng, [1, 2, 2, 2, 3])
-    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 7)), *[int(rng.integers(3, 9)) for _ in range(spatial_rank)])
+    if rng.random() < 0.75:
+        spatial = [int(rng.integers(3, 9)) for _ in range(_pick(rng, [1, 2, 2, 2, 3]))]
+        shape, steps, take_others, ranks = (
+            (int(rng.integers(1, 3)), int(rng.integers(1, 7)), *spatial),
+            STEPS,
+            _TAKE_OTHERS,
+            (3, 5),
+        )
+    else:
+        shape, steps, take_others, ranks = (
+            (int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(2, 9))),
+            ENCODER_STEPS,
+            _ENCODER_TAKE_OTHERS,
+            (3, 3),
+        )
     g.inputs.append(helper.make_tensor_value_info("x", g.elem, shape))
     g.shapes["x"], g.elems["x"] = shape, g.elem
     x = rng.standard_normal(shape).astype(dtype)
-    _conv(g, "x")
-    names, weights = list(STEPS), np.array([w for _, w in STEPS.values()], float)
+    if steps is STEPS:
+        _conv(g, "x")
+    names, weights = list(steps), np.array([w for _, w in steps.values()], float)
     for _ in range(int(rng.integers(2, 12))):
-        cnn = [v for v in g.shapes if v != "x" and 3 <= len(g.shapes[v]) <= 5 and g.elems[v] == g.elem]
-        if not cnn:
+        usable = [v for v in g.shapes if ranks[0] <= len(g.shapes[v]) <= ranks[1] and g.elems[v] == g.elem]
+        usable = [v for v in usable if v != "x"] if steps is STEPS else usable
+        if not usable:
             break
-        source = cnn[-1] if rng.random() < 0.6 else _pick(rng, cnn)
+        source = usable[-1] if rng.random() < 0.6 else _pick(rng, usable)
         step = names[int(rng.choice(len(names), p=weights / weights.sum()))]
-        fn = STEPS[step][0]
-        fn(g, source, cnn) if step in _TAKE_OTHERS else fn(g, source)
+        fn = steps[step][0]
+        fn(g, source, usable) if step in take_others else fn(g, source)
     made = [v for v in g.shapes if v != "x"]
     if not made:
         return g.model([]), {"x": x}
