@@ -17,7 +17,8 @@ outputs too, so a pass must hand them back as the graph has them.
 Each graph is run by onnxruntime (float32) and by jonnx three ways: ``Model(*inputs)`` (the
 default passes: channels-last), with ``optimize={"constant_weights": True}`` (the weights
 compiled in, BatchNormalization folded into convolutions, shared-input products fused) and with
-``optimize=False``; every one must match onnxruntime. Then, in float64, the derivative of a
+``optimize=False``; every one must match onnxruntime (or, where it departs, the
+ReferenceEvaluator: counted as the references disagreeing). Then, in float64, the derivative of a
 random projection of the outputs with respect to the input and every weight, through
 ``Model.apply`` with every pass named on and through the unoptimized graph, each compiled by
 ``jonnx.jit``, must equal the unoptimized graph's run op by op (eagerly: no XLA fusion).
@@ -39,6 +40,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 import jonnx
 
@@ -480,9 +482,10 @@ CONFIGS = {"default": True, "constant weights": {"constant_weights": True}, "uno
 
 
 def check(seed: int) -> tuple[str, str | None]:
-    """``(verdict, detail)`` for the graph of ``seed``: ``ok``, ``references fail``, ``differs``
-    (a configuration against onnxruntime, or the optimized derivative against the plain one)
-    or ``raises``."""
+    """``(verdict, detail)`` for the graph of ``seed``: ``ok``, ``references fail``, ``reference
+    disagrees`` (every configuration equals the ReferenceEvaluator, not onnxruntime, and the
+    derivatives agree), ``differs`` (a configuration against the references, or a compiled
+    derivative against the eager one) or ``raises``."""
     model, feeds = draw(seed)
     if not model.graph.output:
         return "empty", None
@@ -491,15 +494,34 @@ def check(seed: int) -> tuple[str, str | None]:
         want = session.run(None, feeds)
     except Exception:  # noqa: BLE001 -- onnxruntime refuses a draw it does not implement
         return "references fail", None
+    got = {}
     for config, option in CONFIGS.items():
         try:
-            got = jonnx.load(model, optimize=option)(*feeds.values())
+            got[config] = jonnx.load(model, optimize=option)(*feeds.values())
         except Exception as e:  # noqa: BLE001 -- every error is a finding
             return "raises", f"{config}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        found = [f"output {i}: {why}" for i, (a, b) in enumerate(zip(got, want)) if (why := _close(a, b))]
-        if found:
-            return "differs", f"{config} against onnxruntime: {'; '.join(found)}"
-    return _check_gradient(seed)
+    found = _mismatches(got, want)
+    if found:
+        try:
+            reference = ReferenceEvaluator(model).run(None, feeds)
+        except Exception:  # noqa: BLE001
+            reference = None
+        if reference is None or _mismatches(got, [np.asarray(r, dtype=w.dtype) for r, w in zip(reference, want)]):
+            return "differs", f"against onnxruntime: {found}"
+    with jax.enable_x64(True):  # float64 derivatives, whatever the caller set
+        verdict = _check_gradient(seed)
+    return ("reference disagrees", None) if found and verdict[0] == "ok" else verdict
+
+
+def _mismatches(got: dict[str, list], want: list) -> str | None:
+    """Where the outputs of each configuration in ``got`` differ from ``want``, or None."""
+    found = [
+        f"{config} output {i}: {why}"
+        for config, outputs in got.items()
+        for i, (a, b) in enumerate(zip(outputs, want))
+        if (why := _close(a, b))
+    ]
+    return "; ".join(found) or None
 
 
 def _check_gradient(seed: int) -> tuple[str, str | None]:
@@ -545,7 +567,7 @@ def describe(seed: int) -> str:
 
 def run(seed: int, cases: int, *, trace: bool = False) -> tuple[collections.Counter, list[str]]:
     """Check the graphs of seeds ``seed * 100_000 + k``; the count of each verdict and the
-    findings, printed as they come. Needs ``jax_enable_x64`` (the gradient check is float64)."""
+    findings, printed as they come."""
     verdicts: collections.Counter = collections.Counter()
     findings = []
     for k in range(cases):
