@@ -1640,18 +1640,8 @@ def _loop(d: Draw) -> Case | None:
     # "i" straight from the body's input meets an onnxruntime bug (DEPARTURES); "i_row" not.
     scans = d.pick([[], ["h_out"], ["energy"], ["h_out", "i_row"], ["i"]])
     info = onnx.helper.make_tensor_value_info
-    body = onnx.helper.make_graph(
-        nodes,
-        "body",
-        [
-            info("i", onnx.TensorProto.INT64, []),
-            info("c_in", onnx.TensorProto.BOOL, []),
-            info("h_in", elem, h.shape),
-            info("limit_in", elem, []),
-        ],
-        [onnx.helper.make_empty_tensor_value_info(n) for n in ["c_out", "h_out", "limit_out", *scans]],
-        [onnx.helper.make_tensor("scale", elem, [], [d.pick([1.5, -1.3, 0.7, 2.0])])],
-    )
+    carried = [info("h_in", elem, h.shape), info("limit_in", elem, [])]
+    body = _loop_body(nodes, carried, ["h_out", "limit_out", *scans], elem, d.pick([1.5, -1.3, 0.7, 2.0]))
     inputs = {
         "M": np.int64(d.int(0, 12)),
         "cond": None if d.chance(0.3) else np.bool_(d.chance(0.8)),
@@ -1660,6 +1650,22 @@ def _loop(d: Draw) -> Case | None:
     }
     opset = d.pick([13, 16, 19, 21])
     return Case("Loop", inputs, {"body": body}, 2 + len(scans), ("M", "cond"), opset=opset)
+
+
+def _loop_body(nodes, carried: list, outputs: list[str], elem: int, scale: float) -> onnx.GraphProto:
+    """A Loop body reading the iteration number ``i``, the condition ``c_in`` and ``carried``,
+    writing ``c_out`` and ``outputs``, with a scalar initializer ``scale``."""
+    return onnx.helper.make_graph(
+        nodes,
+        "body",
+        [
+            onnx.helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+            onnx.helper.make_tensor_value_info("c_in", onnx.TensorProto.BOOL, []),
+            *carried,
+        ],
+        [onnx.helper.make_empty_tensor_value_info(n) for n in ["c_out", *outputs]],
+        [onnx.helper.make_tensor("scale", elem, [], [scale])],
+    )
 
 
 def _loop_sequence(d: Draw) -> Case:
@@ -1689,19 +1695,11 @@ def _loop_sequence(d: Draw) -> Case:
     scans = d.pick([[], ["length"]])
     if scans:
         nodes.append(make("SequenceLength", ["s_out"], ["length"]))
-    info = onnx.helper.make_tensor_value_info
-    body = onnx.helper.make_graph(
-        nodes,
-        "body",
-        [
-            info("i", onnx.TensorProto.INT64, []),
-            info("c_in", onnx.TensorProto.BOOL, []),
-            info("h_in", elem, h.shape),
-            onnx.helper.make_tensor_sequence_value_info("s_in", elem, None),
-        ],
-        [onnx.helper.make_empty_tensor_value_info(n) for n in ["c_out", "h_out", "s_out", *scans]],
-        [onnx.helper.make_tensor("scale", elem, [], [d.pick([1.5, -1.3, 0.7])])],
-    )
+    carried = [
+        onnx.helper.make_tensor_value_info("h_in", elem, h.shape),
+        onnx.helper.make_tensor_sequence_value_info("s_in", elem, None),
+    ]
+    body = _loop_body(nodes, carried, ["h_out", "s_out", *scans], elem, d.pick([1.5, -1.3, 0.7]))
     inputs = {"M": np.int64(d.int(0, 6)), "cond": None if d.chance(0.3) else np.bool_(True), "h": h, "s": start}
     return Case("Loop", inputs, {"body": body}, 2 + len(scans), ("M", "cond"), opset=d.pick([13, 16, 19, 21]))
 
