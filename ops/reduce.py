@@ -9,6 +9,8 @@ Reductions over an empty set give the reduction's identity, as the spec says: 0 
 norms, 1 for products, -inf for ReduceMax / ReduceLogSum / ReduceLogSumExp (the dtype's
 minimum for integers, False for bool), +inf for ReduceMin (the maximum, True). ReduceLogSumExp
 subtracts the maximum first, and ReduceL2's gradient at an all-zero slice is 0, not NaN.
+ReduceMax and ReduceMin (and GlobalMaxPool, through :func:`reduce_max`) send a slice's
+derivative to its first extreme element, by index (:func:`_chosen` says why).
 """
 
 from __future__ import annotations

@@ -2766,6 +2766,11 @@ def _sampled_at_kinks(case: Case, feeds: dict) -> bool:
     return False
 
 
+def _tensors(outputs) -> list:
+    """The outputs with each sequence output spread into its tensors (projected one by one)."""
+    return [t for y in outputs for t in (y if isinstance(y, list) else [y])]
+
+
 def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarray], rng) -> tuple[str, str | None]:
     """jonnx's reverse-mode derivative of a random projection of the outputs, against central
     finite differences, in float64, with respect to every non-empty float graph input that
@@ -2787,8 +2792,7 @@ def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarr
     wrt = tuple(i for i in floats if _traceable(jmodel, xs, i))
     if not wrt or any(y is None or isinstance(y, dict) for y in outputs):  # not tensors: not projected
         return "not differentiable", None
-    # A sequence output is projected tensor by tensor.
-    tensors = [t for y in outputs for t in (y if isinstance(y, list) else [y])]
+    tensors = _tensors(outputs)
     projections = [rng.standard_normal(np.shape(t)) if np.asarray(t).dtype.kind == "f" else None for t in tensors]
     if all(p is None for p in projections):
         return "not differentiable", None
@@ -2803,8 +2807,7 @@ def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarr
         for i, x in zip(wrt, diff):
             args[i] = x
         outputs = jmodel.apply(jmodel.params, *args)
-        tensors = [t for y in outputs for t in (y if isinstance(y, list) else [y])]
-        return sum(jnp.vdot(t, p) for t, p in zip(tensors, projections) if p is not None)
+        return sum(jnp.vdot(t, p) for t, p in zip(_tensors(outputs), projections) if p is not None)
 
     diff = [jnp.asarray(xs[i]) for i in wrt]
     try:
