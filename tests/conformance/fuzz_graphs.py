@@ -225,7 +225,7 @@ def _arithmetic(g: Graph, x: str, others: list[str]) -> list[str] | None:
         y = g.weight(_pick(g.rng, [(shape[1],) + (1,) * (len(shape) - 2), (1,)]), 0.3)
     else:
         y = g.weight(_broadcast_shape(g, shape), 0.5, positive=op == "Div")
-    operands = [y, x] if g.rng.random() < 0.3 and op != "PRelu" else [x, y]
+    operands = [y, x] if g.rng.random() < 0.3 and op not in ("PRelu", "Div") else [x, y]  # never 1 / x
     return g.add(op, operands)
 
 
