@@ -428,30 +428,23 @@ def draw(seed: int, dtype=np.float32) -> tuple[onnx.ModelProto, dict[str, np.nda
     rng = np.random.default_rng(seed)
     opset = int(_pick(rng, [9, 11, 13, 16, 18, 21]))
     g = Graph(rng, opset, dtype)
-    if rng.random() < 0.75:
+    cnn = rng.random() < 0.75
+    if cnn:  # (N, C, spatial...) through STEPS, starting with a Conv
         spatial = [int(rng.integers(3, 9)) for _ in range(_pick(rng, [1, 2, 2, 2, 3]))]
-        shape, steps, take_others, ranks = (
-            (int(rng.integers(1, 3)), int(rng.integers(1, 7)), *spatial),
-            STEPS,
-            _TAKE_OTHERS,
-            (3, 5),
-        )
-    else:
-        shape, steps, take_others, ranks = (
-            (int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(2, 9))),
-            ENCODER_STEPS,
-            _ENCODER_TAKE_OTHERS,
-            (3, 3),
-        )
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 7)), *spatial)
+        steps, take_others, ranks = STEPS, _TAKE_OTHERS, (3, 5)
+    else:  # (B, T, D) through ENCODER_STEPS
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(2, 9)))
+        steps, take_others, ranks = ENCODER_STEPS, _ENCODER_TAKE_OTHERS, (3, 3)
     g.inputs.append(helper.make_tensor_value_info("x", g.elem, shape))
     g.shapes["x"], g.elems["x"] = shape, g.elem
     x = rng.standard_normal(shape).astype(dtype)
-    if steps is STEPS:
+    if cnn:
         _conv(g, "x")
     names, weights = list(steps), np.array([w for _, w in steps.values()], float)
     for _ in range(int(rng.integers(2, 12))):
         usable = [v for v in g.shapes if ranks[0] <= len(g.shapes[v]) <= ranks[1] and g.elems[v] == g.elem]
-        usable = [v for v in usable if v != "x"] if steps is STEPS else usable
+        usable = [v for v in usable if v != "x"] if cnn else usable
         if not usable:
             break
         source = usable[-1] if rng.random() < 0.6 else _pick(rng, usable)
@@ -509,7 +502,7 @@ def check(seed: int) -> tuple[str, str | None]:
         if reference is None or _mismatches(got, [np.asarray(r, dtype=w.dtype) for r, w in zip(reference, want)]):
             return "differs", f"against onnxruntime: {found}"
     with jax.enable_x64(True):  # float64 derivatives, whatever the caller set
-        verdict = _check_gradient(seed)
+        verdict = _check_gradient(seed, want)
     return ("reference disagrees", None) if found and verdict[0] == "ok" else verdict
 
 
@@ -524,15 +517,14 @@ def _mismatches(got: dict[str, list], want: list) -> str | None:
     return "; ".join(found) or None
 
 
-def _check_gradient(seed: int) -> tuple[str, str | None]:
+def _check_gradient(seed: int, outputs: list[np.ndarray]) -> tuple[str, str | None]:
     """The float64 derivatives, compiled, through every pass and through none, against the
-    unoptimized graph's run op by op."""
+    unoptimized graph's run op by op; ``outputs`` (the value check's) give the loss its shapes."""
     model, feeds = draw(seed, np.float64)
     x = jnp.asarray(feeds["x"])
     plain, optimized = jonnx.load(model, optimize=False), jonnx.load(model, optimize=ALL_PASSES)
-    outputs = plain.apply(plain.params, x)
     rng = np.random.default_rng(seed + 1)
-    projections = [rng.standard_normal(np.shape(y)) if np.asarray(y).dtype.kind == "f" else None for y in outputs]
+    projections = [rng.standard_normal(y.shape) if y.dtype.kind == "f" else None for y in outputs]
 
     def gradient(m: jonnx.Model, compiled: bool):
         def loss(params, x):
