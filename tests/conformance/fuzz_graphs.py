@@ -6,12 +6,12 @@ channels-last pass rewrites them) and go on with what CNNs are made of, each rea
 earlier value: convolutions (grouped, depthwise, strided, dilated, transposed), pooling,
 BatchNormalization and InstanceNormalization, activations, arithmetic with another value or
 with a constant of any broadcasting shape ((C, 1, 1), (H, W), (1, 1, 1, W), ...), Concat,
-Split, Pad, Slice, Resize, Transpose, Softmax and reductions over any axes, and Flatten + Gemm
-heads (two heads on one value share its Flatten); in the operator forms of opsets 9 to 21
+Split, Pad, Slice, Resize, Transpose, Softmax and reductions over any axes, Dropout, and Flatten
++ Gemm heads (two heads on one value share its Flatten); in the operator forms of opsets 9 to 21
 (Pad, Slice and Clip's attributes before their inputs). A quarter of the graphs are encoders
 instead: (B, T, D) values through MatMuls by weights (several often reading one value, as
 attention's Q, K and V, which the product fusion joins), one-head attention, LayerNormalization,
-activations, arithmetic, Concat, Split and reductions. Some intermediate values are graph
+activations, arithmetic, Concat, Split, reductions and Dropout. Some intermediate values are graph
 outputs too, so a pass must hand them back as the graph has them.
 
 Each graph is run by onnxruntime (float32) and by jonnx three ways: ``Model(*inputs)`` (the
@@ -21,7 +21,9 @@ compiled in, BatchNormalization folded into convolutions, shared-input products 
 ReferenceEvaluator: counted as the references disagreeing). Then, in float64, the derivative of a
 random projection of the outputs with respect to the input and every weight, through
 ``Model.apply`` with every pass named on and through the unoptimized graph, each compiled by
-``jonnx.jit``, must equal the unoptimized graph's run op by op (eagerly: no XLA fusion).
+``jonnx.jit``, must equal the unoptimized graph's run op by op (eagerly: no XLA fusion); in
+inference, and in training (``train=True``: BatchNormalization on batch statistics, Dropout
+masks from a key), where the outputs, masks and new running statistics must agree too.
 
 The single-node fuzz (``tests/conformance/fuzz.py``) checks each op against the references;
 this one checks that the passes compose them without changing what the graph computes.
@@ -308,6 +310,11 @@ def _resize(g: Graph, x: str) -> list[str] | None:
     attrs = {"mode": mode, "coordinate_transformation_mode": transform}
     sizes = g.opset >= 13 and g.rng.random() < 0.4
     spatial = [float(_pick(g.rng, [0.5, 1.5, 2.0, 3.0])) for _ in shape[2:]]
+    if transform == "align_corners":
+        # Where n * scale is fractional, onnxruntime divides by the output's whole length, the
+        # ONNX test data (and jonnx) by n * scale itself (onnx/onnx#2462: intended): not a
+        # question for this fuzz.
+        spatial = [s if (s * n).is_integer() else 2.0 for s, n in zip(spatial, shape[2:])]
     axes = g.opset >= 18 and g.rng.random() < 0.4
     if axes:
         attrs["axes"] = [a - len(shape) if g.rng.random() < 0.5 else a for a in range(2, len(shape))]
@@ -341,6 +348,18 @@ def _reduce(g: Graph, x: str) -> list[str] | None:
     return g.add(op, [x], axes=axes, keepdims=1)
 
 
+def _dropout(g: Graph, x: str) -> list[str] | None:
+    """Dropout (any rank), its mask an output or not: the identity in inference, a mask drawn
+    from the run's key in training (the gradient check's ``train=True`` run)."""
+    ratio = float(_pick(g.rng, [0.1, 0.3, 0.5]))
+    outputs = 2 if g.opset >= 10 and g.rng.random() < 0.3 else 1  # a bool mask from opset 10
+    if g.opset < 12:
+        return g.add("Dropout", [x], outputs, ratio=ratio)
+    name = g.name("r")
+    g.inits.append(numpy_helper.from_array(np.array(ratio, g.dtype), name))
+    return g.add("Dropout", [x, name], outputs)
+
+
 def _head(g: Graph, x: str) -> list[str] | None:
     """Flatten and a Gemm: the end of a branch (rank 2)."""
     if x not in g.flattened:
@@ -370,6 +389,7 @@ STEPS = {
     "transpose": (_transpose, 1),
     "reduce": (_reduce, 1),
     "head": (_head, 1),
+    "dropout": (_dropout, 1),
 }
 _TAKE_OTHERS = {"arithmetic", "concat"}
 
@@ -418,6 +438,7 @@ ENCODER_STEPS = {
     "concat": (_concat, 1),
     "split": (_split, 1),
     "reduce": (_reduce, 1),
+    "dropout": (_dropout, 1),
 }
 _ENCODER_TAKE_OTHERS = {"linear", "attention", "arithmetic", "concat"}
 
@@ -519,36 +540,56 @@ def _mismatches(got: dict[str, list], want: list) -> str | None:
 
 def _check_gradient(seed: int, outputs: list[np.ndarray]) -> tuple[str, str | None]:
     """The float64 derivatives, compiled, through every pass and through none, against the
-    unoptimized graph's run op by op; ``outputs`` (the value check's) give the loss its shapes."""
+    unoptimized graph's run op by op; in inference and in training (BatchNormalization on batch
+    statistics, Dropout masks from a key), with the outputs and new running statistics too.
+    ``outputs`` (the value check's) give the loss its shapes."""
     model, feeds = draw(seed, np.float64)
     x = jnp.asarray(feeds["x"])
     plain, optimized = jonnx.load(model, optimize=False), jonnx.load(model, optimize=ALL_PASSES)
     rng = np.random.default_rng(seed + 1)
     projections = [rng.standard_normal(y.shape) if y.dtype.kind == "f" else None for y in outputs]
+    key = jax.random.key(seed)
 
-    def gradient(m: jonnx.Model, compiled: bool):
+    def gradient(m: jonnx.Model, compiled: bool, train: bool):
         def loss(params, x):
-            ys = m.apply(params, x)
-            return sum(jnp.vdot(y, p) for y, p in zip(ys, projections) if p is not None)
+            ys, state = m.apply_with_state(params, x, train=train, key=key)
+            return sum(jnp.vdot(y, p) for y, p in zip(ys, projections) if p is not None), (ys, state)
 
-        grad = jax.grad(loss, argnums=(0, 1))
+        grad = jax.grad(loss, argnums=(0, 1), has_aux=True)
         return (jonnx.jit(grad) if compiled else grad)(m.params, x)
 
-    # The reference runs op by op: no XLA fusion can make it wrong too.
-    want = gradient(plain, compiled=False)
-    for config, m in (("unoptimized", plain), ("optimized", optimized)):
-        try:
-            got = gradient(m, compiled=True)
-        except Exception as e:  # noqa: BLE001
-            return "raises", f"{config} gradient: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        leaves = {"x": (got[1], want[1]), **{k: (got[0][k], want[0][k]) for k in want[0]}}
-        for name, (a, b) in leaves.items():
-            a, b = np.asarray(a), np.asarray(b)
-            scale = max(1.0, float(np.max(np.abs(b), initial=0.0)))
-            if not np.allclose(a, b, rtol=0, atol=1e-9 * scale):
-                gap = float(np.max(np.abs(a - b)))
-                return "differs", f"{config} gradient (compiled) in {name}: off by {gap:.3g} (scale {scale:.3g})"
+    # Only BatchNormalization and Dropout read the flag: elsewhere training is inference again.
+    trains = any(n.op_type in ("BatchNormalization", "Dropout") for n in model.graph.node)
+    for mode, train in (("inference", False), ("training", True))[: 1 + trains]:
+        # The reference runs op by op: no XLA fusion can make it wrong too.
+        want = jax.tree_util.tree_flatten_with_path(gradient(plain, compiled=False, train=train))[0]
+        for config, m in (("unoptimized", plain), ("optimized", optimized)):
+            try:
+                got = jax.tree_util.tree_leaves(gradient(m, compiled=True, train=train))
+            except Exception as e:  # noqa: BLE001
+                return "raises", f"{config} {mode} gradient: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            for (path, b), a in zip(want, got):
+                if why := _leaf_differs(np.asarray(a), np.asarray(b)):
+                    return "differs", f"{config} {mode} (compiled): {_leaf_name(path)} {why}"
     return "ok", None
+
+
+def _leaf_name(path) -> str:
+    """A leaf of ``((d params, d x), (outputs, new state))`` in words."""
+    keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+    part = {(0, 0): "the gradient of", (0, 1): "the input's gradient", (1, 0): "output", (1, 1): "new state"}
+    return " ".join(str(k) for k in [part[keys[0], keys[1]], *keys[2:]])
+
+
+def _leaf_differs(got: np.ndarray, want: np.ndarray) -> str | None:
+    """How ``got`` departs from ``want`` beyond float64 rounding (exactly, if not floats), or None."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"is {got.dtype}{list(got.shape)} against {want.dtype}{list(want.shape)}"
+    if want.dtype.kind != "f":
+        return None if np.array_equal(got, want) else "differs"
+    scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
+    gap = float(np.max(np.abs(got - want), initial=0.0))
+    return None if gap <= 1e-9 * scale else f"is off by {gap:.3g} (scale {scale:.3g})"
 
 
 def describe(seed: int) -> str:
