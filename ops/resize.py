@@ -24,6 +24,7 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import normalize_axes, static_ints
+from jonnx.ops.reduce import reduce_max
 
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 _CTM_13 = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize")
@@ -717,6 +718,7 @@ def max_roi_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     mask_w = bins(sw, ew, pw, w)
     images = jnp.take(jnp.asarray(x), batch, axis=0, mode="clip")  # (R, C, H, W)
     neg = jnp.asarray(-jnp.inf, dtype)
-    cols = jnp.max(jnp.where(mask_w[:, None, None, :, :], images[:, :, :, None, :], neg), axis=-1)  # (R,C,H,pw)
-    y = jnp.max(jnp.where(mask_h[:, None, :, :, None], cols[:, :, None, :, :], neg), axis=3)  # (R,C,ph,pw)
+    # Maxima differentiated by index (reduce_max: JAX's own rule can go wrong compiled on CPU).
+    cols = reduce_max(jnp.where(mask_w[:, None, None, :, :], images[:, :, :, None, :], neg), (4,), False)  # (R,C,H,pw)
+    y = reduce_max(jnp.where(mask_h[:, None, :, :, None], cols[:, :, None, :, :], neg), (3,), False)  # (R,C,ph,pw)
     return (jnp.where(jnp.isneginf(y), jnp.zeros((), dtype), y),)
