@@ -571,6 +571,8 @@ def _check_gradient(seed: int, outputs: list[np.ndarray]) -> tuple[str, str | No
                 got = jax.tree_util.tree_leaves(gradient(m, compiled=True, train=train))
             except Exception as e:  # noqa: BLE001
                 return "raises", f"{config} {mode} gradient: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            if len(got) != len(want):
+                return "differs", f"{config} {mode}: {len(got)} results against {len(want)}"
             for (path, b), a in zip(want, got):
                 if why := _leaf_differs(np.asarray(a), np.asarray(b)):
                     return "differs", f"{config} {mode} (compiled): {_leaf_name(path)} {why}"
