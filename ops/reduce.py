@@ -80,9 +80,8 @@ def _chosen(x, axis, keepdims, largest):
     elements. Under ``jax.jit`` on CPU that went wrong after a convolution lowered as fused
     shifted products (channels-last, few channels): GlobalMaxPool's and ReduceMax's derivatives
     were off in some elements (tests/test_gradients.py; a pure-JAX reproducer in
-    docs/known_issues.md). An index picked from ``x`` and a gather
-    of the tangent, as MaxPool and RoiAlign do, are right there; ties go to the first element,
-    as in MaxPool."""
+    docs/known_issues.md). An index picked from ``x`` and a gather of the tangent, as MaxPool
+    and RoiAlign do, are right there; ties go to the first element, as in MaxPool."""
     return _extreme(x, axis, keepdims, largest)
 
 
