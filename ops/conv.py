@@ -92,6 +92,7 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False, kernel_layout: st
         jnp.shape(x), w_shape, strides, group, jnp.result_type(x, w), channels_last=channels_last, kernel_layout=layout
     )
     if lowering == "xla":
+        x, lo = _input_gradient_clear_of_swap(x, kernel, strides, dilations, lo, channels_last)
         y = lax.conv_general_dilated(
             x,
             w,
@@ -109,6 +110,26 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False, kernel_layout: st
             w, layout = _to_hwio(w, layout), "HWIO"
         y = _LOWERINGS[lowering](x, w, strides, dilations, lo, hi, ctx.precision, channels_last, layout)
     return geo.add_bias(y, b, ctx, channels_last)
+
+
+# XLA's operand swap (jaxlib 0.10.2's ConvOperandSwapper) rewrites a convolution whose kernel
+# outweighs its input as one of the input over the kernel, but copies an axis it reads as a
+# grouping axis unchanged (no padding, no window dilation, the input dilated by the window's
+# length, a stride one less), although the new kernel's length there is the old input's: the
+# compiler's own check then aborts the process ("Window dimensions do not match RHS shape",
+# docs/known_issues.md). Such an axis is a window of 2 over an input dilated by 2, unpadded:
+# JAX's input gradient of a Conv with a kernel of 2, stride 2 and a leading pad of 1 on that
+# axis, a ConvTranspose's convolution with stride 2, kernel 2 and pads 1, and Col2Im's adjoint.
+# Padding those axes another way keeps every convolution jonnx builds clear of it.
+
+
+def _input_gradient_clear_of_swap(x, kernel, strides, dilations, lo, channels_last):
+    """``(x, lo)`` with the leading pad of each axis whose input gradient XLA's operand swap
+    would take for a grouping axis (kernel 2, stride 2, a leading pad of 1) moved into ``x``."""
+    moved = [a if (k, s, d, a) == (2, 2, 1, 1) else 0 for k, s, d, a in zip(kernel, strides, dilations, lo)]
+    if not any(moved):
+        return x, lo
+    return geo.pad_spatial(x, moved, [0] * len(moved), channels_last), [a - m for a, m in zip(lo, moved)]
 
 
 # Conv lowerings. XLA's CPU convolution is slow next to its dot (by 2-30x on ResNet/MobileNet
@@ -587,22 +608,27 @@ def _conv_transpose_xla(x, w, g: _TransposeGeometry):
     span = [(k - 1) * d + 1 for k, d in zip(kernel, g.dilations)]
     conv_lo = [w_ - 1 - p for w_, p in zip(span, g.lo)]
     conv_hi = [w_ - 1 - p + op for w_, p, op in zip(span, g.hi, g.output_padding)]
+    # A strided axis with no padding at either end, which XLA's operand swap can take for a
+    # grouping axis in this convolution or in its weight gradient (see above), gets one more
+    # leading zero, cut off below.
+    extra = [int(s > 1 and a <= 0 and c <= 0) for s, a, c in zip(g.strides, conv_lo, conv_hi)]
     y = lax.conv_general_dilated(
         x,
         kw,
         window_strides=(1,) * n,
-        padding=tuple((max(a, 0), max(c, 0)) for a, c in zip(conv_lo, conv_hi)),
+        padding=tuple((max(a, 0) + e, max(c, 0)) for a, c, e in zip(conv_lo, conv_hi, extra)),
         lhs_dilation=g.strides,
         rhs_dilation=g.dilations,
         dimension_numbers=geo.dimension_numbers(n, g.channels_last, "OIHW"),
         feature_group_count=g.group,
         precision=g.precision,
     )
-    if any(a < 0 or c < 0 for a, c in zip(conv_lo, conv_hi)):
+    if any(a < 0 or c < 0 or e for a, c, e in zip(conv_lo, conv_hi, extra)):
         # Pads larger than the kernel span crop the output; XLA wants non-negative padding.
         first = 1 if g.channels_last else 2
         index = tuple(
-            slice(-min(a, 0), jnp.shape(y)[first + i] + min(c, 0)) for i, (a, c) in enumerate(zip(conv_lo, conv_hi))
+            slice(e - min(a, 0), jnp.shape(y)[first + i] + min(c, 0))
+            for i, (a, c, e) in enumerate(zip(conv_lo, conv_hi, extra))
         )
         y = y[(slice(None),) * first + index]
     return y
@@ -772,11 +798,13 @@ def col2im(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     dtype = jnp.result_type(x)
 
     def im2col(img):
+        # Padded first, not by the patches' convolution: the adjoint of that convolution's
+        # padding of 1 on a stride-2 axis of 2 would meet XLA's operand swap (see above).
         return lax.conv_general_dilated_patches(
-            img,
+            geo.pad_spatial(img, lo, hi),
             block,
             strides,
-            tuple(zip(lo, hi)),
+            ((0, 0),) * n,
             rhs_dilation=dilations,
             dimension_numbers=geo.dimension_numbers(n),
             precision=ctx.precision,

@@ -265,3 +265,43 @@ def test_col2im_block_count_is_checked():
     model = node_model("Col2Im", inputs, opset=18, initializers=["image", "block"])
     with pytest.raises(errors.NodeError, match="10 blocks"):
         run_jonnx(model, inputs)
+
+
+# ----------------------------------------------------------------------------- XLA's operand swap
+
+# Geometries where XLA's convolution operand swap (jaxlib 0.10.2) builds an invalid convolution
+# and the compiler aborts the process: an axis of kernel 2, stride 2 and pads 1 beside one whose
+# kernel outweighs its input (ops/conv.py pads those axes another way; docs/known_issues.md).
+# Each of these took the process down before.
+
+
+def test_conv_gradient_clear_of_the_operand_swap(monkeypatch):
+    # XLA's convolution (on CPU "auto" lowers a map this small to dots).
+    monkeypatch.setattr(jonnx.ops.conv, "CONV_LOWERING", "xla")
+    inputs = {"x": rand(1, 2, 5, 4), "w": rand(3, 2, 3, 2)}
+    attrs = dict(strides=[1, 2], dilations=[2, 1], pads=[0, 1, 0, 1])
+    assert_matches_reference("Conv", inputs, opset=21, rtol=1e-4, atol=1e-5, **attrs)
+    check_op_grads("Conv", inputs, opset=21, **attrs)
+
+
+@pytest.mark.parametrize("lowering", ["xla", "auto"])
+@pytest.mark.parametrize(
+    "x_shape,w_shape,attrs",
+    [
+        ((1, 2, 1, 4), (2, 3, 2, 2), dict(strides=[1, 2], pads=[0, 1, 1, 1])),
+        ((1, 2, 2, 16), (2, 3, 3, 2), dict(strides=[1, 2], pads=[0, 1, 0, 1])),
+    ],
+)
+def test_conv_transpose_clear_of_the_operand_swap(x_shape, w_shape, attrs, lowering, monkeypatch):
+    monkeypatch.setattr(jonnx.ops.conv, "CONV_LOWERING", lowering)
+    inputs = {"x": rand(*x_shape), "w": rand(*w_shape)}
+    assert_matches_reference("ConvTranspose", inputs, opset=21, rtol=1e-4, atol=1e-5, **attrs)
+    check_op_grads("ConvTranspose", inputs, opset=21, **attrs)
+
+
+def test_col2im_clear_of_the_operand_swap():
+    # One channel: the patches' convolution is ungrouped, which the swap needs.
+    inputs = {"x": rand(2, 6, 3), "image": np.array([5, 4], np.int64), "block": np.array([3, 2], np.int64)}
+    attrs = dict(strides=[1, 2], dilations=[2, 1], pads=[0, 1, 0, 1])
+    assert_matches_reference("Col2Im", inputs, opset=18, initializers=["image", "block"], **attrs)
+    check_op_grads("Col2Im", inputs, opset=18, initializers=["image", "block"], **attrs)
