@@ -11,6 +11,10 @@ import pytest
 from tests.conformance import fuzz
 
 CASES = 16
+VMAP_CASES = 8
+# Families that draw mostly what has nothing to batch: strings, sequences, maps, optionals, and
+# detection's NonMaxSuppression, whose output shape needs its inputs on the host.
+UNBATCHED = {"detection", "maps", "optional", "sequence", "text"}
 
 
 # Every family; at this seed conv_pool and quantize draw cases where onnxruntime departs from
@@ -29,6 +33,14 @@ def test_derivatives_agree_with_finite_differences(family):
         verdicts, findings = fuzz.run(seed=2026, cases=CASES, families=[family], grad=True)
     assert not findings
     assert verdicts["ok"] >= 4
+
+
+@pytest.mark.parametrize("family", sorted(fuzz.FAMILIES))
+def test_each_family_batches_under_vmap(family):
+    with jax.enable_x64(True):
+        verdicts, findings = fuzz.run(seed=2026, cases=VMAP_CASES, families=[family], vmap=True)
+    assert not findings
+    assert verdicts["ok"] >= (0 if family in UNBATCHED else VMAP_CASES // 2)
 
 
 def test_known_departures_are_counted_not_reported():
