@@ -23,7 +23,9 @@ random projection of the outputs with respect to the input and every weight, thr
 ``Model.apply`` with every pass named on and through the unoptimized graph, each compiled by
 ``jonnx.jit``, must equal the unoptimized graph's run op by op (eagerly: no XLA fusion); in
 inference, and in training (``train=True``: BatchNormalization on batch statistics, Dropout
-masks from a key), where the outputs, masks and new running statistics must agree too.
+masks from a key), where the outputs, masks and new running statistics must agree too. Last,
+per-example gradients (``jax.vmap`` of ``jax.grad`` over a stack of two inputs) through both
+models must equal each row's own.
 
 The single-node fuzz (``tests/conformance/fuzz.py``) checks each op against the references;
 this one checks that the passes compose them without changing what the graph computes.
@@ -577,6 +579,31 @@ def _check_gradient(seed: int, outputs: list[np.ndarray]) -> tuple[str, str | No
             for (path, b), a in zip(want, got):
                 if why := _close(a, b, tolerance=1e-9):  # float64 rounding
                     return "differs", f"{config} {mode} (compiled): {_leaf_name(path)} {why}"
+    return _check_per_example(feeds["x"], projections, rng, plain=plain, optimized=optimized)
+
+
+def _check_per_example(x: np.ndarray, projections: list, rng, **models: jonnx.Model) -> tuple[str, str | None]:
+    """Per-example gradients, as a research script takes them: ``jax.vmap`` of ``jax.grad`` over
+    a stack of two inputs (``x`` and a permutation of its values), each row against that row's
+    own compiled gradient, through each of ``models``. (The plain graph's channels-first
+    depthwise convolutions reach the tap-weights primitive's batching rule this way.)"""
+    rows = np.stack([x, rng.permutation(x.ravel()).reshape(x.shape)])
+    for config, m in models.items():
+
+        def loss(params, x, m=m):
+            return sum(jnp.vdot(y, p) for y, p in zip(m.apply(params, x), projections) if p is not None)
+
+        grad = jax.grad(loss)
+        try:
+            batched = jax.jit(jax.vmap(grad, in_axes=(None, 0)))(m.params, rows)
+            alone = [jax.jit(grad)(m.params, row) for row in rows]
+        except Exception as e:  # noqa: BLE001
+            return "raises", f"{config} per-example gradients: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        for r, want in enumerate(alone):
+            got = jax.tree_util.tree_map(lambda v, r=r: v[r], batched)
+            for name, a in got.items():
+                if why := _close(a, want[name], tolerance=1e-9):
+                    return "differs", f"{config} per-example gradient of row {r}: {name} {why}"
     return "ok", None
 
 
