@@ -2797,7 +2797,9 @@ def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarr
         outputs = jmodel.apply(jmodel.params, *xs)
     except Exception:  # noqa: BLE001 -- the value check reports what does not run
         return "does not run", None
-    wrt = tuple(i for i in floats if _traceable(jmodel, xs, i))
+    wrt = tuple(
+        i for i in floats if _traceable(lambda x, i=i: jmodel.apply(jmodel.params, *xs[:i], x, *xs[i + 1 :]), xs[i])
+    )
     if not wrt or any(y is None or isinstance(y, dict) for y in outputs):  # not tensors: not projected
         return "not differentiable", None
     tensors = _tensors(outputs)
@@ -2847,14 +2849,11 @@ def _widened(x):
     return np.asarray(x, np.float64) if x is not None and np.asarray(x).dtype.kind == "f" else x
 
 
-def _traceable(jmodel: jonnx.Model, xs: list, i: int) -> bool:
-    """Whether input ``i`` may be a tracer (jonnx raises StaticValueError where it must not)."""
-
-    def with_traced(x):
-        return jmodel.apply(jmodel.params, *xs[:i], x, *xs[i + 1 :])
-
+def _traceable(fn: Callable, value) -> bool:
+    """Whether ``fn`` (a model's run as a function of one of its values) takes ``value`` as a
+    tracer: jonnx raises StaticValueError where it needs the value at trace time."""
     try:
-        jax.eval_shape(with_traced, xs[i])
+        jax.eval_shape(fn, value)
     except jonnx.errors.StaticValueError:
         return False
     return True
@@ -2885,9 +2884,8 @@ def check_vmap(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rng) -> tup
         if not hasattr(value, "dtype") or np.dtype(value.dtype).kind not in "biuf":
             continue
         try:
-            jax.eval_shape(lambda v, slot=slot: call({slot: v}), value)
-        except jonnx.errors.StaticValueError:  # needed at trace time: a shape, an axis, a count
-            continue
+            if not _traceable(lambda v, slot=slot: call({slot: v}), value):
+                continue  # needed at trace time: a shape, an axis, a count
         except Exception:  # noqa: BLE001 -- the value check reports what does not run
             return "does not run", None
         batched[slot] = np.array(value)  # a copy: jax's arrays read as read-only
@@ -3064,8 +3062,9 @@ def main() -> int:
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=sorted(FAMILIES))
     parser.add_argument("--opset", type=int, default=21)
     parser.add_argument("--trace", action="store_true", help="print each case before running it (to find a crash)")
-    parser.add_argument("--grad", action="store_true", help="check derivatives against finite differences instead")
-    parser.add_argument("--vmap", action="store_true", help="check jax.vmap against each row run alone instead")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--grad", action="store_true", help="check derivatives against finite differences instead")
+    mode.add_argument("--vmap", action="store_true", help="check jax.vmap against each row run alone instead")
     args = parser.parse_args()
     if args.opset > onnx.defs.onnx_opset_version():
         parser.error(f"onnx {onnx.__version__} knows opsets up to {onnx.defs.onnx_opset_version()}")
