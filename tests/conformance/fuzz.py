@@ -2892,8 +2892,9 @@ def check_vmap(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rng) -> tup
     if not batched:
         return "not batchable", None
     rows = [batched] + [{s: rng.permutation(v.ravel()).reshape(v.shape) for s, v in batched.items()} for _ in range(2)]
+    one = jax.jit(call)
     try:
-        want = [jax.jit(call)(row) for row in rows]
+        want = [one(row) for row in rows]
     except Exception:  # noqa: BLE001 -- a permutation the op refuses (a runtime shape check)
         return "does not run", None
     if any(y is None or isinstance(y, (list, dict)) for ys in want for y in ys):

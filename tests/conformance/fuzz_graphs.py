@@ -585,8 +585,9 @@ def _check_gradient(seed: int, outputs: list[np.ndarray]) -> tuple[str, str | No
 def _check_per_example(x: np.ndarray, projections: list, rng, **models: jonnx.Model) -> tuple[str, str | None]:
     """Per-example gradients, as a research script takes them: ``jax.vmap`` of ``jax.grad`` over
     a stack of two inputs (``x`` and a permutation of its values), each row against that row's
-    own compiled gradient, through each of ``models``. (The plain graph's channels-first
-    depthwise convolutions reach the tap-weights primitive's batching rule this way.)"""
+    own compiled gradient, through each of ``models``. (Reverse mode transposes the tap-weights
+    primitive of channels-first depthwise convolutions without evaluating it, so its batching
+    rule is not reached here: only forward mode under vmap evaluates it.)"""
     rows = np.stack([x, rng.permutation(x.ravel()).reshape(x.shape)])
     for config, m in models.items():
 
@@ -594,9 +595,10 @@ def _check_per_example(x: np.ndarray, projections: list, rng, **models: jonnx.Mo
             return sum(jnp.vdot(y, p) for y, p in zip(m.apply(params, x), projections) if p is not None)
 
         grad = jax.grad(loss)
+        one = jax.jit(grad)
         try:
             batched = jax.jit(jax.vmap(grad, in_axes=(None, 0)))(m.params, rows)
-            alone = [jax.jit(grad)(m.params, row) for row in rows]
+            alone = [one(m.params, row) for row in rows]
         except Exception as e:  # noqa: BLE001
             return "raises", f"{config} per-example gradients: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         for r, want in enumerate(alone):
