@@ -185,6 +185,45 @@ def test_depthwise_weight_gradient_primitive(strides, monkeypatch):
         )
 
 
+@pytest.mark.parametrize("strides", [(1, 1), (2, 2)])
+def test_depthwise_forward_mode_under_vmap(strides):
+    # Forward mode under vmap is the one way the weights' term is batched (reverse mode
+    # transposes it unevaluated): per-example JVPs (a vmap over the input and both tangents,
+    # whose axis joins the batch axis, or over the weights' tangent alone, as jax.jacfwd does)
+    # against XLA's convolution in float64.
+    batched, batchers, real = [], jax.interpreters.batching.primitive_batchers, _tap_weights._batch
+    # (JAX's table of batching rules can be written, not read: monkeypatch cannot restore it.)
+    batchers[_tap_weights._tap_weight_p] = lambda args, dims, **p: batched.append(dims) or real(args, dims, **p)
+    try:
+        _check_forward_mode_under_vmap(strides)
+    finally:
+        batchers[_tap_weights._tap_weight_p] = real
+    # Both branches of the batching rule ran: input batched with the taps not, and the reverse.
+    assert any(dx is not None and dt is None for dx, dt in batched), batched
+    assert any(dx is None and dt is not None for dx, dt in batched), batched
+
+
+def _check_forward_mode_under_vmap(strides):
+
+    def model(f):
+        return lambda x, w: jnp.tanh(f(jnp.sin(x), w, strides))
+
+    def tangent(f):
+        return lambda x, w, tx, tw: jax.jvp(model(f), (x, w), (tx, tw))[1]
+
+    def jacobian(f):
+        return jax.jacfwd(lambda w, x: jnp.sum(model(f)(x, w), (0, 1)))
+
+    with jax.enable_x64(True):
+        x, w = RNG.standard_normal((2, 3, 7, 6)), RNG.standard_normal((3, 1, 3, 3))
+        xs, tx, tw = (RNG.standard_normal((4, *s)) for s in (x.shape, x.shape, w.shape))
+        for axes, args in [((0, None, 0, None), (xs, w, tx, tw[0])), ((None, None, None, 0), (x, w, tx[0], tw))]:
+            got, want = (jax.jit(jax.vmap(tangent(f), axes))(*args) for f in (_depthwise, _xla_depthwise))
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+        got, want = (jax.jit(jacobian(f))(w, x) for f in (_depthwise, _xla_depthwise))
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_depthwise_weight_gradient_is_accurate_in_float32():
     # Over maps of more than 56 x 56 cells the taps' sums run one axis at a time: one reduction
     # over the batch and the map together (8 x 128 x 128 terms here) was 1.3e-5 off in float32,
