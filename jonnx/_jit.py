@@ -96,8 +96,8 @@ LARGE_DOT_SHARE = 0.9
 
 def compiler_options(*, library_dots: bool = True) -> dict[str, str]:
     """The XLA compiler options jonnx compiles with, as a new dict: YNNPACK given single dots
-    (the miscompile of docs/known_issues.md), and on AMD CPUs with AVX-512 loops vectorized
-    512 bits wide (``_WIDE_VECTORS``).
+    (the miscompile of docs/known_issues.md), and on AMD CPUs with AVX-512 and Intel ones with
+    AMX loops vectorized 512 bits wide (``_WIDE_VECTORS``).
 
     ``library_dots=False`` leaves the dots to XLA's own emitter too (convolutions always are):
     faster where every dot is large (see :func:`library_dots_for`).
@@ -314,16 +314,21 @@ def _probed_options(library_dots: bool) -> tuple[tuple[str, str], ...]:
 # MobileNetV2 at batch 1 0.887 of the time, at batch 16 0.944, an EfficientNet-B0 at batch 1
 # 0.840 (its SiLU's exp in those loops: 0.70 -> 0.38 ms at 112x112x96), the int8 BERT 0.964;
 # ResNet-50, the BERT encoder and the ResNet-18, MobileNetV2 and BERT training steps within 1%
-# (docs/performance.md). Intel CPUs are left at XLA's default, unmeasured: some lower their
-# clock for 512-bit code, which is why compilers prefer 256 there.
+# (docs/performance.md). The same on an Intel Xeon with AMX (Sapphire Rapids or later):
+# MobileNetV2 at batch 1 0.951-0.971, at batch 16 0.954, the EfficientNet-B0 0.924, the int8
+# BERT 0.947, the BERT fine-tuning step 0.964, the rest within 1%. Older Intel CPUs with
+# AVX-512 are unmeasured and keep XLA's default: some (Skylake) lower their clock for 512-bit
+# code, which is why compilers prefer 256 there.
 _WIDE_VECTORS = (("xla_cpu_prefer_vector_width", "512"),)
 
 
 @functools.cache
 def _takes_wide_vectors() -> bool:
-    """Whether jonnx compiles with 512-bit vectors: an AMD CPU with AVX-512 whose jaxlib
-    accepts the option."""
-    if jax.default_backend() != "cpu" or not {"AuthenticAMD", "avx512f"} <= _cpu.cpu_info():
+    """Whether jonnx compiles with 512-bit vectors: an AMD CPU with AVX-512, or an Intel one
+    with AMX, whose jaxlib accepts the option."""
+    info = _cpu.cpu_info()
+    wide = {"AuthenticAMD", "avx512f"} <= info or {"GenuineIntel", "avx512f", "amx_tile"} <= info
+    if jax.default_backend() != "cpu" or not wide:
         return False
     return _compiled_text(lambda x: x + 1, dict(_WIDE_VECTORS)) is not None
 

@@ -80,7 +80,8 @@ def test_compiler_options_are_a_fresh_dict():
     known = dict(options)
     options["something"] = "else"
     assert jonnx.compiler_options() == known
-    # The YNNPACK option where the jaxlib acts on it; 512-bit vectors on AMD CPUs with AVX-512.
+    # The YNNPACK option where the jaxlib acts on it; 512-bit vectors on AMD CPUs with AVX-512
+    # and Intel ones with AMX.
     assert ("xla_cpu_experimental_ynn_fusion_type" in known) == (
         jax.default_backend() == "cpu" and jonnx._jit._knows_ynn_fusions()
     )
@@ -92,7 +93,8 @@ def test_compiler_options_are_a_fresh_dict():
     [
         ({"AuthenticAMD", "avx512f", "avx512_bf16"}, True),  # Zen 4 and 5
         ({"AuthenticAMD", "avx2"}, False),
-        ({"GenuineIntel", "avx512f", "amx_int8"}, False),  # unmeasured: XLA's default
+        ({"GenuineIntel", "avx512f", "amx_tile", "amx_int8"}, True),  # Sapphire Rapids and later
+        ({"GenuineIntel", "avx512f"}, False),  # older Intel: unmeasured, XLA's default
         (set(), False),  # /proc/cpuinfo unreadable
     ],
 )
