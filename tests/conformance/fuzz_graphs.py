@@ -583,29 +583,66 @@ def _check_gradient(seed: int, outputs: list[np.ndarray]) -> tuple[str, str | No
 
 
 def _check_per_example(x: np.ndarray, projections: list, rng, **models: jonnx.Model) -> tuple[str, str | None]:
-    """Per-example gradients, as a research script takes them: ``jax.vmap`` of ``jax.grad`` over
-    a stack of two inputs (``x`` and a permutation of its values), each row against that row's
-    own compiled gradient, through each of ``models``. (Reverse mode transposes the tap-weights
-    primitive of channels-first depthwise convolutions without evaluating it, so its batching
-    rule is not reached here: only forward mode under vmap evaluates it.)"""
+    """Per-example derivatives, as a research script takes them, through each of ``models``,
+    each row against that row's own compiled derivative:
+
+    - gradients: ``jax.vmap`` of ``jax.grad`` over a stack of two inputs (``x`` and a
+      permutation of its values);
+    - forward mode under ``jax.vmap``: the directional derivatives (``jax.jvp``) of those two
+      inputs with their own tangents along one weight tangent, then of ``x`` along two weight
+      tangents (as ``jax.jacfwd`` batches them). Only forward mode evaluates the tap-weights
+      primitive of channels-first depthwise convolutions under vmap (reverse mode transposes it
+      unevaluated), so only this reaches its batching rule."""
     rows = np.stack([x, rng.permutation(x.ravel()).reshape(x.shape)])
+    x_tangents = rng.standard_normal(rows.shape)
     for config, m in models.items():
+        verdict = _per_example_checks(config, m, rows, x_tangents, projections, rng)
+        if verdict[0] != "ok":
+            return verdict
+    return "ok", None
 
-        def loss(params, x, m=m):
-            return sum(jnp.vdot(y, p) for y, p in zip(m.apply(params, x), projections) if p is not None)
 
-        grad = jax.grad(loss)
-        one = jax.jit(grad)
+def _per_example_checks(config, m: jonnx.Model, rows, x_tangents, projections, rng) -> tuple[str, str | None]:
+    def loss(params, x):
+        return sum(jnp.vdot(y, p) for y, p in zip(m.apply(params, x), projections) if p is not None)
+
+    weights = {k: v for k, v in m.params.items() if jnp.issubdtype(v.dtype, jnp.floating)}
+    fixed = {k: v for k, v in m.params.items() if k not in weights}
+
+    def derivative(weights, x, w_tangent, x_tangent):
+        return jax.jvp(lambda w, inputs: loss({**fixed, **w}, inputs), (weights, x), (w_tangent, x_tangent))[1]
+
+    w_tangents = [{k: rng.standard_normal(v.shape) for k, v in weights.items()} for _ in rows]
+    w_stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *w_tangents)
+    checks = [  # (what, function, vmap's in_axes, batched arguments, row r's arguments)
+        ("gradient", jax.grad(loss), (None, 0), (m.params, rows), lambda r: (m.params, rows[r])),
+        (
+            "directional derivative",
+            derivative,
+            (None, 0, None, 0),
+            (weights, rows, w_tangents[0], x_tangents),
+            lambda r: (weights, rows[r], w_tangents[0], x_tangents[r]),
+        ),
+        (
+            "directional derivative along weight tangents",
+            derivative,
+            (None, None, 0, None),
+            (weights, rows[0], w_stacked, x_tangents[0]),
+            lambda r: (weights, rows[0], w_tangents[r], x_tangents[0]),
+        ),
+    ]
+    for what, fn, in_axes, args, row_args in checks:
+        one = jax.jit(fn)
         try:
-            batched = jax.jit(jax.vmap(grad, in_axes=(None, 0)))(m.params, rows)
-            alone = [one(m.params, row) for row in rows]
+            batched = jax.jit(jax.vmap(fn, in_axes=in_axes))(*args)
+            alone = [one(*row_args(r)) for r in range(len(rows))]
         except Exception as e:  # noqa: BLE001
-            return "raises", f"{config} per-example gradients: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            return "raises", f"{config} per-example {what}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         for r, want in enumerate(alone):
             got = jax.tree_util.tree_map(lambda v, r=r: v[r], batched)
-            for name, a in got.items():
-                if why := _close(a, want[name], tolerance=1e-9):
-                    return "differs", f"{config} per-example gradient of row {r}: {name} {why}"
+            for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree_util.tree_leaves(want)):
+                if why := _close(a, b, tolerance=1e-9):
+                    return "differs", f"{config} per-example {what} of row {r}: {jax.tree_util.keystr(path)} {why}"
     return "ok", None
 
 
