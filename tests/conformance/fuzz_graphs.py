@@ -24,8 +24,9 @@ random projection of the outputs with respect to the input and every weight, thr
 ``jonnx.jit``, must equal the unoptimized graph's run op by op (eagerly: no XLA fusion); in
 inference, and in training (``train=True``: BatchNormalization on batch statistics, Dropout
 masks from a key), where the outputs, masks and new running statistics must agree too. Last,
-per-example gradients (``jax.vmap`` of ``jax.grad`` over a stack of two inputs) through both
-models must equal each row's own.
+per-example derivatives through both models must equal each row's own: gradients (``jax.vmap``
+of ``jax.grad`` over a stack of two inputs) and forward mode under ``jax.vmap`` (directional
+derivatives over the inputs and their tangents, and over a stack of weight tangents).
 
 The single-node fuzz (``tests/conformance/fuzz.py``) checks each op against the references;
 this one checks that the passes compose them without changing what the graph computes.
