@@ -11,7 +11,7 @@ Split, Pad, Slice, Resize, Transpose, Softmax and reductions over any axes, Drop
 (Pad, Slice and Clip's attributes before their inputs). A quarter of the graphs are encoders
 instead: (B, T, D) values through MatMuls by weights (several often reading one value, as
 attention's Q, K and V, which the product fusion joins), one-head attention, LayerNormalization,
-activations, arithmetic, Concat, Split, reductions and Dropout. Some intermediate values are graph
+RNN, GRU and LSTM nodes, activations, arithmetic, Concat, Split, reductions and Dropout. Some intermediate values are graph
 outputs too, so a pass must hand them back as the graph has them.
 
 Each graph is run by onnxruntime (float32) and by jonnx three ways: ``Model(*inputs)`` (the
@@ -435,8 +435,32 @@ def _layer_norm(g: Graph, x: str) -> list[str] | None:
     return g.add("LayerNormalization", [x, g.weight((d,), 0.3, positive=True), g.weight((d,), 0.1)], axis=-1)
 
 
+def _recurrent(g: Graph, x: str) -> list[str] | None:
+    """An RNN, GRU or LSTM over ``x`` read as (T, B, D) (layout 0), in a random direction, with
+    or without bias and initial state (and peepholes for an LSTM); its outputs Y (T, directions,
+    B, H) and Y_h (directions, B, H), the last of which goes on through the encoder."""
+    op = _pick(g.rng, ["RNN", "GRU", "LSTM"])
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    direction = _pick(g.rng, ["forward", "reverse", "bidirectional"])
+    dirs = 2 if direction == "bidirectional" else 1
+    t, b, d = g.shape_of(x)
+    h = int(_pick(g.rng, [2, 3, 5]))
+    scale = 1 / np.sqrt(max(d, h))
+    inputs = [x, g.weight((dirs, gates * h, d), scale), g.weight((dirs, gates * h, h), scale)]
+    if g.rng.random() < 0.7:
+        inputs += [g.weight((dirs, 2 * gates * h), 0.1), "", g.weight((dirs, b, h), 0.5)]
+        if op == "LSTM" and g.rng.random() < 0.5:
+            inputs += [g.weight((dirs, b, h), 0.5), g.weight((dirs, 3 * h), 0.3)]
+    attrs = {"hidden_size": h, "direction": direction}
+    if op == "GRU":
+        attrs["linear_before_reset"] = int(g.rng.integers(2))
+    made = g.add(op, inputs, 2, **attrs)
+    return made and made[1:]
+
+
 ENCODER_STEPS = {
     "linear": (_linear, 5),
+    "recurrent": (_recurrent, 1),
     "attention": (_attention, 2),
     "layer_norm": (_layer_norm, 1),
     "activation": (_activation, 2),

@@ -19,6 +19,7 @@ def test_optimized_graphs_agree_with_onnxruntime_and_their_derivatives_with_the_
     ops = [{n.op_type for n in fuzz_graphs.draw(2027 * 100_000 + k)[0].graph.node} for k in range(6)]
     assert sum("Conv" in o for o in ops) >= 2 and sum("Conv" not in o for o in ops) >= 1
     assert sum(bool(o & {"BatchNormalization", "Dropout"}) for o in ops) >= 2
+    assert any(o & {"RNN", "GRU", "LSTM"} for o in ops)  # a recurrent encoder: scans under vmap and jvp
 
 
 def test_one_seed_draws_one_graph_in_either_float_type():
