@@ -10,7 +10,8 @@ equals the ReferenceEvaluator is only counted: the two references disagree there
 on a case where a reference departs from the specification as listed below (``DEPARTURES``). The
 ``microsoft`` and ``microsoft_quantized`` families draw onnxruntime's contrib ops, which only
 onnxruntime can check. ``--grad`` checks jonnx's derivatives (float64, every float input not
-needed at trace time) against central finite differences instead; ``--vmap`` checks
+needed at trace time) against central finite differences instead, and forward mode along a
+random direction against that gradient (since 2026-12-03); ``--vmap`` checks
 ``jax.vmap`` over three rows of every numeric input and weight jonnx can trace, each batched on
 an axis drawn at random, against each row run alone; ``--trace`` prints each case before it
 runs, to find one that crashes a reference.
@@ -2782,7 +2783,8 @@ def _tensors(outputs) -> list:
 def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarray], rng) -> tuple[str, str | None]:
     """jonnx's reverse-mode derivative of a random projection of the outputs, against central
     finite differences, in float64, with respect to every non-empty float graph input that
-    jonnx does not need at trace time (Resize's scales, say)."""
+    jonnx does not need at trace time (Resize's scales, say); then its forward mode along a
+    random direction, against that gradient's directional derivative."""
     if case.op in NO_GRADIENT or _sampled_at_kinks(case, feeds):
         return "not differentiable", None
     names = list(feeds)
@@ -2836,6 +2838,16 @@ def check_gradient(case: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarr
             worst = max(worst, abs(numeric - float(np.asarray(grad).flat[j])) / (1 + abs(numeric)))
     if worst > 1e-4 or not np.isfinite(worst):
         return "differs", f"gradient off by {worst:.3g} (relative) from finite differences"
+    # Forward mode along a random direction must give the gradient's directional derivative:
+    # an op whose rule works one way only (a custom VJP, a primitive's transpose) departs here.
+    direction = [rng.standard_normal(np.shape(d)) for d in diff]
+    try:
+        forward = float(jax.jit(lambda *d: jax.jvp(loss, d, tuple(map(jnp.asarray, direction)))[1])(*diff))
+    except Exception as e:  # noqa: BLE001 -- every error is a finding
+        return "raises", f"forward mode: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    reverse = sum(float(jnp.vdot(g, v)) for g, v in zip(grads, direction))
+    if not abs(forward - reverse) <= 1e-9 * (1 + abs(reverse)):
+        return "differs", f"forward mode gives {forward:.12g}, the gradient along the same direction {reverse:.12g}"
     return "ok", None
 
 

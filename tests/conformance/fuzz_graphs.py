@@ -617,7 +617,9 @@ def _check_per_example(x: np.ndarray, projections: list, rng, **models: jonnx.Mo
       inputs with their own tangents along one weight tangent, then of ``x`` along two weight
       tangents (as ``jax.jacfwd`` batches them). Only forward mode evaluates the tap-weights
       primitive of channels-first depthwise convolutions under vmap (reverse mode transposes it
-      unevaluated), so only this reaches its batching rule."""
+      unevaluated), so only this reaches its batching rule;
+
+    and each row's directional derivative against its gradient's (forward against reverse)."""
     rows = np.stack([x, rng.permutation(x.ravel()).reshape(x.shape)])
     x_tangents = rng.standard_normal(rows.shape)
     for config, m in models.items():
@@ -640,7 +642,7 @@ def _per_example_checks(config, m: jonnx.Model, rows, x_tangents, projections, r
     w_tangents = [{k: rng.standard_normal(v.shape) for k, v in weights.items()} for _ in rows]
     w_stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *w_tangents)
     checks = [  # (what, function, vmap's in_axes, batched arguments, row r's arguments)
-        ("gradient", jax.grad(loss), (None, 0), (m.params, rows), lambda r: (m.params, rows[r])),
+        ("gradient", jax.grad(loss, (0, 1)), (None, 0), (m.params, rows), lambda r: (m.params, rows[r])),
         (
             "directional derivative",
             derivative,
@@ -656,18 +658,26 @@ def _per_example_checks(config, m: jonnx.Model, rows, x_tangents, projections, r
             lambda r: (weights, rows[0], w_tangents[r], x_tangents[0]),
         ),
     ]
+    alone = {}
     for what, fn, in_axes, args, row_args in checks:
         one = jax.jit(fn)
         try:
             batched = jax.jit(jax.vmap(fn, in_axes=in_axes))(*args)
-            alone = [one(*row_args(r)) for r in range(len(rows))]
+            alone[what] = [one(*row_args(r)) for r in range(len(rows))]
         except Exception as e:  # noqa: BLE001
             return "raises", f"{config} per-example {what}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        for r, want in enumerate(alone):
+        for r, want in enumerate(alone[what]):
             got = jax.tree_util.tree_map(lambda v, r=r: v[r], batched)
             for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree_util.tree_leaves(want)):
                 if why := _close(a, b, tolerance=1e-9):
                     return "differs", f"{config} per-example {what} of row {r}: {jax.tree_util.keystr(path)} {why}"
+    # Forward mode against reverse mode: each row's directional derivative is its gradient's
+    # (a rule that works one way only, as a primitive evaluated forward and transposed back).
+    for r, ((d_params, d_x), forward) in enumerate(zip(alone["gradient"], alone["directional derivative"])):
+        terms = [d_params[k] * w_tangents[0][k] for k in weights] + [d_x * x_tangents[r]]
+        reverse = sum(float(jnp.sum(t)) for t in terms)
+        if abs(float(forward) - reverse) > 1e-9 * (1 + sum(float(jnp.sum(jnp.abs(t))) for t in terms)):
+            return "differs", f"{config} row {r}: forward mode gives {float(forward):.12g}, the gradient {reverse:.12g}"
     return "ok", None
 
 
