@@ -505,7 +505,10 @@ def draw(seed: int, dtype=np.float32) -> tuple[onnx.ModelProto, dict[str, np.nda
     made = [v for v in g.shapes if v != "x"]
     if not made:
         return g.model([]), {"x": x}
-    outputs = [made[-1], *[v for v in made[:-1] if rng.random() < 0.15]]
+    # The last float value first (not a Dropout's mask: the derivative checks project a float
+    # output), then a few others.
+    last = next((v for v in reversed(made) if g.elems[v] == g.elem), made[-1])
+    outputs = [last, *[v for v in made if v != last and rng.random() < 0.15]]
     return g.model(outputs), {"x": x}
 
 
