@@ -11,8 +11,8 @@ Split, Pad, Slice, Resize, Transpose, Softmax and reductions over any axes, Drop
 (Pad, Slice and Clip's attributes before their inputs). A quarter of the graphs are encoders
 instead: (B, T, D) values through MatMuls by weights (several often reading one value, as
 attention's Q, K and V, which the product fusion joins), one-head attention, LayerNormalization,
-RNN, GRU and LSTM nodes, activations, arithmetic, Concat, Split, reductions and Dropout. Some intermediate values are graph
-outputs too, so a pass must hand them back as the graph has them.
+RNN, GRU and LSTM nodes, activations, arithmetic, Concat, Split, reductions and Dropout. Some
+intermediate values are graph outputs too, so a pass must hand them back as the graph has them.
 
 Each graph is run by onnxruntime (float32) and by jonnx three ways: ``Model(*inputs)`` (the
 default passes: channels-last), with ``optimize={"constant_weights": True}`` (the weights
