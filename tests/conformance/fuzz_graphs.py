@@ -651,13 +651,11 @@ def _per_example_checks(config, m: jonnx.Model, rows, x_tangents, projections, r
     def loss(params, x):
         return sum(jnp.vdot(y, p) for y, p in zip(m.apply(params, x), projections) if p is not None)
 
-    weights = {k: v for k, v in m.params.items() if jnp.issubdtype(v.dtype, jnp.floating)}
-    fixed = {k: v for k, v in m.params.items() if k not in weights}
+    # (Every weight is a float: the gradient below is taken in all of them.)
+    def derivative(params, x, w_tangent, x_tangent):
+        return jax.jvp(loss, (params, x), (w_tangent, x_tangent))[1]
 
-    def derivative(weights, x, w_tangent, x_tangent):
-        return jax.jvp(lambda w, inputs: loss({**fixed, **w}, inputs), (weights, x), (w_tangent, x_tangent))[1]
-
-    w_tangents = [{k: rng.standard_normal(v.shape) for k, v in weights.items()} for _ in rows]
+    w_tangents = [{k: rng.standard_normal(v.shape) for k, v in m.params.items()} for _ in rows]
     w_stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *w_tangents)
     checks = [  # (what, function, vmap's in_axes, batched arguments, row r's arguments)
         ("gradient", jax.grad(loss, (0, 1)), (None, 0), (m.params, rows), lambda r: (m.params, rows[r])),
@@ -665,15 +663,15 @@ def _per_example_checks(config, m: jonnx.Model, rows, x_tangents, projections, r
             "directional derivative",
             derivative,
             (None, 0, None, 0),
-            (weights, rows, w_tangents[0], x_tangents),
-            lambda r: (weights, rows[r], w_tangents[0], x_tangents[r]),
+            (m.params, rows, w_tangents[0], x_tangents),
+            lambda r: (m.params, rows[r], w_tangents[0], x_tangents[r]),
         ),
         (
             "directional derivative along weight tangents",
             derivative,
             (None, None, 0, None),
-            (weights, rows[0], w_stacked, x_tangents[0]),
-            lambda r: (weights, rows[0], w_tangents[r], x_tangents[0]),
+            (m.params, rows[0], w_stacked, x_tangents[0]),
+            lambda r: (m.params, rows[0], w_tangents[r], x_tangents[0]),
         ),
     ]
     alone = {}
@@ -692,7 +690,7 @@ def _per_example_checks(config, m: jonnx.Model, rows, x_tangents, projections, r
     # Forward mode against reverse mode: each row's directional derivative is its gradient's
     # (a rule that works one way only, as a primitive evaluated forward and transposed back).
     for r, ((d_params, d_x), forward) in enumerate(zip(alone["gradient"], alone["directional derivative"])):
-        terms = [d_params[k] * w_tangents[0][k] for k in weights] + [d_x * x_tangents[r]]
+        terms = [d_params[k] * w_tangents[0][k] for k in m.params] + [d_x * x_tangents[r]]
         reverse = sum(float(jnp.sum(t)) for t in terms)
         if abs(float(forward) - reverse) > 1e-9 * (1 + sum(float(jnp.sum(jnp.abs(t))) for t in terms)):
             return "differs", f"{config} row {r}: forward mode gives {float(forward):.12g}, the gradient {reverse:.12g}"

@@ -204,7 +204,6 @@ def test_depthwise_forward_mode_under_vmap(strides):
 
 
 def _check_forward_mode_under_vmap(strides):
-
     def model(f):
         return lambda x, w: jnp.tanh(f(jnp.sin(x), w, strides))
 
