@@ -141,3 +141,37 @@ def test_cast_map_departure_is_narrow():
     assert fuzz.known_departure(case._replace(attrs={**case.attrs, "max_map": 2})) is None
     assert fuzz.known_departure(case._replace(attrs={**case.attrs, "map_form": "DENSE"})) is None
     assert fuzz.known_departure(case._replace(attrs={**case.attrs, "cast_to": "TO_FLOAT"})) is None
+
+
+# The numpy formulas (fuzz.FORMULAS) are only a reference if they are right: each against
+# onnxruntime on a case it runs.
+FORMULA_CASES = [
+    ("LRN", {"x": (2, 5, 3, 2)}, {"size": 3, "alpha": 0.01, "beta": 0.75, "bias": 2.0}, 21),
+    ("MeanVarianceNormalization", {"x": (2, 3, 4, 2)}, {"axes": [0, 2]}, 21),
+    ("GroupNormalization", {"x": (2, 4, 3), "scale": (2,), "bias": (2,)}, {"num_groups": 2}, 18),
+    ("GroupNormalization", {"x": (2, 4, 3), "scale": (4,), "bias": (4,)}, {"num_groups": 2}, 21),
+    ("RMSNormalization", {"x": (2, 3, 4), "scale": (3, 4)}, {"axis": 1, "epsilon": 1e-2}, 23),
+]
+
+
+@pytest.mark.parametrize(("op", "shapes", "attrs", "opset"), FORMULA_CASES, ids=lambda v: str(v)[:30])
+def test_formulas_agree_with_onnxruntime(op, shapes, attrs, opset):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    model = fuzz.node_model(op, feeds, 1, opset=opset, **attrs)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert not fuzz.differences(fuzz.formula_reference(model, feeds), want)
+
+
+def test_a_case_both_references_refuse_is_checked_by_its_formula(monkeypatch):
+    # LRN of a 3-D input: onnxruntime and the ReferenceEvaluator take only 4-D ones.
+    x = np.random.default_rng(1).standard_normal((2, 4, 5)).astype(np.float32)
+    model = fuzz.node_model("LRN", {"x": x}, 1, opset=21, size=3, alpha=0.5)
+    assert fuzz.check(model, {"x": x}) == ("ok", None)
+    # and a formula that disagrees with jonnx is reported, not passed over
+    lrn = fuzz.FORMULAS["LRN"]
+    monkeypatch.setitem(fuzz.FORMULAS, "LRN", lambda x, **attrs: lrn(x, **{**attrs, "alpha": 0.25}))
+    verdict, detail = fuzz.check(model, {"x": x})
+    assert verdict == "differs" and "the formula" in detail
