@@ -141,8 +141,9 @@ def _conv(g: Graph, x: str) -> list[str] | None:
     attrs = {"kernel_shape": kernel, "group": groups}
     if g.rng.random() < 0.5:
         attrs["strides"] = [int(g.rng.integers(1, 3)) for _ in spatial]
-    if g.rng.random() < 0.2:
-        attrs["dilations"] = [int(g.rng.integers(1, 3)) for _ in spatial]
+    if g.rng.random() < 0.2:  # a dilated window longer than its input is an invalid model
+        dilations = [int(g.rng.integers(1, 3)) for _ in spatial]
+        attrs["dilations"] = [d if (k - 1) * d < s else 1 for d, k, s in zip(dilations, kernel, spatial)]
     if g.rng.random() < 0.15:
         attrs["auto_pad"] = _pick(g.rng, ["SAME_UPPER", "SAME_LOWER", "VALID"])
         attrs.pop("dilations", None)  # onnxruntime's SAME with dilations is not the specification's
