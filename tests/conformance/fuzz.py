@@ -193,7 +193,7 @@ sequence outputs tensor by tensor instead of skipping them: 550 value and 300 ``
 cases over the ``loop`` and ``sequence`` families, nothing found.
 
 Since 2026-12-04 the cases both references refuse are checked against the op's formula in
-numpy where one is written (``FORMULAS``: LRN on inputs of 3 or 5 dimensions,
+numpy where one is written (``FORMULAS``: LRN on 3-D inputs,
 MeanVarianceNormalization in float64, GroupNormalization of an empty batch, RMSNormalization
 of one with ``stash_type`` 11), instead of going unchecked as ``no reference for <op>``. The
 formulas agree with onnxruntime wherever it runs (153 cases: LRN 36, MeanVarianceNormalization

@@ -151,6 +151,7 @@ FORMULA_CASES = [
     ("GroupNormalization", {"x": (2, 4, 3), "scale": (2,), "bias": (2,)}, {"num_groups": 2}, 18),
     ("GroupNormalization", {"x": (2, 4, 3), "scale": (4,), "bias": (4,)}, {"num_groups": 2}, 21),
     ("RMSNormalization", {"x": (2, 3, 4), "scale": (3, 4)}, {"axis": 1, "epsilon": 1e-2}, 23),
+    ("RMSNormalization", {"x": (2, 3, 4), "scale": (4,)}, {"axis": -1, "stash_type": 11}, 23),
 ]
 
 
