@@ -200,7 +200,12 @@ formulas agree with onnxruntime wherever it runs (153 cases: LRN 36, MeanVarianc
 25, GroupNormalization 25 at opsets 18 and 21, RMSNormalization 67), except that over a unit
 axis onnxruntime's MeanVarianceNormalization gives NaN (0/0: it leaves out the function
 body's epsilon) where the ReferenceEvaluator, the formula and jonnx give 0; jonnx agreed with
-them on every case of three seeds of 400 ``normalization`` cases.
+them on every case of three seeds of 400 ``normalization`` cases. Then RNN, GRU and LSTM over
+an empty sequence in float64 (an empty Y, the initial states as the last) and
+com.microsoft's MatMulIntegerToFloat with int8 A and uint8 B (no onnxruntime kernel; the
+formula agrees with onnxruntime on the three type pairs it runs): three seeds of 300
+``recurrent``, ``microsoft_quantized`` and ``normalization`` cases used a formula 63 times,
+and jonnx agreed every time.
 
 Graphs of many ops, where the optimization passes act, are ``fuzz_graphs.py``'s.
 
@@ -216,6 +221,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import itertools
 import sys
 import warnings
@@ -2512,7 +2518,10 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
 # in float64 (onnxruntime has no kernel, the ReferenceEvaluator's function body mixes float32
 # constants in), GroupNormalization of an empty batch (both reshape with a -1 there) and
 # RMSNormalization of one with stash_type 11 (onnxruntime refuses the empty axis, the
-# ReferenceEvaluator stash_type 11).
+# ReferenceEvaluator stash_type 11), RNN, GRU and LSTM over an empty sequence in float64
+# (onnxruntime runs float32 only, the ReferenceEvaluator no empty sequence) and
+# MatMulIntegerToFloat with types onnxruntime has no kernel for. Each returns its outputs in
+# their ONNX types.
 
 
 def _lrn_formula(x, *, size, alpha=1e-4, beta=0.75, bias=1.0, opset):
@@ -2522,14 +2531,14 @@ def _lrn_formula(x, *, size, alpha=1e-4, beta=0.75, bias=1.0, opset):
     sums = np.stack(
         [squares[:, max(0, c - before) : min(channels, c + after + 1)].sum(axis=1) for c in range(channels)], axis=1
     )
-    return x / (bias + alpha / size * sums) ** beta
+    return (x / (bias + alpha / size * sums) ** beta).astype(x.dtype)
 
 
 def _mvn_formula(x, *, axes=(0, 2, 3), opset):
     """MeanVarianceNormalization's function body: (X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9)."""
     mean = x.mean(axis=tuple(axes), keepdims=True)
     variance = np.square(x).mean(axis=tuple(axes), keepdims=True) - np.square(mean)
-    return (x - mean) / (np.sqrt(variance) + x.dtype.type(1e-9))
+    return ((x - mean) / (np.sqrt(variance) + x.dtype.type(1e-9))).astype(x.dtype)
 
 
 def _group_norm_formula(x, scale, bias, *, num_groups, epsilon=1e-5, stash_type=1, opset):
@@ -2540,9 +2549,9 @@ def _group_norm_formula(x, scale, bias, *, num_groups, epsilon=1e-5, stash_type=
     mean = groups.mean(axis=-1, keepdims=True)
     normalized = (groups - mean) / np.sqrt(np.square(groups - mean).mean(axis=-1, keepdims=True) + epsilon)
     if opset < 21:
-        return (normalized * scale[:, None] + bias[:, None]).reshape(x.shape)
+        return (normalized * scale[:, None] + bias[:, None]).reshape(x.shape).astype(x.dtype)
     per_channel = (-1, *(1,) * (x.ndim - 2))  # (C, 1, ...) against (N, C, ...)
-    return normalized.reshape(x.shape) * scale.reshape(per_channel) + bias.reshape(per_channel)
+    return (normalized.reshape(x.shape) * scale.reshape(per_channel) + bias.reshape(per_channel)).astype(x.dtype)
 
 
 def _rms_norm_formula(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset):
@@ -2555,27 +2564,59 @@ def _rms_norm_formula(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset):
     return (wide / rms).astype(x.dtype) * scale
 
 
+def _no_steps_formula(
+    x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *, states=1, **attrs
+):
+    """RNN, GRU or LSTM (``states=2``: the cell's too) over an empty sequence: an empty Y and the
+    initial states (zeros where not given) as the last ones; None for a sequence of steps,
+    which the references run."""
+    layout, hidden = attrs.get("layout", 0), attrs["hidden_size"]
+    batch, steps = (x.shape[1], x.shape[0]) if layout == 0 else (x.shape[0], x.shape[1])
+    if steps:
+        return None
+    dirs = w.shape[0]
+    y = np.zeros((0, dirs, batch, hidden) if layout == 0 else (batch, 0, dirs, hidden), x.dtype)
+    state = (dirs, batch, hidden) if layout == 0 else (batch, dirs, hidden)
+    last = [np.zeros(state, x.dtype) if s is None else s for s in (initial_h, initial_c)]
+    return [y, *last[:states]]
+
+
+def _matmul_integer_to_float_formula(a, b, a_scale, b_scale, a_zero=None, b_zero=None, bias=None, *, opset):
+    """com.microsoft MatMulIntegerToFloat: the integer product of the zero-point-shifted inputs,
+    exact in int64, times both scales (per tensor, or per column of B), plus the bias."""
+    a_shifted = a.astype(np.int64) - (0 if a_zero is None else a_zero.astype(np.int64))
+    b_shifted = b.astype(np.int64) - (0 if b_zero is None else b_zero.astype(np.int64))
+    y = (a_shifted @ b_shifted).astype(a_scale.dtype) * (a_scale * b_scale)
+    return y if bias is None else y + bias
+
+
 FORMULAS = {
     "LRN": _lrn_formula,
     "MeanVarianceNormalization": _mvn_formula,
     "GroupNormalization": _group_norm_formula,
     "RMSNormalization": _rms_norm_formula,
+    "RNN": _no_steps_formula,
+    "GRU": _no_steps_formula,
+    "LSTM": functools.partial(_no_steps_formula, states=2),
+    "MatMulIntegerToFloat": _matmul_integer_to_float_formula,
 }
 
 
 def formula_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | None:
-    """The one node's output by its formula in ``FORMULAS`` (in the input's dtype), or None."""
+    """The one node's outputs by its formula in ``FORMULAS``, or None."""
     node = model.graph.node[0]
     formula = FORMULAS.get(node.op_type)
     if formula is None:
         return None
     values = {**{t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}, **feeds}
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    opset = next(o.version for o in model.opset_import if o.domain in (node.domain, "ai.onnx"))
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the mean of an empty batch
-        y = formula(*(values[name] for name in node.input), **attrs, opset=opset)
-    return [np.asarray(y, values[node.input[0]].dtype)]
+        y = formula(*(values.get(name) for name in node.input), **attrs, opset=opset)
+    if y is None:
+        return None
+    return [np.asarray(v) for v in y][: len(node.output)] if isinstance(y, list) else [np.asarray(y)]
 
 
 def difference(got: np.ndarray, want: np.ndarray) -> str | None:

@@ -176,3 +176,44 @@ def test_a_case_both_references_refuse_is_checked_by_its_formula(monkeypatch):
     monkeypatch.setitem(fuzz.FORMULAS, "LRN", lambda x, **attrs: lrn(x, **{**attrs, "alpha": 0.25}))
     verdict, detail = fuzz.check(model, {"x": x})
     assert verdict == "differs" and "the formula" in detail
+
+
+# onnxruntime 1.32 has no kernel for int8 A with uint8 B, the case the formula stands in for
+@pytest.mark.parametrize(("a_type", "b_type"), [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
+def test_matmul_integer_to_float_formula_agrees_with_onnxruntime(a_type, b_type):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(2)
+    feeds = {
+        "a": rng.integers(0, 100, (2, 3, 4)).astype(a_type),
+        "b": rng.integers(0, 100, (4, 5)).astype(b_type),
+        "a_scale": np.array(0.03, np.float32),
+        "b_scale": np.linspace(0.01, 0.05, 5, dtype=np.float32),
+        "a_zero": np.array(7, a_type),
+        "b_zero": rng.integers(0, 100, 5).astype(b_type),
+        "bias": rng.standard_normal(5).astype(np.float32),
+    }
+    model = fuzz.node_model("MatMulIntegerToFloat", feeds, 1, opset=1, domain="com.microsoft")
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert not fuzz.differences(fuzz.formula_reference(model, feeds), want)
+
+
+@pytest.mark.parametrize("op", ["RNN", "LSTM"])  # onnxruntime 1.32 aborts on a GRU over no steps
+def test_recurrent_formula_covers_empty_sequences_only(op):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(3)
+    gates = {"RNN": 1, "LSTM": 4}[op]
+    x = np.zeros((0, 2, 3), np.float32)
+    w, r = rng.standard_normal((1, gates * 4, 3)), rng.standard_normal((1, gates * 4, 4))
+    feeds = {"x": x, "w": w.astype(np.float32), "r": r.astype(np.float32)}
+    model = fuzz.node_model(op, feeds, 1, opset=14, hidden_size=4)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert not fuzz.differences(fuzz.formula_reference(model, feeds), want)  # Y: (0, 1, 2, 4)
+    # with states asked for, the initial ones (zeros here: none given)
+    two = fuzz.node_model(op, feeds, 2, opset=14, hidden_size=4)
+    y, y_h = fuzz.formula_reference(two, feeds)
+    assert y.shape == (0, 1, 2, 4) and y_h.shape == (1, 2, 4) and not y_h.any()
+    # a sequence of steps is left to the references
+    steps = {**feeds, "x": rng.standard_normal((2, 2, 3)).astype(np.float32)}
+    assert fuzz.formula_reference(model, steps) is None
