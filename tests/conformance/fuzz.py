@@ -2543,7 +2543,8 @@ def _mvn_formula(x, *, axes=(0, 2, 3), opset):
 
 def _group_norm_formula(x, scale, bias, *, num_groups, epsilon=1e-5, stash_type=1, opset):
     """GroupNormalization: each group of channels normalized over its channels and map, then
-    scaled per group (opset 18) or per channel (21)."""
+    scaled per group (opset 18) or per channel (21). Computed in the input's type, whatever
+    ``stash_type`` says: what reaches it is an empty batch, where no value is computed."""
     n, c = x.shape[:2]
     groups = x.reshape(n, num_groups, (c // num_groups) * int(np.prod(x.shape[2:], dtype=int)))
     mean = groups.mean(axis=-1, keepdims=True)
