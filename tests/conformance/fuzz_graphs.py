@@ -652,11 +652,12 @@ def _per_example_checks(config, m: jonnx.Model, rows, x_tangents, projections, r
     def loss(params, x):
         return sum(jnp.vdot(y, p) for y, p in zip(m.apply(params, x), projections) if p is not None)
 
-    # (Every weight is a float: the gradient below is taken in all of them.)
+    # (Every weight is a float: the gradient below is taken in all of them. Not all are float64:
+    # a Resize's scales are float32 by the specification, so each tangent takes its weight's type.)
     def derivative(params, x, w_tangent, x_tangent):
         return jax.jvp(loss, (params, x), (w_tangent, x_tangent))[1]
 
-    w_tangents = [{k: rng.standard_normal(v.shape) for k, v in m.params.items()} for _ in rows]
+    w_tangents = [{k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in m.params.items()} for _ in rows]
     w_stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *w_tangents)
     checks = [  # (what, function, vmap's in_axes, batched arguments, row r's arguments)
         ("gradient", jax.grad(loss, (0, 1)), (None, 0), (m.params, rows), lambda r: (m.params, rows[r])),
@@ -667,14 +668,17 @@ def _per_example_checks(config, m: jonnx.Model, rows, x_tangents, projections, r
             (m.params, rows, w_tangents[0], x_tangents),
             lambda r: (m.params, rows[r], w_tangents[0], x_tangents[r]),
         ),
-        (
-            "directional derivative along weight tangents",
-            derivative,
-            (None, None, 0, None),
-            (m.params, rows[0], w_stacked, x_tangents[0]),
-            lambda r: (m.params, rows[0], w_tangents[r], x_tangents[0]),
-        ),
     ]
+    if m.params:  # (a graph without weights has no weight tangents to batch)
+        checks.append(
+            (
+                "directional derivative along weight tangents",
+                derivative,
+                (None, None, 0, None),
+                (m.params, rows[0], w_stacked, x_tangents[0]),
+                lambda r: (m.params, rows[0], w_tangents[r], x_tangents[0]),
+            )
+        )
     alone = {}
     for what, fn, in_axes, args, row_args in checks:
         one = jax.jit(fn)
