@@ -19,6 +19,7 @@ __all__ = [
     "index_dtype",
     "is_integer",
     "legacy_broadcast",
+    "lowers_for_cpu",
     "normalize_axes",
     "normalize_axis",
     "onnx_dtype",
@@ -28,6 +29,17 @@ __all__ = [
     "static_sizes",
     "stored_transpose",
 ]
+
+
+def lowers_for_cpu() -> bool:
+    """Whether ops are lowered for XLA's CPU backend (the default backend is the CPU).
+
+    The CPU lowerings (convolutions as dots and multiply-adds, pooling as passes over the
+    taps, ReLU as a select, products that pick their library) beat XLA's own code there and
+    lose to it on GPUs and TPUs, where cuDNN and XLA's fusions are strong. Asked while tracing,
+    in this one place, so that tests can take the other side on a CPU machine.
+    """
+    return jax.default_backend() == "cpu"
 
 
 def as_strings(values: Any) -> np.ndarray:

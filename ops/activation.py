@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import dtype_of, is_integer, normalize_axis
+from jonnx.ops._util import dtype_of, is_integer, lowers_for_cpu, normalize_axis
 
 
 def _unary(fn):
@@ -42,17 +42,22 @@ def _neg_expm1(x):
 
 
 def relu(x):
-    """``max(x, 0)`` as a select: NaN stays NaN, and the derivative at 0 is 0 (as
-    ``jax.nn.relu``'s; ``jnp.maximum`` would split it 0.5/0.5).
+    """``max(x, 0)``: NaN stays NaN, and the derivative at 0 is 0 (as ``jax.nn.relu``'s;
+    ``jnp.maximum`` would split it 0.5/0.5).
 
-    Not ``jax.nn.relu``, whose float ``max`` XLA's CPU backend emits with a NaN check that keeps
-    it from fusing with the slices after it: ResNet-50 at batch 1 compiled 55 kernels (823 kB
-    of LLVM IR) with it and 35 (394 kB) with the select, XLA's compile took 0.95 against 1.24 s
-    (medians of eight fresh processes), and it ran 0.95x the time (batch 32: 0.97x;
-    docs/performance.md, "ReLU as a select").
+    On CPU a select, not ``jax.nn.relu``, whose float ``max`` XLA's CPU backend emits with a
+    NaN check that keeps it from fusing with the slices after it: ResNet-50 at batch 1
+    compiled 55 kernels (823 kB of LLVM IR) with it and 35 (394 kB) with the select, XLA's
+    compile took 0.95 against 1.24 s (medians of eight fresh processes), and it ran 0.95x the
+    time (batch 32: 0.97x; docs/performance.md, "ReLU as a select"). Elsewhere ``jax.nn.relu``:
+    XLA's GPU backend fuses a ``max(conv + bias, 0)`` into cuDNN's convolution and not the
+    select (ResNet-50 at batch 1 on an H200 with its weights as constants: 60 kernels against
+    109, 1.31 against 1.42 ms; docs/performance.md, "On a GPU").
     """
     if is_integer(x):
         return jnp.maximum(x, 0).astype(dtype_of(x))
+    if not lowers_for_cpu():
+        return jax.nn.relu(x)
     return jnp.where(x <= 0, np.zeros((), dtype_of(x)), x)
 
 

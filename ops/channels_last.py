@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import onnx.defs
 
 from jonnx._attributes import schema_defaults
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import conv as conv_ops, normalization, pool
-from jonnx.ops._util import static_sizes
+from jonnx.ops._util import lowers_for_cpu, static_sizes
 from jonnx.ops.reduce import reduce_max
 
 __all__ = ["DOMAIN", "VERSION"]
@@ -92,7 +91,7 @@ def global_average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs
     axes = pool.spatial_axes(x, ctx, channels_last=True)
     shape = jnp.shape(x)
     cells = math.prod(shape[1:-1]) if static_sizes(shape) else 0
-    if cells >= MEAN_PRODUCT_MIN_CELLS and shape[0] == 1 and x.dtype == jnp.float32 and jax.default_backend() == "cpu":
+    if cells >= MEAN_PRODUCT_MIN_CELLS and shape[0] == 1 and x.dtype == jnp.float32 and lowers_for_cpu():
         # One image's mean as a product with a row of 1/cells: XLA's reduction keeping the minor
         # (channel) axis reads the map slowly; YNNPACK's product streams it.
         row = jnp.full((1, cells), 1.0 / cells, x.dtype)

@@ -23,7 +23,7 @@ from jax.custom_derivatives import SymbolicZero
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import _window as geo
 from jonnx.ops._tap_weights import tap_weight_term
-from jonnx.ops._util import spread_product, static_ints, static_sizes
+from jonnx.ops._util import lowers_for_cpu, spread_product, static_ints, static_sizes
 
 # Weight layouts a channels-last Conv reads, "HW" standing for the spatial axes: "HWIO", what
 # XLA's channels-last convolution and most lowerings read; "OIHW", ONNX's own, and "HWOI", the
@@ -186,8 +186,8 @@ def kernel_layout_for(w_shape, group: int, strides) -> str:
         big = w_shape[1] > TAPS_1X1_CHANNELS and w_shape[0] * w_shape[1] >= STORED_1X1_MIN
         if not big:
             return "HWIO"
-        return "HWOI" if jax.default_backend() == "cpu" else "OIHW"
-    cpu = CONV_LOWERING == "auto" and jax.default_backend() == "cpu"
+        return "HWOI" if lowers_for_cpu() else "OIHW"
+    cpu = CONV_LOWERING == "auto" and lowers_for_cpu()
     narrow = TAP_PRODUCTS_NARROW[0] <= w_shape[1] <= TAP_PRODUCTS_NARROW[1]
     small_2d = len(kernel) == 2 and max(kernel) <= 3
     if cpu and small_2d and all(s == 1 for s in strides) and (w_shape[1] >= TAP_PRODUCTS_CHANNELS or narrow):
@@ -206,7 +206,7 @@ def conv_lowering(
 
     Shapes are NC(D)HW / OI(D)HW, or N(D)HWC / (D)HWIO with ``channels_last`` whatever the
     weights' ``kernel_layout``."""
-    if CONV_LOWERING != "auto" or jax.default_backend() != "cpu":
+    if CONV_LOWERING != "auto" or not lowers_for_cpu():
         return "xla"
     # Half precision stays with XLA, which accumulates its convolutions in float32.
     if dtype not in (jnp.float32, jnp.float64) or len(x_shape) < 3:
@@ -708,7 +708,7 @@ def conv_transpose_lowering(x_shape, w_shape, strides, dtype, channels_last: boo
     channels on 56x56, NCHW, took 4.2 ms forward and 107 ms with both gradients at batch 1,
     2.4 s at batch 8, against 2.2, 5.4 and 73 ms by phases (benchmarks/bench_conv_transpose.py,
     docs/performance.md). Unstrided, it is an ordinary convolution, which XLA runs well."""
-    if CONV_LOWERING != "auto" or jax.default_backend() != "cpu":
+    if CONV_LOWERING != "auto" or not lowers_for_cpu():
         return "xla"
     if dtype not in (jnp.float32, jnp.float64) or all(s == 1 for s in strides):
         return "xla"

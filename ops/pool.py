@@ -18,7 +18,7 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import _window as geo
-from jonnx.ops._util import index_dtype, static_ints, static_sizes, take
+from jonnx.ops._util import index_dtype, lowers_for_cpu, static_ints, static_sizes, take
 from jonnx.ops.reduce import reduce_max
 
 
@@ -64,7 +64,7 @@ def _reduce_window(
     ``row_major_ties``: a window maximum that JAX differentiates itself (select-and-scatter per
     pass) then still credits a tie to the first position in row-major order.
     """
-    if jax.default_backend() != "cpu":
+    if not lowers_for_cpu():
         return _reduce_window_once(x, init, op, kernel, strides, dilations, lo, hi, extra, channels_last)
     axes = range(len(kernel))
     for axis in reversed(axes) if row_major_ties else axes:
@@ -108,7 +108,7 @@ def _taps_fit(x, kernel) -> bool:
     float input of static shape under 2^31 elements and at most ``_MAX_WINDOW_TAPS`` taps."""
     shape = jnp.shape(x)
     return (
-        jax.default_backend() == "cpu"
+        lowers_for_cpu()
         and jnp.issubdtype(jnp.result_type(x), jnp.floating)
         and math.prod(kernel) <= _MAX_WINDOW_TAPS
         and static_sizes(shape)

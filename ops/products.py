@@ -10,7 +10,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import static_sizes, stored_transpose
+from jonnx.ops._util import lowers_for_cpu, static_sizes, stored_transpose
 
 
 def product(a, b, precision, transposed: bool = False):
@@ -22,7 +22,7 @@ def product(a, b, precision, transposed: bool = False):
         and jnp.ndim(b) == 2
         and jnp.result_type(a) == jnp.result_type(b) == jnp.float32
         and static_sizes((*jnp.shape(a), *jnp.shape(b)))
-        and jax.default_backend() == "cpu"
+        and lowers_for_cpu()
     ):
         return weight_product(a, b, transposed, precision)
     return jnp.matmul(a, b.T if transposed else b, precision=precision)

@@ -22,7 +22,7 @@ from jax import lax
 
 from jonnx import _cpu
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import canonical, dtype_of, normalize_axis, onnx_dtype
+from jonnx.ops._util import canonical, dtype_of, lowers_for_cpu, normalize_axis, onnx_dtype
 from jonnx.ops.cast import cast_numeric
 from jonnx.ops.conv import convolve  # Conv's geometry (pads, auto_pad, groups) lives there
 
@@ -255,7 +255,7 @@ def integer_matmul_mode() -> str:
     the time)."""
     if INTEGER_MATMUL != "auto":
         return INTEGER_MATMUL
-    if jax.default_backend() == "cpu":
+    if lowers_for_cpu():
         flags = _cpu.cpu_info()
         if "amx_int8" in flags:
             return "int8"

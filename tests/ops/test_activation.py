@@ -93,13 +93,25 @@ def test_gradients_finite_at_extremes(op, opset):
     assert np.all(np.isfinite(np.asarray(grad))), grad
 
 
-def test_relu_gradient_at_zero_is_zero():
+def test_relu_lowering_per_backend(lowering):
+    # A select on the CPU, jax.nn.relu (a max, which XLA's GPU backend fuses into cuDNN's
+    # convolutions) elsewhere; the tests below check that both compute the same.
+    x = np.array([-1.0, 0.0, 2.0], np.float32)
+    m = jonnx.load(node_model("Relu", {"x": x}, opset=14))
+    text = str(jax.make_jaxpr(lambda v: m.apply(m.params, v))(x))
+    if lowering == "cpu":
+        assert "select_n" in text and "max" not in text
+    else:
+        assert "max" in text and "select_n" not in text
+
+
+def test_relu_gradient_at_zero_is_zero(lowering):
     m = jonnx.load(node_model("Relu", {"x": np.zeros(3, np.float32)}, opset=14))
     grad = jax.grad(lambda v: jnp.sum(m.apply(m.params, v)[0]))(jnp.zeros(3, jnp.float32))
     np.testing.assert_array_equal(grad, np.zeros(3, np.float32))
 
 
-def test_relu_keeps_nan_and_infinities():
+def test_relu_keeps_nan_and_infinities(lowering):
     # numpy's maximum, as the ReferenceEvaluator's Relu: NaN propagates.
     x = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, -2.5, 3.5], np.float32)
     (got,) = run_jonnx(node_model("Relu", {"x": x}, opset=14), {"x": x})
