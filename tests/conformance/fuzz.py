@@ -1,7 +1,7 @@
 """Differential fuzzing: random one-node models through jonnx, onnxruntime and the ReferenceEvaluator.
 
 A developer's tool, not a test: ``python -m tests.conformance.fuzz [--seed S] [--cases N]
-[--families F ...] [--opset O] [--grad] [--trace]`` draws single-node models (shapes of rank 0-4 with empty
+[--families F ...] [--opset O] [--grad | --vmap] [--lowering elsewhere] [--trace]`` draws single-node models (shapes of rank 0-4 with empty
 dimensions about a quarter of the time, broadcasting partners, attributes across their range,
 inputs as graph inputs or as initializers), runs each through onnxruntime (or, where
 onnxruntime refuses it, the ReferenceEvaluator; where both refuse, the op's formula in numpy
@@ -14,8 +14,9 @@ onnxruntime can check. ``--grad`` checks jonnx's derivatives (float64, every flo
 needed at trace time) against central finite differences instead, and forward mode along a
 random direction against that gradient (since 2026-12-03); ``--vmap`` checks
 ``jax.vmap`` over three rows of every numeric input and weight jonnx can trace, each batched on
-an axis drawn at random, against each row run alone; ``--trace`` prints each case before it
-runs, to find one that crashes a reference.
+an axis drawn at random, against each row run alone; ``--lowering elsewhere`` traces the ops
+as jonnx lowers them off the CPU (for a GPU or TPU: XLA's convolutions and pooling) and runs
+them here; ``--trace`` prints each case before it runs, to find one that crashes a reference.
 
 The ``--vmap`` runs' first 1,000 cases (2026-12-03) found a process abort in XLA's
 convolution operand swap (Col2Im of one channel with a kernel 2, stride 2, pads 1 axis; the
@@ -3200,6 +3201,24 @@ def run(
     return verdicts, findings
 
 
+def add_lowering_option(parser: argparse.ArgumentParser) -> None:
+    """The fuzzers' ``--lowering`` option (see :func:`lower_as`)."""
+    parser.add_argument(
+        "--lowering",
+        choices=("cpu", "elsewhere"),
+        default="cpu",
+        help="elsewhere: the ops lowered as for a GPU or TPU (XLA's convolutions and pooling, ReLU as a max), run here",
+    )
+
+
+def lower_as(lowering: str) -> None:
+    """With ``"elsewhere"``, trace the ops as jonnx lowers them off the CPU: it asks
+    ``jax.default_backend()`` while tracing (``jonnx.ops._util.lowers_for_cpu``), as the tests'
+    ``lowering`` fixture does, and XLA still compiles for and runs on this CPU."""
+    if lowering == "elsewhere":
+        jax.default_backend = lambda: "gpu"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
@@ -3210,7 +3229,9 @@ def main() -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--grad", action="store_true", help="check derivatives against finite differences instead")
     mode.add_argument("--vmap", action="store_true", help="check jax.vmap against each row run alone instead")
+    add_lowering_option(parser)
     args = parser.parse_args()
+    lower_as(args.lowering)
     if args.opset > onnx.defs.onnx_opset_version():
         parser.error(f"onnx {onnx.__version__} knows opsets up to {onnx.defs.onnx_opset_version()}")
     jax.config.update("jax_enable_x64", True)  # int64 and float64 exact, as ONNX defines them

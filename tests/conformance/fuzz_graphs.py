@@ -1,7 +1,7 @@
 """Differential fuzzing of the optimization passes: random CNN-shaped graphs, optimized and not.
 
 A developer's tool, not a test: ``python -m tests.conformance.fuzz_graphs [--seed S]
-[--cases N] [--trace]`` draws graphs of up to 12 nodes that start with a convolution (so the
+[--cases N] [--lowering elsewhere] [--trace]`` draws graphs of up to 12 nodes that start with a convolution (so the
 channels-last pass rewrites them) and go on with what CNNs are made of, each reading a random
 earlier value: convolutions (grouped, depthwise, strided, dilated, transposed), pooling,
 BatchNormalization and InstanceNormalization, activations, arithmetic with another value or
@@ -28,6 +28,8 @@ masks from a key), where the outputs, masks and new running statistics must agre
 per-example derivatives through both models must equal each row's own: gradients (``jax.vmap``
 of ``jax.grad`` over a stack of two inputs) and forward mode under ``jax.vmap`` (directional
 derivatives over the inputs and their tangents, and over a stack of weight tangents).
+``--lowering elsewhere`` traces the ops as they are lowered off the CPU (XLA's convolutions and
+pooling, the layouts chosen for them) and runs them here.
 
 The single-node fuzz (``tests/conformance/fuzz.py``) checks each op against the references;
 this one checks that the passes compose them without changing what the graph computes.
@@ -49,6 +51,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import jonnx
+from tests.conformance.fuzz import add_lowering_option, lower_as
 
 ALL_PASSES = {"channels_last": True, "fold_batchnorm": True, "fuse_matmuls": True, "dead_nodes": True}
 
@@ -737,7 +740,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=100)
     parser.add_argument("--trace", action="store_true", help="print each graph before running it")
+    add_lowering_option(parser)
     args = parser.parse_args()
+    lower_as(args.lowering)
     jax.config.update("jax_enable_x64", True)
     warnings.filterwarnings("ignore")
     ort.set_default_logger_severity(4)
