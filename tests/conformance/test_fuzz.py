@@ -4,11 +4,17 @@ onnxruntime and jonnx move. Longer runs with other seeds are for a developer's m
 
 from __future__ import annotations
 
+import importlib
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests.conformance import fuzz
+from tests.ops._harness import node_model
+
+activation = importlib.import_module("jonnx.ops.activation")
 
 CASES = 16
 VMAP_CASES = 8
@@ -217,3 +223,39 @@ def test_recurrent_formula_covers_empty_sequences_only(op):
     # a sequence of steps is left to the references
     steps = {**feeds, "x": rng.standard_normal((2, 2, 3)).astype(np.float32)}
     assert fuzz.formula_reference(model, steps) is None
+
+
+def test_finite_differences_allow_for_the_loss_rounding():
+    # SkipLayerNormalization over one element with a tiny epsilon: its inverse standard
+    # deviation output is 1/sqrt(epsilon), and the projected loss rounds by enough that a
+    # difference quotient over 2e-6 is off by more than the check allows (seed 302's case 757
+    # with epsilon 1e-12: 1.6e-4; here 1e-14).
+    rng = np.random.default_rng(0)
+    inputs = {
+        "x": rng.standard_normal((4, 4, 1)),
+        "skip": rng.standard_normal((4, 4, 1)),
+        "gamma": rng.standard_normal(1),
+    }
+    case = fuzz.Case("SkipLayerNormalization", inputs, {"epsilon": 1e-14}, n_outputs=3, domain="com.microsoft")
+    model = node_model(case.op, inputs, 3, opset=1, domain=case.domain, epsilon=1e-14)
+    with jax.enable_x64(True):
+        assert fuzz.check_gradient(case, model, inputs, np.random.default_rng(1)) == ("ok", None)
+
+
+def test_finite_differences_see_a_wrong_derivative(monkeypatch):
+    @jax.custom_jvp
+    def neg_expm1(x):
+        return jnp.expm1(jnp.minimum(x, 0))
+
+    @neg_expm1.defjvp
+    def _doubled(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return neg_expm1(x), 2 * jnp.exp(jnp.minimum(x, 0)) * t  # twice the derivative
+
+    monkeypatch.setattr(activation, "_neg_expm1", neg_expm1)  # Elu's negative side
+    x = {"x": np.array([[-1.5, -0.7], [-2.0, -0.3]])}
+    with jax.enable_x64(True):
+        verdict, detail = fuzz.check_gradient(
+            fuzz.Case("Elu", x, {"alpha": 1.0}), node_model("Elu", x, opset=6, alpha=1.0), x, np.random.default_rng(1)
+        )
+    assert verdict == "differs" and "finite differences" in detail
