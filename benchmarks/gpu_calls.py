@@ -18,7 +18,7 @@ Columns: the median wall time of a call to its result (``block_until_ready``), t
 time a call takes to return before its result is ready (dispatch: Python, argument handling,
 the launch), and from the trace, per call, the GPU kernels' summed time and count. A call whose
 wall time is near its kernel time is bound by the device; one near its host time, by dispatch.
-With ``--out`` a text summary is written there (the traces stay under /tmp/gpu_calls).
+With ``--out`` a text summary is written there.
 
 XLA's GPU flags change the launch side: ``XLA_FLAGS=--xla_gpu_graph_min_graph_size=1`` puts
 the short runs of kernels between cuDNN convolutions into CUDA graphs too, and
@@ -33,6 +33,7 @@ import glob
 import pathlib
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -49,10 +50,11 @@ def _kernel_summary(trace_dir: str, calls: int) -> tuple[float, float, list[tupl
     if not files:
         return float("nan"), float("nan"), []
     data = jax.profiler.ProfileData.from_file(files[-1])
-    total_ns, count, by_name = 0.0, 0, {}
+    total_ns, count, by_name, gpu = 0.0, 0, {}, False
     for plane in data.planes:
         if not plane.name.startswith("/device:GPU"):
             continue
+        gpu = True
         for line in plane.lines:
             # Kernels sit on the stream lines; "XLA Ops"/"XLA Modules" lines repeat them by name.
             if not line.name.lower().startswith("stream"):
@@ -62,6 +64,8 @@ def _kernel_summary(trace_dir: str, calls: int) -> tuple[float, float, list[tupl
                 count += 1
                 t, n = by_name.get(event.name, (0.0, 0))
                 by_name[event.name] = (t + event.duration_ns, n + 1)
+    if not gpu:  # run on a CPU: no kernels to count
+        return float("nan"), float("nan"), []
     top = sorted(((k, t / calls / 1e6, n // calls) for k, (t, n) in by_name.items()), key=lambda r: -r[1])
     return total_ns / calls / 1e6, count / calls, top[:12]
 
@@ -90,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--traced", type=int, default=10, help="calls traced per variant")
-    parser.add_argument("--out", default=None, help="folder for the traces and summary")
+    parser.add_argument("--out", default=None, help="folder for the summary")
     args = parser.parse_args()
 
     import jax
@@ -152,11 +156,11 @@ def main() -> None:
                 walls[k].append(t2 - t0)
         say(f"{'call':<14} {'wall ms':>8} {'host ms':>8} {'kernels ms':>10} {'kernels':>8}")
         for k, fn in variants.items():
-            trace_dir = f"/tmp/gpu_calls/{name}_b{batch}_{k.replace(' ', '_')}"
-            with jax.profiler.trace(trace_dir):
-                for _ in range(args.traced):
-                    fn().block_until_ready()
-            kernel_ms, kernels, top = _kernel_summary(trace_dir, args.traced)
+            with tempfile.TemporaryDirectory() as trace_dir:  # a CPU's traces take gigabytes
+                with jax.profiler.trace(trace_dir):
+                    for _ in range(args.traced):
+                        fn().block_until_ready()
+                kernel_ms, kernels, top = _kernel_summary(trace_dir, args.traced)
             say(
                 f"{k:<14} {statistics.median(walls[k]) * 1e3:8.3f} {statistics.median(hosts[k]) * 1e3:8.3f} "
                 f"{kernel_ms:10.3f} {kernels:8.0f}"
