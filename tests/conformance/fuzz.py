@@ -978,8 +978,9 @@ def normalization(d: Draw) -> Case | None:
     c = d.pick([2, 4, 6])
     x = d.array((d.int(0, 2), c, *(d.int(1, 4) for _ in range(d.int(1, 2)))), d.pick(FLOATS))
     per_channel = {"scale": d.array((c,), x.dtype), "bias": d.array((c,), x.dtype)}
-    if op == "GroupNormalization":
-        return Case(op, {"x": x, **per_channel}, {"num_groups": d.pick([1, 2])}, constants=("scale", "bias"))
+    if op == "GroupNormalization":  # opset 21: the scale and bias per channel (18: per group)
+        attrs = {"num_groups": d.pick([1, 2])}
+        return Case(op, {"x": x, **per_channel}, attrs, constants=("scale", "bias"), opset=21)
     if op == "MeanVarianceNormalization":
         return Case(op, {"x": x}, {"axes": sorted(d.axes(x.ndim, d.int(1, x.ndim)))})
     if op == "LpNormalization":
@@ -2605,7 +2606,8 @@ FORMULAS = {
 
 
 def formula_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | None:
-    """The one node's outputs by its formula in ``FORMULAS``, or None."""
+    """The one node's outputs by its formula in ``FORMULAS``, or None (also where the default
+    domain's opset does not define the op yet: the model is not valid, and jonnx refuses it)."""
     node = model.graph.node[0]
     formula = FORMULAS.get(node.op_type)
     if formula is None:
@@ -2613,6 +2615,11 @@ def formula_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> l
     values = {**{t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}, **feeds}
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     opset = next(o.version for o in model.opset_import if o.domain in (node.domain, "ai.onnx"))
+    if node.domain in ("", "ai.onnx"):
+        try:
+            onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            return None
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the mean of an empty batch
         y = formula(*(values.get(name) for name in node.input), **attrs, opset=opset)
@@ -2664,7 +2671,9 @@ def differences(got, want) -> list[str]:
 
 def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, str | None]:
     """``(verdict, detail)``: ``ok``, ``references fail``, ``reference disagrees`` (jonnx equals the
-    ReferenceEvaluator, not onnxruntime), ``raises`` or ``differs``."""
+    ReferenceEvaluator, not onnxruntime), ``invalid model`` (jonnx refuses a model that
+    ``onnx.checker`` refuses too: a run at an old ``--opset`` draws ops and attributes of later
+    versions, which the ReferenceEvaluator runs anyway), ``raises`` or ``differs``."""
     try:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         want, source = session.run(None, feeds), "onnxruntime"
@@ -2679,7 +2688,11 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, st
         got = [
             y if y is None or isinstance(y, (list, dict)) else np.asarray(y) for y in jonnx.load(model)(*feeds.values())
         ]
-    except Exception as e:  # noqa: BLE001 -- every error is a finding
+    except Exception as e:  # noqa: BLE001 -- every error is a finding, unless the model is invalid
+        try:
+            onnx.checker.check_model(model)
+        except onnx.checker.ValidationError:
+            return "invalid model", None
         return "raises", f"{type(e).__name__}: {str(e).splitlines()[0][:200]} ({source} runs it)"
     found = differences(got, want)
     if not found:

@@ -259,3 +259,28 @@ def test_finite_differences_see_a_wrong_derivative(monkeypatch):
             fuzz.Case("Elu", x, {"alpha": 1.0}), node_model("Elu", x, opset=6, alpha=1.0), x, np.random.default_rng(1)
         )
     assert verdict == "differs" and "finite differences" in detail
+
+
+@pytest.mark.parametrize("opset", [7, 11, 16])
+def test_formulas_stay_out_of_opsets_that_lack_their_op(opset):
+    # A run at an old --opset draws GroupNormalization (since opset 18) into a model neither
+    # reference loads: no formula stands in there (it crashed the runs at opsets 7, 11 and 16).
+    x = np.zeros((0, 4, 2), np.float32)
+    inputs = {"x": x, "scale": np.ones(4, np.float32), "bias": np.zeros(4, np.float32)}
+    model = node_model("GroupNormalization", inputs, opset=opset, num_groups=2)
+    assert fuzz.formula_reference(model, {"x": x}) is None
+    with jax.enable_x64(True):
+        _, findings = fuzz.run(seed=304, cases=CASES, families=["normalization"], opset=opset)
+    assert not findings
+
+
+def test_refusing_an_invalid_model_is_not_a_finding():
+    # Resize's antialias attribute arrived in opset 18: at opset 16 the model is invalid, the
+    # ReferenceEvaluator runs it anyway, and jonnx's refusal is right.
+    x = np.arange(8, dtype=np.float32).reshape(1, 1, 2, 4)
+    scales = np.array([1, 1, 2, 2], np.float32)
+    inputs = {"x": x, "roi": None, "scales": scales}
+    model = node_model("Resize", inputs, opset=16, mode="linear", antialias=1, initializers=["scales"])
+    assert fuzz.check(model, {"x": x}) == ("invalid model", None)
+    model = node_model("Resize", inputs, opset=18, mode="linear", antialias=1, initializers=["scales"])
+    assert fuzz.check(model, {"x": x}) == ("ok", None)
