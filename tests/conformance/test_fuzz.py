@@ -4,17 +4,14 @@ onnxruntime and jonnx move. Longer runs with other seeds are for a developer's m
 
 from __future__ import annotations
 
-import importlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jonnx.ops import activation
 from tests.conformance import fuzz
 from tests.ops._harness import node_model
-
-activation = importlib.import_module("jonnx.ops.activation")
 
 CASES = 16
 VMAP_CASES = 8
