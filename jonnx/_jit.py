@@ -314,11 +314,13 @@ def _probed_options(library_dots: bool) -> tuple[tuple[str, str], ...]:
 # MobileNetV2 at batch 1 0.887 of the time, at batch 16 0.944, an EfficientNet-B0 at batch 1
 # 0.840 (its SiLU's exp in those loops: 0.70 -> 0.38 ms at 112x112x96), the int8 BERT 0.964;
 # ResNet-50, the BERT encoder and the ResNet-18, MobileNetV2 and BERT training steps within 1%
-# (docs/performance.md). The same on an Intel Xeon with AMX (Sapphire Rapids or later):
-# MobileNetV2 at batch 1 0.951-0.971, at batch 16 0.954, the EfficientNet-B0 0.924, the int8
-# BERT 0.947, the BERT fine-tuning step 0.964, the rest within 1%. Older Intel CPUs with
-# AVX-512 are unmeasured and keep XLA's default: some (Skylake) lower their clock for 512-bit
-# code, which is why compilers prefer 256 there.
+# (docs/performance.md). On a Zen 4 (AVX-512 as two 256-bit halves) the same: MobileNetV2 at
+# batch 1 0.973-0.994, the EfficientNet-B0 0.869, the int8 BERT 0.958, the rest within 1.3%.
+# The same on an Intel Xeon with AMX (Sapphire Rapids or later): MobileNetV2 at batch 1
+# 0.951-0.971, at batch 16 0.954, the EfficientNet-B0 0.924, the int8 BERT 0.947, the BERT
+# fine-tuning step 0.964, the rest within 1%. Older Intel CPUs with AVX-512 are unmeasured and
+# keep XLA's default: some (Skylake) lower their clock for 512-bit code, which is why compilers
+# prefer 256 there.
 _WIDE_VECTORS = (("xla_cpu_prefer_vector_width", "512"),)
 
 
