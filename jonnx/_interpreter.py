@@ -380,13 +380,17 @@ def _run_node(
             fold = False
     try:
         host_op = op.runs_on_host(node.attrs) and all(i in node.static_inputs for i in range(len(args)))
-        if fold and (host_op or node.subgraphs):
+        if fold and (host_op or node.subgraphs or _reads_strings(args)):
             # Run directly, not traced first as below. A host op gets every input as numpy and
             # computes in numpy (NonMaxSuppression, NonZero, Unique, the string ops): a trace
             # would only wrap its result, and a segmented model runs it on every call (the
             # trace was a sixth of a small detector's call). Control flow's bodies fold node
             # by node (on the host a loop's body runs compiled, LoopBodies); traced whole, a
-            # loop would be traced through every iteration only to be run again.
+            # loop would be traced through every iteration only to be run again. A node that
+            # reads strings computes them in numpy too, and one that makes strings cannot be
+            # traced at all: its trace and the size prediction each failed through JAX's
+            # error handling (1-3 ms apiece), which made a scikit-learn classifier's string
+            # labels cost 5-7 ms of every call against 0.1 ms for the rest.
             with jax.enable_x64(True), jax.ensure_compile_time_eval():
                 return _to_numpy(op.fn(args, node.attrs, ctx))
         if fold:
@@ -530,6 +534,12 @@ def _check_memory(node: Node, outputs: Any, limit: int) -> None:
                 f"{tuple(shape)} ({dtype}, {size:,} bytes), over the model's memory limit of "
                 f"{limit:,} bytes; pass a larger memory_limit to jonnx.load if this is intended"
             )
+
+
+def _reads_strings(args: Sequence[Any]) -> bool:
+    """Whether an argument is a string tensor: an object array (``_run_node`` has taken those of
+    symbolic dims aside before asking)."""
+    return any(isinstance(a, np.ndarray) and a.dtype == object for a in args)
 
 
 def _holds_symbolic(args: Sequence[Any]) -> bool:

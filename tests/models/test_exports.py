@@ -19,6 +19,7 @@ import optax
 import pytest
 
 import jonnx
+from jonnx import _host_fold as host_fold
 from jonnx.training import (
     classification_loss,
     evaluate,
@@ -274,7 +275,13 @@ def test_sklearn_tree_classifiers_match_onnxruntime_and_scikit_learn(name):
     # must not (tests/conformance/fuzz.py, the ml family, lists where they do).
     path = EXPORTS / f"sklearn_{name}.onnx"
     x = SKLEARN["x"]
-    label, proba = jonnx.load(path)(x)
+    model = jonnx.load(path)
+    label, proba = model(x)
+    # With string labels (boosting_binary) the classifier runs on the host, op by op: its tree
+    # walk must still compile once per shape, not on every call.
+    with count_compiles() as compiles:
+        model(x[::-1].copy())
+    assert not compiles
     want_label, want_proba = _ort(path, X=x)
     np.testing.assert_array_equal(np.asarray(label).astype(str), want_label.astype(str))
     np.testing.assert_allclose(np.asarray(proba), want_proba, rtol=1e-5, atol=1e-6)
@@ -283,7 +290,7 @@ def test_sklearn_tree_classifiers_match_onnxruntime_and_scikit_learn(name):
 
 
 @pytest.mark.parametrize("name", ["mlp_names", "knn_names"])
-def test_sklearn_string_labels_match_onnxruntime_and_scikit_learn(name):
+def test_sklearn_string_labels_match_onnxruntime_and_scikit_learn(name, monkeypatch):
     # skl2onnx looks string labels up by ArgMax then ArrayFeatureExtractor over the class
     # names; the neighbours' labels are strings gathered by TopK's indices and compared with
     # Equal. Those nodes run on the host; the rest compiles once per shape, not per label.
@@ -302,6 +309,13 @@ def test_sklearn_string_labels_match_onnxruntime_and_scikit_learn(name):
             label, _ = model(rows)
             assert label.tolist() == _ort(path, X=rows)[0].tolist()
     assert not compiles
+    # The host nodes read strings: they run directly, never traced first (a trace of a node
+    # that makes strings fails, and failing through JAX cost milliseconds on every call).
+    traced = []
+    trace = host_fold.trace
+    monkeypatch.setattr(host_fold, "trace", lambda fn: traced.append(fn) or trace(fn))
+    model(x[5:10])
+    assert not traced
 
 
 @pytest.mark.parametrize("name", ["count_text", "tfidf_text"])
