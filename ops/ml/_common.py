@@ -19,6 +19,7 @@ __all__ = [
     "is_string_tensor",
     "need_concrete",
     "post_transform",
+    "post_transform_fn",
     "probit",
     "string_labels_static",
     "tensor_attr",
@@ -89,17 +90,33 @@ def _softmax_zero(s):
 
 def post_transform(scores, name: str, ctx):
     """The ``post_transform`` attribute's function applied to ``scores`` ``[N, C]``."""
-    if name == "NONE":
-        return scores
-    if name == "LOGISTIC":
-        return jax.nn.sigmoid(scores)
-    if name == "SOFTMAX":
-        return jax.nn.softmax(scores, axis=-1)
-    if name == "SOFTMAX_ZERO":
-        return _softmax_zero(scores)
-    if name == "PROBIT":
-        return probit(scores)
-    raise ctx.error(f"post_transform must be NONE, LOGISTIC, SOFTMAX, SOFTMAX_ZERO or PROBIT, got {name!r}")
+    return post_transform_fn(name, ctx)(scores)
+
+
+def post_transform_fn(name: str, ctx):
+    """The ``post_transform`` attribute's function (hashable: a jitted function can take it as a
+    static argument)."""
+    fn = _POST_TRANSFORMS.get(name)
+    if fn is None:
+        raise ctx.error(f"post_transform must be NONE, LOGISTIC, SOFTMAX, SOFTMAX_ZERO or PROBIT, got {name!r}")
+    return fn
+
+
+def _softmax(scores):
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def _identity(scores):
+    return scores
+
+
+_POST_TRANSFORMS = {
+    "NONE": _identity,
+    "LOGISTIC": jax.nn.sigmoid,
+    "SOFTMAX": _softmax,
+    "SOFTMAX_ZERO": _softmax_zero,
+    "PROBIT": probit,
+}
 
 
 def class_labels(index, int_labels, string_labels, ctx, x):
