@@ -67,6 +67,12 @@ def test_departures_are_narrow():
     quantize = fuzz.Case("DynamicQuantizeLinear", {"x": np.array([1.0, 2.0], np.float32)}, {})
     assert fuzz.known_departure(quantize) is None
     assert fuzz.known_departure(quantize._replace(inputs={"x": np.ones(3, np.float32)})) is not None
+    # OneHot: only version 9 with a negative index (jonnx follows that version's text there).
+    inputs = {"i": np.array([-1, 2]), "depth": np.array(4), "values": np.array([0.0, 1.0], np.float32)}
+    one_hot = fuzz.Case("OneHot", inputs, {"axis": -1}, opset=9)
+    assert fuzz.known_departure(one_hot) is not None
+    assert fuzz.known_departure(one_hot._replace(opset=11)) is None
+    assert fuzz.known_departure(one_hot._replace(inputs={**inputs, "i": np.array([1, 2])})) is None
 
 
 def test_departures_added_on_2026_12_02_are_narrow():
