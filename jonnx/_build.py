@@ -343,6 +343,8 @@ class GraphBuilder:
             )
         opset = opsets[domain]
         schema = schema_for(domain, proto.op_type, opset)
+        if schema is not None:
+            _check_counts(proto, name, schema)
         attrs = self._attributes(proto, name, schema, visible)
         op = lookup(domain, proto.op_type, opset)
         if op is None:
@@ -427,6 +429,24 @@ class GraphBuilder:
             memory_limit=self.memory_limit,
             graph=lambda g: self.graph(g, visible),
         )
+
+
+def _check_counts(proto: onnx.NodeProto, name: str, schema: onnx.defs.OpSchema) -> None:
+    """The node's input and output counts (trailing empty names included, as ONNX counts them)
+    must be within its schema's. A later version's extra input at an older opset (ReduceSum's
+    ``axes``, Clip's bounds, Split's sizes, all attributes before) would otherwise be ignored:
+    the model would run, reducing over every axis or splitting evenly, silently wrong."""
+    for what, count, low, high in (
+        ("inputs", len(proto.input), schema.min_input, schema.max_input),
+        ("outputs", len(proto.output), schema.min_output, schema.max_output),
+    ):
+        if not low <= count <= high:
+            takes = f"{low}" if low == high else f"{low} to {high}" if high < 2**31 - 1 else f"at least {low}"
+            raise errors.ModelStructureError(
+                f"node {name!r} ({proto.op_type}, opset {schema.since_version}) has {count} "
+                f"{what[:-1] if count == 1 else what}; "
+                f"{proto.op_type}-{schema.since_version} takes {takes}"
+            )
 
 
 def _check_opset(domain: str, version: int, where: str) -> None:

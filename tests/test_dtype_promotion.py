@@ -230,7 +230,7 @@ def _model(op, inputs, attrs, feed):
 
 
 def _n_outputs(op):
-    return {"LSTM": 3, "GRU": 2, "RNN": 2, "LinearAttention": 2}.get(op, 1)
+    return {"LSTM": 3, "GRU": 2, "RNN": 2, "LinearAttention": 2, "CausalConvWithState": 2}.get(op, 1)
 
 
 def _expected_dtypes(op, inputs, feed, width, x64):

@@ -274,6 +274,49 @@ def test_unknown_attributes_are_a_load_error_naming_node_and_attribute():
     np.testing.assert_allclose(np.asarray(m(x, b)[0]), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "op, inputs, opset, message",
+    [
+        # A later version's input at an older opset: ReduceSum-13's axes, Clip-11's bounds,
+        # Split-13's sizes were attributes before; run, they were ignored (silently wrong).
+        ("ReduceSum", ["x", "axes"], 11, "has 2 inputs; ReduceSum-11 takes 1"),
+        ("Clip", ["x", "lo"], 6, "has 2 inputs; Clip-6 takes 1"),
+        ("Split", ["x", "sizes"], 11, "has 2 inputs; Split-11 takes 1"),
+        ("Add", ["x"], 14, "has 1 input; Add-14 takes 2"),
+        ("Sum", [], 13, "has 0 inputs; Sum-13 takes at least 1"),
+    ],
+)
+def test_input_counts_outside_the_schema_are_a_load_error(op, inputs, opset, message):
+    import onnxruntime as ort
+
+    graph = oh.make_graph(
+        [oh.make_node(op, inputs, ["y"], name="n")],
+        "g",
+        [oh.make_tensor_value_info("x", 1, [2, 3])],
+        [oh.make_tensor_value_info("y", 1, None)],
+        [oh.make_tensor(n, onnx.TensorProto.INT64 if n != "lo" else 1, [1], [1]) for n in inputs if n != "x"],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(model)
+    with pytest.raises(Exception, match="INVALID_GRAPH|FAIL"):  # onnxruntime refuses it too
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(errors.ModelStructureError, match=f"node 'n' \\({op}, opset \\d+\\) {message}"):
+        jonnx.load(model)
+
+
+def test_output_counts_outside_the_schema_are_a_load_error():
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y", "extra"], name="n")],
+        "g",
+        [oh.make_tensor_value_info("x", 1, [2])],
+        [oh.make_tensor_value_info("y", 1, [2])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 14)])
+    with pytest.raises(errors.ModelStructureError, match="has 2 outputs; Relu-14 takes 1"):
+        jonnx.load(model)
+
+
 def test_legacy_attributes_valid_at_their_opset_load():
     # broadcast/axis belong to Add up to opset 6: not unknown there.
     model = _two_adds(6, first={"broadcast": 1, "axis": 1}, second={"broadcast": 1})
