@@ -2675,7 +2675,9 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, st
     """``(verdict, detail)``: ``ok``, ``references fail``, ``reference disagrees`` (jonnx equals the
     ReferenceEvaluator, not onnxruntime), ``invalid model`` (jonnx refuses a model that
     ``onnx.checker`` refuses too: a run at an old ``--opset`` draws ops and attributes of later
-    versions, which the ReferenceEvaluator runs anyway), ``raises`` or ``differs``."""
+    versions, which the ReferenceEvaluator runs anyway), ``runs an invalid model`` (no reference
+    runs it, the checker refuses it, jonnx runs it: :func:`_unreferenced`), ``raises`` or
+    ``differs``."""
     try:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         want, source = session.run(None, feeds), "onnxruntime"
@@ -2685,15 +2687,13 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, st
         except Exception:  # noqa: BLE001
             want, source = formula_reference(model, feeds), "the formula (FORMULAS)"
             if want is None:
-                return "references fail", None
+                return _unreferenced(model, feeds)
     try:
         got = [
             y if y is None or isinstance(y, (list, dict)) else np.asarray(y) for y in jonnx.load(model)(*feeds.values())
         ]
     except Exception as e:  # noqa: BLE001 -- every error is a finding, unless the model is invalid
-        try:
-            onnx.checker.check_model(model)
-        except onnx.checker.ValidationError:
+        if invalid_reason(model) is not None:
             return "invalid model", None
         return "raises", f"{type(e).__name__}: {str(e).splitlines()[0][:200]} ({source} runs it)"
     found = differences(got, want)
@@ -2706,6 +2706,35 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, st
         except Exception:  # noqa: BLE001
             pass
     return "differs", f"{'; '.join(found)} (against {source})"
+
+
+def _unreferenced(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, str | None]:
+    """The verdict where no reference runs a model: ``references fail``, unless ``onnx.checker``
+    refuses it (a later version's form at an old ``--opset``), where jonnx must refuse it too
+    (``invalid model``); running it is the finding ``runs an invalid model``."""
+    why = invalid_reason(model)
+    if why is None:
+        return "references fail", None
+    try:
+        jonnx.load(model)(*feeds.values())
+    except Exception:  # noqa: BLE001 -- refusing it, whatever the error, is right
+        return "invalid model", None
+    return "runs an invalid model", f"onnx.checker refuses it: {why[:200]}"
+
+
+def invalid_reason(model: onnx.ModelProto) -> str | None:
+    """Why ``onnx.checker`` refuses the model's nodes at its opsets (an op its opset lacks, an
+    attribute or input count of another version), or None. The nodes, not the model: the
+    fuzzers' models leave their outputs untyped, which ``check_model`` refuses in every one."""
+    ctx = onnx.checker.C.CheckerContext()
+    ctx.ir_version = model.ir_version
+    ctx.opset_imports = {o.domain: o.version for o in model.opset_import}
+    for node in model.graph.node:
+        try:
+            onnx.checker.check_node(node, ctx)
+        except onnx.checker.ValidationError as e:
+            return str(e).splitlines()[0]
+    return None
 
 
 def _same_padded(case: Case) -> bool:
@@ -2839,6 +2868,11 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
             and bool(np.isnan(_first_input(c)).any())
             and not all(c.attrs.get("nodes_missing_value_tracks_true") or [0])
         ),
+    ),
+    (
+        "Hardmax before opset 13 in float64: the ReferenceEvaluator, the only reference with a kernel, "
+        "runs version 13's form (over the axis alone, not the dimensions from it on)",
+        lambda c: c.op == "Hardmax" and (c.opset or 13) < 13 and np.asarray(_first_input(c)).dtype == np.float64,
     ),
     (
         "OneHot-9 with a negative index: the spec gives all off there (counting from the end came with "
@@ -3214,12 +3248,16 @@ def run(
             verdict, detail = check_vmap(model, feeds, d.rng)
         else:
             verdict, detail = check(model, feeds)
-        if not (grad or vmap) and verdict in ("differs", "raises") and (reason := known_departure(case)):
+        # The departures see the opset the model has (a case drawn without one takes --opset).
+        at_opset = case._replace(opset=case.opset or (1 if case.domain else opset))
+        if not (grad or vmap) and verdict in ("differs", "raises") and (reason := known_departure(at_opset)):
             verdict, detail = "known departure", None
             verdicts[f"known departure: {reason}"] += 1
         verdicts[verdict] += 1
         if verdict == "references fail":
             verdicts[f"no reference for {case.op}"] += 1
+        if verdict == "invalid model":  # drawn in a form the model's opset does not have
+            verdicts[f"invalid model: {case.op}"] += 1
         if detail:
             findings.append(f"#{number} {verdict}: {describe(case, initializers)}\n    {detail}")
             print(findings[-1], flush=True)
@@ -3266,11 +3304,14 @@ def main() -> int:
         args.seed, args.cases, args.families, opset=args.opset, grad=args.grad, vmap=args.vmap, trace=args.trace
     )
     unchecked = {k: n for k, n in verdicts.items() if k.startswith("no reference for ")}
+    invalid = {k: n for k, n in verdicts.items() if k.startswith("invalid model: ")}
     departures = {k: n for k, n in verdicts.items() if k.startswith("known departure: ")}
-    counts = {k: n for k, n in verdicts.items() if k not in unchecked and k not in departures}
+    counts = {k: n for k, n in verdicts.items() if k not in {**unchecked, **invalid, **departures}}
     print(f"{sum(counts.values())} cases (seed {args.seed}, opset {args.opset}): {counts}")
     if unchecked:
         print(f"no reference ran: {unchecked}")
+    if invalid:
+        print(f"invalid models: {invalid}")
     if departures:
         print(f"known departures: {departures}")
     return 0

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jonnx._build
 from jonnx.ops import activation
 from tests.conformance import fuzz
 from tests.ops._harness import node_model
@@ -73,6 +74,11 @@ def test_departures_are_narrow():
     assert fuzz.known_departure(one_hot) is not None
     assert fuzz.known_departure(one_hot._replace(opset=11)) is None
     assert fuzz.known_departure(one_hot._replace(inputs={**inputs, "i": np.array([1, 2])})) is None
+    # Hardmax: only before opset 13 and in float64, where onnxruntime has no kernel.
+    hardmax = fuzz.Case("Hardmax", {"x": np.zeros((1, 4, 3), np.float64)}, {"axis": 1}, opset=7)
+    assert fuzz.known_departure(hardmax) is not None
+    assert fuzz.known_departure(hardmax._replace(opset=13)) is None
+    assert fuzz.known_departure(hardmax._replace(inputs={"x": np.zeros((1, 4, 3), np.float32)})) is None
 
 
 def test_departures_added_on_2026_12_02_are_narrow():
@@ -287,3 +293,30 @@ def test_refusing_an_invalid_model_is_not_a_finding():
     assert fuzz.check(model, {"x": x}) == ("invalid model", None)
     model = node_model("Resize", inputs, opset=18, mode="linear", antialias=1, initializers=["scales"])
     assert fuzz.check(model, {"x": x}) == ("ok", None)
+
+
+def test_an_error_on_a_valid_model_is_a_finding(monkeypatch):
+    # The fuzzers' models leave their outputs untyped, which onnx.checker.check_model refuses in
+    # every one: asking it whether a model is invalid made every error "invalid model".
+    x = np.ones((2, 3), np.float32)
+    model = node_model("Relu", {"x": x}, opset=21)
+    assert fuzz.invalid_reason(model) is None
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(fuzz.jonnx, "load", refuse)
+    verdict, detail = fuzz.check(model, {"x": x})
+    assert verdict == "raises" and "a bug" in detail
+
+
+def test_running_a_model_the_checker_refuses_is_a_finding(monkeypatch):
+    # ReduceSum-1 takes its axes as an attribute: with an axes input neither reference loads
+    # the model, and jonnx must refuse it rather than reduce over every axis.
+    x = np.ones((2, 3), np.float32)
+    model = node_model("ReduceSum", {"x": x, "axes": np.array([1])}, opset=7, initializers=["axes"])
+    assert "input size 2" in fuzz.invalid_reason(model)
+    assert fuzz.check(model, {"x": x}) == ("invalid model", None)
+    monkeypatch.setattr(jonnx._build, "_check_counts", lambda *args: None)
+    verdict, detail = fuzz.check(model, {"x": x})
+    assert verdict == "runs an invalid model" and "input size 2" in detail
