@@ -432,9 +432,14 @@ def reduce(d: Draw) -> Case | None:
     if op.startswith("Reduce"):
         x = np.abs(x) + 0.5 if op == "ReduceLogSum" else x
         attrs = {"keepdims": d.int(0, 1)}
+        axes = d.axes(len(s))
+        if d.chance(0.4):  # axes as an attribute, as before opset 18 (13 for ReduceSum); none: all
+            opset = d.pick([1, 11] if op == "ReduceSum" else [1, 11, 13])
+            if opset == 1:  # negative axes came with version 11
+                axes = [a % len(s) for a in axes]
+            return Case(op, {"x": x}, {**attrs, **({"axes": axes} if axes else {})}, opset=opset)
         if d.chance(0.2):
             attrs["noop_with_empty_axes"] = d.int(0, 1)
-        axes = d.axes(len(s))
         inputs = {"x": x, "axes": np.array(axes, np.int64) if axes or d.chance(0.5) else None}
         return Case(op, inputs, attrs, constants=("axes",))
     if not s:
@@ -442,12 +447,16 @@ def reduce(d: Draw) -> Case | None:
     axis = d.int(-len(s), len(s) - 1)
     if op in ("ArgMax", "ArgMin"):
         x = np.round(x).astype(x.dtype)  # ties, for select_last_index
+        if d.chance(0.3):  # version 11: no select_last_index, the first of tied values
+            return Case(op, {"x": x}, {"axis": axis, "keepdims": d.int(0, 1)}, opset=11)
         return Case(op, {"x": x}, {"axis": axis, "keepdims": d.int(0, 1), "select_last_index": d.int(0, 1)})
     if op in ("CumSum", "CumProd"):
         inputs = {"x": x, "axis": np.array(axis, np.int64)}
         attrs = {"exclusive": d.int(0, 1), "reverse": d.int(0, 1)}
         return Case(op, inputs, attrs, constants=("axis",), opset=26 if op == "CumProd" else None)
-    return Case(op, {"x": x}, {"axis": axis})
+    # Softmax, LogSoftmax and Hardmax: version 11's form too (over the dimensions from the axis
+    # on, the input read as a matrix), not only 13's (over the axis alone).
+    return Case(op, {"x": x}, {"axis": axis}, opset=d.pick([None, 11]))
 
 
 def shape_ops(d: Draw) -> Case | None:
