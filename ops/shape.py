@@ -123,7 +123,9 @@ def flatten(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     (x,) = inputs
     dims = jnp.shape(x)
     axis = attrs["axis"]
-    if not -len(dims) <= axis <= len(dims) or (axis < 0 and ctx.opset < 11):
+    if axis < 0 and ctx.opset < 11:
+        raise ctx.error(f"axis {axis} is negative: Flatten before opset 11 takes 0 to the rank ({len(dims)})")
+    if not -len(dims) <= axis <= len(dims):
         raise ctx.error(f"axis {axis} is out of range for a tensor of rank {len(dims)}")
     axis = axis + len(dims) if axis < 0 else axis
     # math.prod, not np.prod: a symbolic dim (jax.export) multiplies as itself.

@@ -2886,6 +2886,11 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
         ),
     ),
     (
+        "Flatten before opset 11 with a negative axis: that version takes 0 to the rank only, as onnxruntime "
+        "holds (jonnx refuses it too); the ReferenceEvaluator counts it from the end",
+        lambda c: c.op == "Flatten" and (c.opset or 11) < 11 and c.attrs.get("axis", 1) < 0,
+    ),
+    (
         "Hardmax before opset 13 in float64: the ReferenceEvaluator, the only reference with a kernel, "
         "runs version 13's form (over the axis alone, not the dimensions from it on)",
         lambda c: c.op == "Hardmax" and (c.opset or 13) < 13 and np.asarray(_first_input(c)).dtype == np.float64,

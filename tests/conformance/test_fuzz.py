@@ -74,6 +74,11 @@ def test_departures_are_narrow():
     assert fuzz.known_departure(one_hot) is not None
     assert fuzz.known_departure(one_hot._replace(opset=11)) is None
     assert fuzz.known_departure(one_hot._replace(inputs={**inputs, "i": np.array([1, 2])})) is None
+    # Flatten: only a negative axis before opset 11.
+    flatten = fuzz.Case("Flatten", {"x": np.zeros(3)}, {"axis": -1}, opset=9)
+    assert fuzz.known_departure(flatten) is not None
+    assert fuzz.known_departure(flatten._replace(opset=11)) is None
+    assert fuzz.known_departure(flatten._replace(attrs={"axis": 1})) is None
     # Hardmax: only before opset 13 and in float64, where onnxruntime has no kernel.
     hardmax = fuzz.Case("Hardmax", {"x": np.zeros((1, 4, 3), np.float64)}, {"axis": 1}, opset=7)
     assert fuzz.known_departure(hardmax) is not None
