@@ -398,7 +398,9 @@ def _pad(x, pads, mode, value, axes, ctx):
         raise ctx.error(f"pads {tuple(pads)} remove more than shape {dims} holds")
     x = x[crop]
     width = [(max(b, 0), max(e, 0)) for b, e in width]
-    if mode not in ("constant", "reflect", "edge", "wrap") or (mode == "wrap" and ctx.opset < 19):
+    if mode == "wrap" and ctx.opset < 19:
+        raise ctx.error("mode 'wrap' arrived with Pad-19; before it Pad takes constant, reflect or edge")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
         raise ctx.error(f"unknown mode {mode!r}")
     if not any(b or e for b, e in width):
         return (x,)  # nothing to pad (a scalar's empty pads, which jnp.pad refuses)

@@ -393,6 +393,9 @@ def elementwise(d: Draw) -> Case | None:
             op, {"c": d.array(d.partner(s), np.bool_), "a": d.array(s, dtype), "b": d.array(d.partner(s), dtype)}, {}
         )
     if op == "Clip":
+        if d.chance(0.3):  # version 6: the bounds as attributes, floats only
+            attrs = {k: v for k, v in (("min", -2.0), ("max", 3.0)) if d.chance(0.7)}
+            return Case(op, {"x": d.array(s, d.pick(FLOATS))}, attrs, opset=6)
         dtype = d.pick((np.float32, *INTS))
         bounds = {
             "lo": np.array(-2, dtype) if d.chance(0.7) else None,
@@ -479,10 +482,14 @@ def shape_ops(d: Draw) -> Case | None:
         return Case(op, {"x": x}, {"axis": d.int(-r, r)})
     if op == "Squeeze":
         axes = [a for a, n in enumerate(s) if n == 1 and d.chance(0.6)]
+        if d.chance(0.3):  # version 11: axes as an attribute
+            return Case(op, {"x": x}, {"axes": axes} if axes else {}, opset=11)
         return Case(op, {"x": x, "axes": np.array(axes, np.int64) if axes else None}, {}, constants=("axes",))
     if op == "Unsqueeze":
         k = d.int(1, 2)
         axes = d.axes(r + k, k)
+        if d.chance(0.3):  # version 11: axes as an attribute
+            return Case(op, {"x": x}, {"axes": axes}, opset=11)
         return Case(op, {"x": x, "axes": np.array(axes, np.int64)}, {}, constants=("axes",))
     if op == "Tile":
         return Case(op, {"x": x, "reps": d.rng.integers(0, 3, r).astype(np.int64)}, {}, constants=("reps",))
@@ -522,6 +529,12 @@ def shape_ops(d: Draw) -> Case | None:
         if not r:
             return None
         axis = d.int(-r, r - 1)
+        if d.chance(0.3):  # version 11: the sizes as an attribute, or equal parts without it
+            left = d.int(0, s[axis])
+            if d.chance(0.5):
+                return Case(op, {"x": x}, {"axis": axis, "split": [left, s[axis] - left]}, 2, opset=11)
+            n = d.pick([k for k in (1, 2, 3) if s[axis] % k == 0])
+            return Case(op, {"x": x}, {"axis": axis}, n, opset=11)
         if d.chance(0.5):
             left = d.int(0, s[axis])
             parts = [left, s[axis] - left]
@@ -535,6 +548,11 @@ def shape_ops(d: Draw) -> Case | None:
         pads = d.rng.integers(0, 3, 2 * r).astype(np.int64)
         if mode == "reflect" and any(p >= n for p, n in zip(pads, s + s)):
             return None
+        if mode != "wrap" and x.dtype.kind == "f" and d.chance(0.3):  # version 2: attributes, floats only
+            attrs = {"mode": mode, "pads": [int(p) for p in pads]}
+            if mode == "constant" and d.chance(0.5):
+                attrs["value"] = 2.0
+            return Case(op, {"x": x}, attrs, opset=2)
         inputs = {"x": x, "pads": pads, "value": np.array(2, x.dtype) if mode == "constant" and d.chance(0.5) else None}
         return Case(op, inputs, {"mode": mode}, constants=("pads", "value"))
     if op == "Trilu":
@@ -650,6 +668,8 @@ def indexing(d: Draw) -> Case | None:
         attrs = {"reduction": d.pick(["none", "add", "mul", "max", "min"])}
         return Case(op, {"x": x, "i": indices, "u": updates}, attrs)
     if op == "TopK":
+        if d.chance(0.2):  # version 1: k as an attribute, the largest, sorted
+            return Case(op, {"x": np.round(x).astype(x.dtype)}, {"axis": axis, "k": d.int(0, n)}, 2, opset=1)
         k = np.array([d.int(0, n)], np.int64)
         return Case(op, {"x": np.round(x).astype(x.dtype), "k": k}, {"axis": axis, "largest": d.int(0, 1)}, 2, ("k",))
     if op == "Compress":
@@ -2884,6 +2904,10 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
             and bool(np.isnan(_first_input(c)).any())
             and not all(c.attrs.get("nodes_missing_value_tracks_true") or [0])
         ),
+    ),
+    (
+        "Pad before opset 19 in mode wrap, which came with version 19 (jonnx refuses it): onnxruntime runs it",
+        lambda c: c.op == "Pad" and (c.opset or 19) < 19 and c.attrs.get("mode") == "wrap",
     ),
     (
         "Flatten before opset 11 with a negative axis: that version takes 0 to the rank only, as onnxruntime "

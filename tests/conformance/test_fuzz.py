@@ -74,6 +74,11 @@ def test_departures_are_narrow():
     assert fuzz.known_departure(one_hot) is not None
     assert fuzz.known_departure(one_hot._replace(opset=11)) is None
     assert fuzz.known_departure(one_hot._replace(inputs={**inputs, "i": np.array([1, 2])})) is None
+    # Pad: only mode wrap before opset 19.
+    pad = fuzz.Case("Pad", {"x": np.zeros((2, 2)), "pads": np.ones(4, np.int64)}, {"mode": "wrap"}, opset=15)
+    assert fuzz.known_departure(pad) is not None
+    assert fuzz.known_departure(pad._replace(opset=19)) is None
+    assert fuzz.known_departure(pad._replace(attrs={"mode": "edge"})) is None
     # Flatten: only a negative axis before opset 11.
     flatten = fuzz.Case("Flatten", {"x": np.zeros(3)}, {"axis": -1}, opset=9)
     assert fuzz.known_departure(flatten) is not None

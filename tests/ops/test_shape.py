@@ -453,7 +453,15 @@ def test_pad_grads_and_errors():
     )
     raises_node_error("Pad", {"x": rand(3, 4), "p": ints(1, 2)}, "2 entries", opset=13, initializers=["p"])
     raises_node_error(
-        "Pad", {"x": rand(3, 4), "p": ints(0, 1, 0, 1)}, "unknown mode", opset=13, mode="wrap", initializers=["p"]
+        "Pad",
+        {"x": rand(3, 4), "p": ints(0, 1, 0, 1)},
+        "arrived with Pad-19",
+        opset=13,
+        mode="wrap",
+        initializers=["p"],
+    )
+    raises_node_error(
+        "Pad", {"x": rand(3, 4), "p": ints(0, 1, 0, 1)}, "unknown mode", opset=19, mode="mirror", initializers=["p"]
     )
     raises_node_error(
         "Pad", {"x": rand(3, 1), "p": ints(0, 1, 0, 1)}, "size 1", opset=13, mode="reflect", initializers=["p"]
