@@ -261,8 +261,8 @@ def _walk(forest: _Forest, x) -> jax.Array:
 
 
 # Compiled once per shape: a classifier with string labels runs on the host, op by op, and
-# there a loop traced afresh on each call compiled on each call too (a boosting classifier
-# took 73 ms a call, against 0.2 with this).
+# there a loop traced afresh on each call compiled on each call too (skl2onnx's gradient-boosting
+# classifier took 73 ms a call; 1.2 with this, 0.46 with _class_scores too).
 @functools.partial(jax.jit, static_argnames=("depth", "codes"))
 def _descend(x, roots, tables, *, depth: int, codes: tuple[int, ...]) -> jax.Array:
     feature, threshold, mode, missing, true_next, false_next, members = tables
