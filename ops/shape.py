@@ -405,8 +405,15 @@ def _pad(x, pads, mode, value, axes, ctx):
     if not any(b or e for b, e in width):
         return (x,)  # nothing to pad (a scalar's empty pads, which jnp.pad refuses)
     if mode == "constant":
-        value = jnp.zeros((), jnp.result_type(x)) if value is None else jnp.reshape(value, ())
-        return (jnp.pad(x, width, mode="constant", constant_values=value.astype(jnp.result_type(x))),)
+        dtype = jnp.result_type(x)
+        if isinstance(value, jax.core.Tracer):
+            # A traced fill (a graph input, under jax.grad or jit) as a select: JAX's transpose of
+            # lax.pad fails for the fill's cotangent wherever the padded input is not
+            # differentiated as well (jax 0.10.2 sums None there).
+            inside = jnp.pad(jnp.ones(jnp.shape(x), bool), width)
+            return (jnp.where(inside, jnp.pad(x, width), jnp.reshape(value, ()).astype(dtype)),)
+        fill = jnp.zeros((), dtype) if value is None else jnp.reshape(value, ()).astype(dtype)
+        return (jnp.pad(x, width, mode="constant", constant_values=fill),)
     for axis, (b, e) in enumerate(width):
         if (b or e) and jnp.shape(x)[axis] == 0:
             raise ctx.error(f"cannot {mode}-pad axis {axis} of size 0")
