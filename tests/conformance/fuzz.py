@@ -223,6 +223,10 @@ with an ``axes`` input reduced over every axis; Clip-6, Split-2 likewise): loadi
 input and output counts outside the schema's. Until that day ``check_model``, which refuses every
 one of these models for its untyped outputs, stood in for the per-node check, so every jonnx
 error was counted ``invalid model``; runs of stop 56 at ``--opset`` 7, 11 and 16 were redone.
+The same day the families began drawing older forms (Reduce* with axes attributes, Softmax-11,
+ArgMax-11, Squeeze/Unsqueeze/Split-11, Pad-2, Clip-6, TopK-1, OneHot-9); a ``--grad`` run at
+opset 11 found JAX's transpose of ``lax.pad`` failing for a traced fill over an input that is not
+differentiated (now a select, ops/shape.py).
 """
 
 from __future__ import annotations
