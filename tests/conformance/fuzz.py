@@ -224,7 +224,8 @@ input and output counts outside the schema's. Until that day ``check_model``, wh
 one of these models for its untyped outputs, stood in for the per-node check, so every jonnx
 error was counted ``invalid model``; runs of stop 56 at ``--opset`` 7, 11 and 16 were redone.
 The same day the families began drawing older forms (Reduce* with axes attributes, Softmax-11,
-ArgMax-11, Squeeze/Unsqueeze/Split-11, Pad-2, Clip-6, TopK-1, OneHot-9); a ``--grad`` run at
+ArgMax-11, Squeeze/Unsqueeze/Split-11, Pad-2, Clip-6, TopK-1, OneHot-9, BatchNormalization-6/7/9,
+Gemm-6 with its broadcast attribute); a ``--grad`` run at
 opset 11 found JAX's transpose of ``lax.pad`` failing for a traced fill over an input that is not
 differentiated (now a select, ops/shape.py).
 """
@@ -739,6 +740,9 @@ def products(d: Draw) -> Case | None:
         inputs = {"a": d.array((k, m) if ta else (m, k), dtype), "b": d.array((n, k) if tb else (k, n), dtype)}
         inputs["c"] = d.array(d.partner((m, n)), dtype) if d.chance(0.7) else None
         attrs = {"transA": ta, "transB": tb, "alpha": d.pick([1.0, 0.5]), "beta": d.pick([1.0, 2.0])}
+        if inputs["c"] is not None and d.chance(0.3):  # version 6: C required, broadcast by attribute
+            full = inputs["c"].shape == (m, n)
+            return Case(op, inputs, {**attrs, "broadcast": d.int(0, 1) if full else 1}, constants=("b", "c"), opset=6)
         return Case(op, inputs, attrs, constants=("b", "c"))
     equations = {
         "ij,jk->ik": [(m, k), (k, n)],
@@ -1047,7 +1051,13 @@ def normalization(d: Draw) -> Case | None:
         inputs = {"x": x, "scale": d.array(normalized, x.dtype), "bias": d.array(normalized, x.dtype)}
         return Case(op, inputs, {"axis": axis}, constants=("scale", "bias"))
     stats = {"mean": d.array((c,), x.dtype), "var": np.abs(d.array((c,), x.dtype))}
-    return Case(op, {"x": x, **per_channel, **stats}, {}, constants=("scale", "bias", "mean", "var"))
+    # Inference at every version: 6 (is_test set), 7 (spatial, per channel by default), 9, and
+    # the --opset's (15 by default).
+    opset = d.pick([None, 6, 7, 9])
+    attrs = {"is_test": 1} if opset == 6 else {}
+    if d.chance(0.3):
+        attrs["epsilon"] = d.pick([1e-5, 1e-2])
+    return Case(op, {"x": x, **per_channel, **stats}, attrs, constants=("scale", "bias", "mean", "var"), opset=opset)
 
 
 def loss(d: Draw) -> Case | None:
@@ -2907,6 +2917,17 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
             "BRANCH_NEQ" in c.attrs.get("nodes_modes", ())
             and bool(np.isnan(_first_input(c)).any())
             and not all(c.attrs.get("nodes_missing_value_tracks_true") or [0])
+        ),
+    ),
+    (
+        "Gemm before opset 7 with broadcast 0 and beta other than 1: the ReferenceEvaluator adds C without beta "
+        "(onnxruntime runs no Gemm of those opsets; jonnx computes alpha A B + beta C, as tests/ops check)",
+        lambda c: (
+            c.op == "Gemm"
+            and (c.opset or 7) < 7
+            and not c.attrs.get("broadcast", 0)
+            and c.attrs.get("beta", 1.0) != 1.0
+            and c.inputs.get("c") is not None
         ),
     ),
     (

@@ -74,6 +74,13 @@ def test_departures_are_narrow():
     assert fuzz.known_departure(one_hot) is not None
     assert fuzz.known_departure(one_hot._replace(opset=11)) is None
     assert fuzz.known_departure(one_hot._replace(inputs={**inputs, "i": np.array([1, 2])})) is None
+    # Gemm: only before opset 7, without broadcast, with a beta other than 1.
+    ab = {"a": np.ones((2, 2)), "b": np.ones((2, 2)), "c": np.ones((2, 2))}
+    gemm = fuzz.Case("Gemm", ab, {"beta": 2.0, "broadcast": 0}, opset=6)
+    assert fuzz.known_departure(gemm) is not None
+    assert fuzz.known_departure(gemm._replace(opset=7)) is None
+    assert fuzz.known_departure(gemm._replace(attrs={"beta": 2.0, "broadcast": 1})) is None
+    assert fuzz.known_departure(gemm._replace(attrs={"beta": 1.0, "broadcast": 0})) is None
     # Pad: only mode wrap before opset 19.
     pad = fuzz.Case("Pad", {"x": np.zeros((2, 2)), "pads": np.ones(4, np.int64)}, {"mode": "wrap"}, opset=15)
     assert fuzz.known_departure(pad) is not None

@@ -80,6 +80,16 @@ def test_gemm_legacy_broadcast(opset):
         atol=1e-5,
         expected=lambda a, b, c: [a @ b + c],
     )
+    # beta scales C without broadcast too (the ReferenceEvaluator's Gemm-6 leaves it out there).
+    assert_matches_reference(
+        "Gemm",
+        {"a": a, "b": b, "c": rand(3, 5)},
+        opset=opset,
+        beta=2.0,
+        rtol=1e-5,
+        atol=1e-5,
+        expected=lambda a, b, c: [a @ b + 2.0 * c],
+    )
     inputs = {"a": a, "b": b, "c": c}
     with pytest.raises(errors.NodeError, match="broadcast=1"):
         run_jonnx(node_model("Gemm", inputs, opset=opset), inputs)
