@@ -21,6 +21,7 @@ import pytest
 import jonnx
 from jonnx import optimize
 from jonnx.ops import conv as conv_ops
+from tests._compiles import count_compiles
 from tests._on_off import assert_gradients_close, compare_on_off, value_and_grad
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "examples" / "models"
@@ -300,3 +301,137 @@ def test_gradients_flow_through_weight_only_nodes():
     assert set(got) == set(want) == set(model.params)
     for name in want:
         np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+# -- string_labels: a classifier with string labels as integer codes and a lookup -------------
+
+ML = "ai.onnx.ml"
+
+
+def _tree_attrs(n_labels: int) -> dict:
+    # Two stumps on features 0 and 1; each leaf votes for one class (for every class with 3).
+    classes = range(max(n_labels, 1)) if n_labels > 2 else [0]
+    leaves = [(t, leaf) for t in (0, 1) for leaf in (1, 2)]
+    return dict(
+        nodes_treeids=[0, 0, 0, 1, 1, 1],
+        nodes_nodeids=[0, 1, 2, 0, 1, 2],
+        nodes_featureids=[0, 0, 0, 1, 0, 0],
+        nodes_values=[0.1, 0, 0, -0.2, 0, 0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF", "BRANCH_LEQ", "LEAF", "LEAF"],
+        nodes_truenodeids=[1, 0, 0, 1, 0, 0],
+        nodes_falsenodeids=[2, 0, 0, 2, 0, 0],
+        class_treeids=[t for t, _ in leaves for _ in classes],
+        class_nodeids=[leaf for _, leaf in leaves for _ in classes],
+        class_ids=[c for _ in leaves for c in classes],
+        class_weights=RNG.uniform(-1, 1, len(leaves) * len(classes)).round(2).tolist(),
+    )
+
+
+def _svm_attrs(n_labels: int, proba: bool, seed: int) -> dict:
+    # Seeded apart from RNG: with random weights most draws name one class for nearly every
+    # row; these seeds give every form several labels on the test's rows.
+    rng = np.random.default_rng(seed)
+    per = [2, 3, 2][:n_labels]
+    vectors, pairs = sum(per), n_labels * (n_labels - 1) // 2
+    attrs = dict(
+        coefficients=(3 * rng.normal(size=(n_labels - 1) * vectors)).round(2).tolist(),
+        support_vectors=rng.normal(size=vectors * 4).round(2).tolist(),
+        vectors_per_class=per,
+        rho=rng.normal(size=pairs).round(2).tolist(),
+        kernel_type="RBF",
+        kernel_params=[0.3, 0.0, 3.0],
+    )
+    if proba:
+        attrs.update(prob_a=rng.normal(size=pairs).round(2).tolist(), prob_b=rng.normal(size=pairs).round(2).tolist())
+    return attrs
+
+
+def _linear_attrs(rows: int, post: str) -> dict:
+    return dict(coefficients=RNG.normal(size=rows * 4).round(2).tolist(), intercepts=[0.1] * rows, post_transform=post)
+
+
+# (op, number of labels, attributes): each label rule the ops have.
+CLASSIFIERS = {
+    "linear_multiclass": ("LinearClassifier", 3, _linear_attrs(3, "SOFTMAX")),
+    "linear_binary": ("LinearClassifier", 2, _linear_attrs(1, "LOGISTIC")),
+    "linear_one_column": ("LinearClassifier", 1, _linear_attrs(1, "NONE")),
+    "svm_probabilities": ("SVMClassifier", 3, _svm_attrs(3, True, 4)),
+    "svm_votes": ("SVMClassifier", 3, _svm_attrs(3, False, 4)),
+    "svm_binary": ("SVMClassifier", 2, _svm_attrs(2, False, 0)),
+    "trees_multiclass": ("TreeEnsembleClassifier", 3, _tree_attrs(3)),
+    "trees_one_label": ("TreeEnsembleClassifier", 1, _tree_attrs(1)),
+}
+
+
+def _classifier(op: str, n_labels: int, attrs: dict) -> onnx.ModelProto:
+    node = oh.make_node(
+        op, ["x"], ["label", "scores"], domain=ML, classlabels_strings=[f"class {k}" for k in range(n_labels)], **attrs
+    )
+    graph = oh.make_graph(
+        [node],
+        "g",
+        [oh.make_tensor_value_info("x", F, ["N", 4])],
+        [
+            oh.make_tensor_value_info("label", onnx.TensorProto.STRING, ["N"]),
+            oh.make_tensor_value_info("scores", F, None),
+        ],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(ML, 1)])
+
+
+# The one-label forms: onnxruntime refuses a LinearClassifier with one string label and aborts
+# on such a TreeEnsembleClassifier (the onnx reference refuses both), so their label is checked
+# against the op's rule: the name where the score passes 0 (the second column wins), else "".
+ONE_LABEL_RULES = {
+    "linear_one_column": lambda scores: scores[:, 0] >= 0,
+    "trees_one_label": lambda scores: scores.argmax(axis=1) == 1,
+}
+
+
+@pytest.mark.parametrize("name", list(CLASSIFIERS))
+def test_string_labels_split_matches_the_whole_classifier_and_onnxruntime(name):
+    proto = _classifier(*CLASSIFIERS[name])
+    on, off = jonnx.load(proto), jonnx.load(proto, optimize=False)
+    x = np.random.default_rng(1).normal(size=(40, 4)).astype(np.float32)
+    halves = (x[:20], x[20:])
+    whole = [off(rows) for rows in halves]
+    on(RNG.normal(size=(20, 4)).astype(np.float32))
+    with count_compiles() as compiles:  # the classifier compiles once per shape, not per value
+        split = [on(rows) for rows in halves]
+    assert not compiles
+    assert [on._call_graph.nodes[p].op_type for p in on.segment_plan.host_nodes] == ["LabelEncoder"]
+    if name not in ONE_LABEL_RULES:
+        session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for rows, (label, scores), (label_off, scores_off) in zip(halves, split, whole):
+        assert label.tolist() == label_off.tolist()
+        assert len(set(label.tolist())) > 1  # more than one label in each half: not vacuous
+        np.testing.assert_allclose(np.asarray(scores), np.asarray(scores_off), rtol=1e-6, atol=1e-7)
+        if name in ONE_LABEL_RULES:
+            want = np.where(ONE_LABEL_RULES[name](np.asarray(scores)), "class 0", "")
+            assert label.tolist() == want.tolist()
+            continue
+        want_label, want_scores = session.run(None, {"x": rows})
+        assert label.tolist() == want_label.tolist()
+        np.testing.assert_allclose(np.asarray(scores), want_scores, rtol=1e-5, atol=1e-6)
+
+
+def test_string_labels_leave_an_svm_whose_label_is_not_a_lookup():
+    # One rho and three labels: the label output is 0 or 1 whatever the labels (as onnxruntime).
+    attrs = dict(coefficients=RNG.normal(size=12).round(2).tolist(), rho=[0.2], kernel_type="LINEAR")
+    proto = _classifier("SVMClassifier", 3, attrs)
+    on, off = jonnx.load(proto), jonnx.load(proto, optimize=False)
+    assert [n.op_type for n in on._call_graph.nodes] == ["SVMClassifier"]
+    x = RNG.normal(size=(8, 4)).astype(np.float32)
+    for a, b in zip(on(x), off(x)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_an_unsplit_svm_with_probabilities_compiles_once_per_shape():
+    # optimize=False runs the classifier on the host, op by op: its libsvm solver loop (a
+    # while_loop) compiled on every call there, 267 ms a call for this 3-class SVM.
+    model = jonnx.load(_classifier(*CLASSIFIERS["svm_probabilities"]), optimize=False)
+    x = np.random.default_rng(2).normal(size=(2, 8, 4)).astype(np.float32)
+    model(x[0])
+    with count_compiles() as compiles:
+        model(x[1])
+    assert not compiles

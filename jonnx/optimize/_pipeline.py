@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from jonnx._ir import Graph
-from jonnx.optimize import dead_nodes, fold_batchnorm, fuse_matmuls, layout
+from jonnx.optimize import dead_nodes, fold_batchnorm, fuse_matmuls, layout, string_labels
 
 __all__ = ["CALL_ONLY", "CALL_OPTIONS", "PASSES", "optimize", "resolve"]
 
@@ -18,6 +18,7 @@ PASSES: Mapping[str, Callable[[Graph, bool | None], Graph]] = {
     "fuse_matmuls": fuse_matmuls.run,
     "channels_last": layout.run,
     "dead_nodes": dead_nodes.run,
+    "string_labels": string_labels.run,
 }
 
 # Switches of the same option that act on how ``Model(*inputs)`` compiles, not on the graph;

@@ -36,10 +36,13 @@ def unique_name(stem: str, taken: set[str]) -> str:
     return name
 
 
-def new_node(op_type: str, inputs: list[str], outputs: list[str], name: str, opset: int, **attrs) -> Node:
-    """An ai.onnx node bound to its implementation at ``opset``, as the loader would build it."""
-    builder = GraphBuilder({"": opset}, None)
-    return builder.bind(oh.make_node(op_type, inputs, outputs, name=name, **attrs))
+def new_node(
+    op_type: str, inputs: list[str], outputs: list[str], name: str, opset: int, *, domain: str = "", **attrs
+) -> Node:
+    """A node of ``domain`` (ai.onnx by default) bound to its implementation at ``opset``, as
+    the loader would build it."""
+    builder = GraphBuilder({domain: opset}, None)
+    return builder.bind(oh.make_node(op_type, inputs, outputs, name=name, domain=domain, **attrs))
 
 
 def int64(values) -> np.ndarray:

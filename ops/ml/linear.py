@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -110,6 +112,9 @@ def svm_regressor(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return (post_transform(s, attrs["post_transform"], ctx).astype(np.float32),)
 
 
+# Compiled once per shape: run eagerly (string labels with optimize=False put the classifier on
+# the host), a while_loop traced afresh compiled on every call (267 ms for a 3-class SVM).
+@functools.partial(jax.jit, static_argnames="k")
 def _multiclass_probability(r, k: int):
     """libsvm's pairwise-coupling solver, vectorised over rows: ``r`` is ``[N, k, k]``."""
     n = r.shape[0]
@@ -189,7 +194,7 @@ def svm_classifier(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         r = jnp.zeros((x.shape[0], n_classes, n_classes), dtype)
         for p, (i, j) in enumerate(pairs):
             r = r.at[:, i, j].set(val[:, p]).at[:, j, i].set(1 - val[:, p])
-        scores = _multiclass_probability(r, n_classes)
+        scores = _multiclass_probability(r, k=n_classes)
     else:
         scores = res
 

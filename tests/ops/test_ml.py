@@ -253,7 +253,10 @@ def test_linear_classifier_binary_one_row():
     )
 
 
-def test_string_labels_need_concrete_input():
+# Split (jonnx.optimize.string_labels), the classifier compiles and only the LabelEncoder from
+# its integer codes to the names runs on the host; unsplit, the whole classifier runs there.
+@pytest.mark.parametrize("optimize,on_host", [(True, "LabelEncoder"), (False, "LinearClassifier")])
+def test_string_labels_need_concrete_input(optimize, on_host):
     x = RNG.standard_normal((2, 2)).astype(np.float32)
     model = node_model(
         "LinearClassifier",
@@ -265,12 +268,12 @@ def test_string_labels_need_concrete_input():
         classlabels_strings=["a", "b"],
     )
     with jax.enable_x64(True):
-        m = jonnx.load(model)
-        # Model.__call__ runs the classifier on the host: x is data, not a static argument.
+        m = jonnx.load(model, optimize=optimize)
+        # Model.__call__ runs the strings on the host: x is data, not a static argument.
         assert m.static_input_names == ("x",)
         assert not any(s.static for s in m.segment_plan.stages)
-        assert [m.graph.nodes[p].op_type for p in m.segment_plan.host_nodes] == ["LinearClassifier"]
-        with pytest.raises(errors.StaticValueError, match="LinearClassifier"):
+        assert [m._call_graph.nodes[p].op_type for p in m.segment_plan.host_nodes] == [on_host]
+        with pytest.raises(errors.StaticValueError, match=on_host):
             jax.jit(lambda v: m.apply(m.params, v))(x)
         labels, _ = m(x)
     assert labels.tolist() == ["a" if a >= b else "b" for a, b in x]
