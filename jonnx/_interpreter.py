@@ -547,11 +547,13 @@ def _holds_symbolic(args: Sequence[Any]) -> bool:
     for a in args:
         if isinstance(a, list) and _holds_symbolic(a):
             return True
-        if (
-            isinstance(a, np.ndarray)
-            and a.dtype == object
-            and any(jax.export.is_symbolic_dim(v) for v in a.reshape(-1))
-        ):
+        if not isinstance(a, np.ndarray) or a.dtype != object or not a.size:
+            continue
+        # A string tensor (Shape never makes strings): not scanned, since scanning 10,000 labels
+        # took most of a string-label classifier's call.
+        if isinstance(a.flat[0], (str, bytes)):
+            continue
+        if any(jax.export.is_symbolic_dim(v) for v in a.reshape(-1)):
             return True
     return False
 

@@ -46,10 +46,12 @@ def as_strings(values: Any) -> np.ndarray:
     """Any array-like of str/bytes as an object array of ``str``: bytes decoded as UTF-8 (bytes
     that are not UTF-8 kept as surrogates, so they survive a round trip), anything else ``str()``."""
     arr = np.asarray(values, dtype=object)
-    out = np.empty(arr.shape, object)
-    for i, v in np.ndenumerate(arr):
-        out[i] = v.decode("utf-8", errors="surrogateescape") if isinstance(v, bytes) else str(v)
-    return out
+    out = np.empty(arr.size, object)
+    out[:] = [
+        v if type(v) is str else v.decode("utf-8", errors="surrogateescape") if isinstance(v, bytes) else str(v)
+        for v in arr.reshape(-1).tolist()
+    ]
+    return out.reshape(arr.shape)
 
 
 def static_sizes(sizes: Any) -> bool:

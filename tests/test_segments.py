@@ -477,6 +477,21 @@ def test_strings_a_host_node_returns_are_not_compiled_per_value():
     assert on_host == ["Identity", "LabelEncoder", "Reshape"]
 
 
+def test_host_nodes_do_not_scan_string_tensors_for_symbolic_dims(monkeypatch):
+    # Symbolic dims (jax.export) come only from Shape, never among strings: scanning every
+    # label of a 10,000-row string tensor for them took most of the call.
+    proto = _string_labels_network("ArrayFeatureExtractor")
+    model = jonnx.load(proto)
+    x = np.random.default_rng(8).normal(size=(10_000, 4)).astype(np.float32)
+    model(x)
+    asked = []
+    is_symbolic_dim = jax.export.is_symbolic_dim
+    monkeypatch.setattr(jax.export, "is_symbolic_dim", lambda d: asked.append(d) or is_symbolic_dim(d))
+    (label,) = model(x)
+    assert label.tolist() == _ort(proto, {"x": x})[0].tolist()
+    assert len(asked) < 100
+
+
 def test_bounded_detector_runs_inside_users_jit_and_matches_up_to_padding():
     proto = _detector()
     model = jonnx.load(proto, size_bounds={"NonMaxSuppression": None})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -180,8 +181,9 @@ def _kind(dtype) -> str:
 def _map_values(x, keys, values, default, out_dtype, ctx):
     """Look every element of ``x`` up in ``keys`` (the last repeat wins; NaN matches NaN).
 
-    Numeric keys and values run in jnp (sorted keys, ``searchsorted``), so a traced input works;
-    strings on either side need a concrete input and run on the host.
+    Numeric keys are searched sorted (``searchsorted``): in jnp, so a traced input works, or in
+    numpy where the values are strings (a host op then). String keys need a concrete input and
+    a dict.
     """
     keys = np.asarray(keys).reshape(-1)
     values = np.asarray(values).reshape(-1)
@@ -193,50 +195,33 @@ def _map_values(x, keys, values, default, out_dtype, ctx):
             f"input of dtype {np.asarray(x).dtype if is_concrete(x) else x.dtype} "
             f"does not match keys of type {_kind(keys.dtype)}"
         )
-    if in_string or out_dtype == object:
-        need_concrete(x, ctx, "a lookup with string keys or values")
-        xs = as_strings(x) if in_string else np.asarray(x)
-        if in_string:
-            table = dict(zip(as_strings(keys).tolist(), values.tolist()))
-            found = [table.get(v, default) for v in xs.reshape(-1).tolist()]
-        else:
-            keys = keys.astype(xs.dtype)
-            table = dict(zip(keys.tolist(), values.tolist()))
-            nan_value = next(
-                (
-                    v
-                    for k, v in reversed(list(zip(keys.tolist(), values.tolist())))
-                    if isinstance(k, float) and math.isnan(k)
-                ),
-                default,
-            )
-            found = [
-                nan_value if isinstance(v, float) and math.isnan(v) else table.get(v, default)
-                for v in xs.reshape(-1).tolist()
-            ]
-        out = np.empty(len(found), object) if out_dtype == object else np.asarray(found, out_dtype)
-        if out_dtype == object:
-            out[:] = [str(v) for v in found]
+    if in_string:
+        need_concrete(x, ctx, "a lookup with string keys")
+        table = dict(zip(as_strings(keys).tolist(), values.tolist()))
+        found = list(map(table.get, as_strings(x).reshape(-1).tolist(), itertools.repeat(default)))
+        out = as_strings(found) if out_dtype == object else np.asarray(found, out_dtype)
         return out.reshape(np.shape(x))
-    x = jnp.asarray(x)
+    if out_dtype == object:  # numbers to strings: the same search in numpy, on the host
+        need_concrete(x, ctx, "a lookup with string values")
+        xp, x, values = np, np.asarray(x), as_strings(values)
+    else:
+        xp, x, values = jnp, jnp.asarray(x), values.astype(out_dtype)
     keys = keys.astype(np.dtype(x.dtype))
     nan_keys = np.isnan(keys) if keys.dtype.kind == "f" else np.zeros(keys.size, bool)
     table = dict(zip(keys[~nan_keys].tolist(), values[~nan_keys].tolist()))
-    out_values = jnp.asarray(np.asarray(list(table.values()) + [default], dtype=out_dtype), out_dtype)
     sorted_keys = np.asarray(list(table), keys.dtype)
     order = np.argsort(sorted_keys, kind="stable")
     sorted_keys = sorted_keys[order]
-    slot = order if sorted_keys.size else np.zeros(0, np.int64)
+    sorted_values = np.asarray(list(table.values()), values.dtype)[order]
+    default = xp.asarray(default, out_dtype) if out_dtype != object else default
     if sorted_keys.size:
-        pos = jnp.clip(jnp.searchsorted(jnp.asarray(sorted_keys), x), 0, sorted_keys.size - 1)
-        hit = jnp.asarray(sorted_keys)[pos] == x
-        picked = jnp.where(hit, jnp.asarray(slot)[pos], len(table))
+        pos = xp.clip(xp.searchsorted(xp.asarray(sorted_keys), x), 0, sorted_keys.size - 1)
+        out = xp.where(xp.asarray(sorted_keys)[pos] == x, xp.asarray(sorted_values)[pos], default)
     else:
-        picked = jnp.full(x.shape, len(table))
-    out = out_values[picked]
+        out = xp.full(x.shape, default, out_dtype)
     if nan_keys.any():
-        out = jnp.where(jnp.isnan(x), jnp.asarray(values[nan_keys][-1], out_dtype), out)
-    return out
+        out = xp.where(xp.isnan(x), values[nan_keys][-1], out)
+    return out.astype(out_dtype) if xp is jnp else out
 
 
 def _out_dtype(kind: str):

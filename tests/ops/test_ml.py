@@ -645,6 +645,20 @@ def test_label_encoder_v2_lists(opset):
     )
 
 
+def test_label_encoder_numbers_to_strings():
+    # Searched sorted on the host: a repeated key (the last wins), NaN matching NaN, a miss.
+    x = np.array([[0.5, np.nan], [2.5, 1.0]], np.float32)
+    assert_ml(
+        "LabelEncoder",
+        {"x": x},
+        opset=2,
+        keys_floats=[0.5, np.nan, 2.5, 0.5],
+        values_strings=["first", "nan", "c", "last"],
+        default_string="?",
+        expected=[np.array([["last", "nan"], ["c", "?"]], object)],
+    )
+
+
 def test_label_encoder_v4_tensors_traced():
     keys = oh.make_tensor("k", onnx.TensorProto.INT64, [3], [3, 1, 3])
     values = oh.make_tensor("v", onnx.TensorProto.DOUBLE, [3], [0.5, 1.5, 2.5])
