@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx._values import is_concrete
 from jonnx.ops._util import index_dtype, normalize_axis, static_ints, take
 
 # --------------------------------------------------------------------------------------
@@ -436,8 +437,9 @@ def compress(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     x, condition = inputs
     condition = np.asarray(condition).reshape(-1).astype(bool)
     axis = attrs["axis"]
+    on_host = _is_strings(x) or is_concrete(x)
     if axis is None:
-        x = x.reshape(-1) if _is_strings(x) else jnp.reshape(x, (-1,))
+        x = np.reshape(x, (-1,)) if on_host else jnp.reshape(x, (-1,))
         axis = 0
     axis = normalize_axis(axis, np.ndim(x), ctx)
     keep = np.nonzero(condition)[0]
@@ -445,8 +447,8 @@ def compress(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     if keep.size and keep[-1] >= size:
         raise ctx.error(f"condition selects index {int(keep[-1])} beyond the axis size {size}")
     keep = keep.astype(index_dtype())
-    if _is_strings(x):
-        return (np.take(x, keep, axis=axis),)
+    if on_host:  # numpy, as a host op computes: no compilation per count of kept slices
+        return (np.take(np.asarray(x), keep, axis=axis),)
     return (jnp.take(x, keep, axis=axis, mode="clip"),)
 
 

@@ -6,20 +6,23 @@ so it runs in two steps, in two environments::
 
     python tests/models/exporter_sweep.py make sklearn OUT   # scikit-learn, skl2onnx, numpy
     python tests/models/exporter_sweep.py make torch OUT     # torch (onnxscript for dynamo)
-    python tests/models/exporter_sweep.py check OUT          # jonnx's environment
+    python tests/models/exporter_sweep.py check OUT [--time] # jonnx's environment
 
 ``make`` writes ``OUT/<group>_<name>.onnx`` and ``OUT/<group>.pkl`` (the inputs and what the
 framework computed; a local pickle, read back only by ``check``). ``check`` prints one line
 per model: whether jonnx's outputs equal onnxruntime's and the framework's, and the
 error when jonnx refuses a model. The last results are in docs/exporting.md ("Exporter
-sweep").
+sweep"). With ``--time`` each line also gives jonnx's default call against onnxruntime's, in
+ms, at the sweep's inputs and (scikit-learn's models) at 2,000 rows.
 """
 
 from __future__ import annotations
 
 import pathlib
 import pickle
+import statistics
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -40,9 +43,11 @@ def _sklearn(out: pathlib.Path) -> None:
         svm,
         tree,
     )
+    from sklearn.base import clone
     from sklearn.calibration import CalibratedClassifierCV
     from sklearn.cross_decomposition import PLSRegression
     from sklearn.feature_selection import SelectKBest
+    from sklearn.neural_network import MLPClassifier
 
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from make_exports import iris_like
@@ -112,6 +117,27 @@ def _sklearn(out: pathlib.Path) -> None:
             y,
         ),
     }
+    # Classifiers again with classes named by strings: other converter paths (labels through
+    # ArrayFeatureExtractor, or the ML classifiers' classlabels_strings) and, with --time,
+    # the host lookups that strings need.
+    names = np.array(["setosa", "versicolor", "virginica"])
+    for name in (
+        "LogisticRegression",
+        "LogisticRegression_bin",
+        "LinearSVC",
+        "SVC",
+        "SVC_prob",
+        "SVC_bin_prob",
+        "DecisionTreeClassifier",
+        "ExtraTreesClassifier",
+        "GaussianNB",
+        "CalibratedClassifierCV",
+    ):
+        est, fit_x, fit_y = cases[name]
+        cases[f"{name}_names"] = (clone(est), fit_x, names[fit_y])
+    cases["MLPClassifier_names"] = (MLPClassifier((8,), max_iter=500, random_state=0), x, names[y])
+    cases["KNeighborsClassifier_names"] = (neighbors.KNeighborsClassifier(3), x, names[y])
+    cases["GradientBoostingClassifier_names"] = (E.GradientBoostingClassifier(n_estimators=5), x, names[y])
     found = {}
     for name, (est, fit_x, fit_y) in cases.items():
         est.fit(fit_x, fit_y) if fit_y is not None else est.fit(fit_x)
@@ -270,7 +296,40 @@ def _close(a, b, tol: float) -> bool:
     return np.allclose(a.astype(float).ravel(), b.astype(float).ravel(), rtol=tol, atol=tol)
 
 
-def check(out: pathlib.Path) -> None:
+def _median_ms(fn, repeats: int = 7, block_s: float = 0.02) -> float:
+    """The median over ``repeats`` blocks of the time of one call, in ms (after two calls)."""
+    fn()
+    fn()
+    times = []
+    for _ in range(repeats):
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < block_s:
+            fn()
+            n += 1
+        times.append((time.perf_counter() - start) / n * 1e3)
+    return statistics.median(times)
+
+
+def _timings(model, session, names, inputs, rows: bool) -> str:
+    """jonnx's default call and onnxruntime's, at the sweep's inputs and, with ``rows`` (the
+    row-wise scikit-learn models), at 2,000 rows: ``jonnx ms / onnxruntime ms (ratio)``."""
+    import jax
+
+    def jonnx_call(xs):
+        return lambda: jax.block_until_ready([y for y in model(*xs) if not isinstance(y, (list, np.ndarray))])
+
+    sizes = [inputs]
+    if rows:
+        sizes.append([np.resize(x, (2000, x.shape[1])) for x in inputs])
+    found = []
+    for xs in sizes:
+        mine = _median_ms(jonnx_call(xs))
+        theirs = _median_ms(lambda xs=xs: session.run(None, dict(zip(names, xs))))
+        found.append(f"{len(xs[0])} rows {mine:.3f}/{theirs:.3f} ms ({mine / theirs:.1f}x)")
+    return ", ".join(found)
+
+
+def check(out: pathlib.Path, time_calls: bool = False) -> None:
     import onnx
     import onnxruntime as ort
 
@@ -286,11 +345,13 @@ def check(out: pathlib.Path) -> None:
             proto = onnx.load(model_path)
             names = [v.name for v in proto.graph.input if v.name not in {t.name for t in proto.graph.initializer}]
             try:
-                want = ort.InferenceSession(str(model_path)).run(None, dict(zip(names, inputs)))
+                session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+                want = session.run(None, dict(zip(names, inputs)))
             except Exception:  # noqa: BLE001 -- then the framework's outputs are the reference
                 want = None
             try:
-                got = jonnx.load(model_path)(*inputs)
+                model = jonnx.load(model_path)
+                got = model(*inputs)
             except Exception as e:  # noqa: BLE001 -- every refusal is a finding
                 print(f"{group:8s} {name:40s} jonnx refuses: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
                 continue
@@ -305,8 +366,14 @@ def check(out: pathlib.Path) -> None:
                 for m, v in computed.items()
                 if any(_close(g, c, 1e-3) for g in got for c in (v if isinstance(v, list) else [v]))
             )
+            timed = (
+                f"  {_timings(model, session, names, inputs, group == 'sklearn')}"
+                if time_calls and want is not None
+                else ""
+            )
             print(
-                f"{group:8s} {name:40s} onnxruntime {versus_ort:8s} {group} {'=' if matched else 'DIFFERS'} {matched}"
+                f"{group:8s} {name:40s} onnxruntime {versus_ort:8s} {group} {'=' if matched else 'DIFFERS'} "
+                f"{matched}{timed}"
             )
 
 
@@ -316,8 +383,8 @@ def main() -> None:
         out = pathlib.Path(sys.argv[3])
         out.mkdir(parents=True, exist_ok=True)
         (_sklearn if sys.argv[2] == "sklearn" else _torch)(out)
-    elif len(sys.argv) == 3 and sys.argv[1] == "check":
-        check(pathlib.Path(sys.argv[2]))
+    elif len(sys.argv) in (3, 4) and sys.argv[1] == "check" and sys.argv[3:] in ([], ["--time"]):
+        check(pathlib.Path(sys.argv[2]), time_calls=sys.argv[3:] == ["--time"])
     else:
         sys.exit(__doc__)
 
