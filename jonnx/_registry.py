@@ -115,6 +115,8 @@ class OpDef:
             of the node's attributes saying so. ``Model.__call__`` runs such a node on the host
             between compiled segments when its inputs come from runtime data, so that the
             segments compile once per shape, never per input value (``jonnx._segments``).
+            There its inputs are concrete, and the op computes in numpy: it is called
+            directly, never traced first.
     """
 
     domain: str

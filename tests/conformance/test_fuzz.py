@@ -312,6 +312,22 @@ def test_refusing_an_invalid_model_is_not_a_finding():
     assert fuzz.check(model, {"x": x}) == ("ok", None)
 
 
+def test_gradient_and_vmap_checks_count_invalid_models():
+    # At an old --opset a later version's form is drawn; jonnx refuses it, and the gradient and
+    # vmap checks call that an invalid model, not a model jonnx does not run.
+    x = np.arange(8, dtype=np.float32).reshape(1, 1, 2, 4)
+    scales = np.array([1, 1, 2, 2], np.float32)
+    inputs = {"x": x, "roi": None, "scales": scales}
+    rng = np.random.default_rng(0)
+    model = node_model("Resize", inputs, opset=16, mode="linear", antialias=1, initializers=["scales"])
+    case = fuzz.Case("Resize", inputs, {"mode": "linear", "antialias": 1})
+    assert fuzz.check_gradient(case, model, {"x": x}, rng) == ("invalid model", None)
+    assert fuzz.check_vmap(model, {"x": x}, rng) == ("invalid model", None)
+    # A valid model jonnx does not run (here: an input of the wrong rank) is still that.
+    model = node_model("Resize", inputs, opset=18, mode="linear", antialias=1, initializers=["scales"])
+    assert fuzz.check_gradient(case, model, {"x": x[0]}, rng) == ("does not run", None)
+
+
 def test_an_error_on_a_valid_model_is_a_finding(monkeypatch):
     # The fuzzers' models leave their outputs untyped, which onnx.checker.check_model refuses in
     # every one: asking it whether a model is invalid made every error "invalid model".

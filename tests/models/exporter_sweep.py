@@ -263,6 +263,33 @@ def _torch(out: pathlib.Path) -> None:
         "meshgrid": (Fn(lambda a, b: torch.stack(torch.meshgrid(a, b, indexing="ij"), 0)), (r(3), r(4))),
         "bucketize": (Fn(lambda x: torch.bucketize(x, torch.tensor([-1.0, 0.0, 0.5, 2.0]))), (r(3, 4),)),
         "one_hot": (Fn(lambda x: F.one_hot(x, 6)), (torch.tensor([0, 5, 2, 2]),)),
+        # Added 2026-12-04: attention, spectra, more pooling and indexing forms.
+        "sdpa_causal": (
+            Fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+            (r(2, 3, 5, 8), r(2, 3, 5, 8), r(2, 3, 5, 8)),
+        ),
+        "sdpa_float_mask": (
+            Fn(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)),
+            (r(2, 3, 5, 8), r(2, 3, 6, 8), r(2, 3, 6, 8), r(5, 6)),
+        ),
+        "rfft_abs": (Fn(lambda x: torch.fft.rfft(x, dim=-1).abs()), (r(3, 16),)),
+        "depthwise_conv": (nn.Conv2d(4, 4, 3, groups=4, padding=1, bias=False), (r(1, 4, 6, 6),)),
+        "batch_norm1d": (nn.BatchNorm1d(5), (r(4, 5, 3),)),
+        "embedding_padding": (nn.Embedding(10, 4, padding_idx=0), (torch.tensor([[0, 3, 9], [2, 0, 1]]),)),
+        "adaptive_max_pool1d": (nn.AdaptiveMaxPool1d(3), (r(2, 4, 10),)),
+        "avg_pool1d_ceil": (nn.AvgPool1d(3, stride=2, ceil_mode=True), (r(2, 3, 8),)),
+        "nearest_3d": (nn.Upsample(scale_factor=2, mode="nearest"), (r(1, 2, 2, 3, 2),)),
+        "cumprod_flip": (Fn(lambda x: torch.cumprod(torch.flip(x, [0]), dim=0)), (r(4, 3),)),
+        "sort_ascending": (Fn(lambda x: torch.sort(x, dim=0).values), (r(5, 3),)),
+        "topk_smallest": (Fn(lambda x: torch.topk(x, 2, dim=-1, largest=False)), (r(3, 6),)),
+        "masked_select": (Fn(lambda x: torch.masked_select(x, x > 0)), (r(3, 4),)),
+        "cdist": (Fn(lambda a, b: torch.cdist(a, b)), (r(2, 4, 3), r(2, 5, 3))),
+        "atan2_hypot": (Fn(lambda a, b: torch.atan2(a, b) + torch.hypot(a, b)), (r(3, 4), r(3, 4))),
+        "softplus_logit": (Fn(lambda x: F.softplus(x, beta=2.0) + torch.logit(torch.sigmoid(x), eps=1e-6)), (r(3, 4),)),
+        "narrow_select": (Fn(lambda x: x.narrow(1, 1, 2) + x.select(1, 0)[:, None]), (r(3, 4),)),
+        "diagonal_trace": (Fn(lambda x: torch.diagonal(x, offset=1, dim1=-2, dim2=-1).sum(-1)), (r(2, 4, 4),)),
+        "instance_norm1d": (nn.InstanceNorm1d(3), (r(2, 3, 7),)),
+        "rms_norm": (nn.RMSNorm([6]), (r(2, 3, 6),)),
     }
     found = {}
     for name, (module, args) in cases.items():
