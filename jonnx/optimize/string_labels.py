@@ -57,7 +57,7 @@ def _split(node: Node, taken: set[str]) -> list[Node]:
     codes = list(range(1, len(names) + 1))
     attrs = {**node.attrs, "classlabels_strings": None, INT_LABELS[node.op_type]: codes}
     label = node.outputs[0]
-    code = unique_name(f"{label or node.name}/code", taken) if label else ""
+    code = unique_name(f"{label}/code", taken) if label else ""
     classifier = dataclasses.replace(
         node,
         outputs=(code, *node.outputs[1:]),
