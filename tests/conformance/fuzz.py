@@ -1810,9 +1810,10 @@ def recurrent(d: Draw) -> Case | None:
     """RNN, GRU or LSTM: one or two directions, with or without bias, initial states, sequence
     lengths, peepholes, clipping and other activations.
 
-    onnxruntime runs these ops in float32 and layout 0 only; the ReferenceEvaluator's ignore
-    ``clip``, ``sequence_lens``, ``input_forget`` and ``activations`` (checked 2026-12-02), so
-    float64 and layout-1 cases, which only it runs, draw none of those. onnxruntime's defaults
+    onnxruntime runs these ops in float32 and layout 0 only (layout 1 as its time-major twin,
+    :func:`time_major_twin`, since 2026-12-04); the ReferenceEvaluator's ignore ``clip``,
+    ``sequence_lens``, ``input_forget`` and ``activations`` (checked 2026-12-02), so float64
+    cases, which only it runs, draw none of those. onnxruntime's defaults
     for an activation's missing alpha or beta are 0 except LeakyRelu's, HardSigmoid's and
     Elu's; the specification's are the ONNX operators' (ThresholdedRelu's alpha 1.0, as in
     jonnx), and Affine and ScaledTanh are no operators any more: cases with any of those three
@@ -1832,7 +1833,7 @@ def recurrent(d: Draw) -> Case | None:
     if empty_sequence:
         seq = 0
     onnxruntime_runs = d.chance(0.7)
-    layout = 0 if onnxruntime_runs else d.int(0, 1)
+    layout = d.int(0, 1)  # onnxruntime runs layout 1 as its time-major twin (time_major_twin)
     dtype = np.float32 if onnxruntime_runs else d.pick(FLOATS)
     x = d.array((seq, batch, size) if layout == 0 else (batch, seq, size), dtype)
     inputs: dict[str, Any] = {
@@ -2723,6 +2724,58 @@ def differences(got, want) -> list[str]:
     return [f"output {i}: {why}" for i, (g, w) in enumerate(zip(got, want)) if (why := difference(g, w))]
 
 
+def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> list | None:
+    """onnxruntime's outputs for ``model`` (through :func:`time_major_twin` where it refuses a
+    batch-major recurrent node), or None where it refuses the graph."""
+    for candidate in (model, time_major_twin(model)):
+        if candidate is None:
+            continue
+        try:
+            session = ort.InferenceSession(candidate.SerializeToString(), providers=["CPUExecutionProvider"])
+            return session.run(None, feeds)
+        except Exception:  # noqa: BLE001 -- onnxruntime refuses a draw it does not implement
+            continue
+    return None
+
+
+def time_major_twin(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``model`` with each batch-major RNN, GRU or LSTM (``layout=1``) as the same node in layout
+    0 between Transposes (X and the initial states in, Y and the last states out), or None
+    when it has none. onnxruntime refuses layout 1, and the ReferenceEvaluator, which runs it,
+    ignores ``sequence_lens``, ``clip`` and ``activations`` (a graph fuzz finding of 2026-12-04 was
+    the reference's)."""
+    nodes, changed = [], False
+    for k, node in enumerate(model.graph.node):
+        layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+        if node.op_type not in ("RNN", "GRU", "LSTM") or layout != 1:
+            nodes.append(node)
+            continue
+        changed = True
+        inputs = list(node.input)
+        for i in (0, 5, 6):  # X (B, T, D) and the initial states (B, dirs, H): batch second
+            if i < len(inputs) and inputs[i]:
+                name = f"time_major{k}_in{i}"
+                nodes.append(onnx.helper.make_node("Transpose", [inputs[i]], [name], perm=[1, 0, 2]))
+                inputs[i] = name
+        outputs, after = [], []
+        for i, out in enumerate(node.output):
+            name = f"time_major{k}_out{i}" if out else ""
+            outputs.append(name)
+            if out:  # Y (T, dirs, B, H) -> (B, T, dirs, H); the last states (dirs, B, H) -> (B, dirs, H)
+                perm = [2, 0, 1, 3] if i == 0 else [1, 0, 2]
+                after.append(onnx.helper.make_node("Transpose", [name], [out], perm=perm))
+        twin = onnx.helper.make_node(node.op_type, inputs, outputs, name=node.name, domain=node.domain)
+        twin.attribute.extend(a for a in node.attribute if a.name != "layout")
+        nodes += [twin, *after]
+    if not changed:
+        return None
+    twin_model = onnx.ModelProto()
+    twin_model.CopyFrom(model)
+    del twin_model.graph.node[:]
+    twin_model.graph.node.extend(nodes)
+    return twin_model
+
+
 def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, str | None]:
     """``(verdict, detail)``: ``ok``, ``references fail``, ``reference disagrees`` (jonnx equals the
     ReferenceEvaluator, not onnxruntime), ``invalid model`` (jonnx refuses a model that
@@ -2730,10 +2783,8 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, st
     versions, which the ReferenceEvaluator runs anyway), ``runs an invalid model`` (no reference
     runs it, the checker refuses it, jonnx runs it: :func:`_unreferenced`), ``raises`` or
     ``differs``."""
-    try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        want, source = session.run(None, feeds), "onnxruntime"
-    except Exception:  # noqa: BLE001 -- onnxruntime refuses what it does not implement
+    want, source = onnxruntime_outputs(model, feeds), "onnxruntime"
+    if want is None:  # onnxruntime refuses what it does not implement
         try:
             want, source = ReferenceEvaluator(model).run(None, feeds), "ReferenceEvaluator"
         except Exception:  # noqa: BLE001

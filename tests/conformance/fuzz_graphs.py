@@ -15,7 +15,7 @@ RNN, GRU and LSTM nodes, activations, arithmetic, Concat, Split, reductions and 
 intermediate values are graph outputs too, so a pass must hand them back as the graph has them.
 
 Each graph is run by onnxruntime (float32; a batch-major recurrent node, layout=1, which it
-refuses, as the same node in layout 0 between Transposes: :func:`time_major_twin`; the
+refuses, as the same node in layout 0 between Transposes: ``fuzz.time_major_twin``; the
 ReferenceEvaluator where onnxruntime still refuses the graph) and by jonnx three ways: ``Model(*inputs)`` (the
 default passes: channels-last), with ``optimize={"constant_weights": True}`` (the weights
 compiled in, BatchNormalization folded into convolutions, shared-input products fused) and with
@@ -52,7 +52,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import jonnx
-from tests.conformance.fuzz import add_lowering_option, lower_as
+from tests.conformance.fuzz import add_lowering_option, lower_as, onnxruntime_outputs
 
 ALL_PASSES = {"channels_last": True, "fold_batchnorm": True, "fuse_matmuls": True, "dead_nodes": True}
 
@@ -554,7 +554,7 @@ def check(seed: int) -> tuple[str, str | None]:
     model, feeds = draw(seed)
     if not model.graph.output:
         return "empty", None
-    want = _onnxruntime(model, feeds)
+    want = onnxruntime_outputs(model, feeds)
     if want is None:
         try:  # the ReferenceEvaluator alone then
             want = [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
@@ -577,57 +577,6 @@ def check(seed: int) -> tuple[str, str | None]:
     with jax.enable_x64(True):  # float64 derivatives, whatever the caller set
         verdict = _check_gradient(seed, want)
     return ("reference disagrees", None) if found and verdict[0] == "ok" else verdict
-
-
-def _onnxruntime(model: onnx.ModelProto, feeds: dict) -> list | None:
-    """onnxruntime's outputs for ``model`` (through :func:`time_major_twin` where it refuses a
-    batch-major recurrent node), or None where it refuses the graph."""
-    for candidate in (model, time_major_twin(model)):
-        if candidate is None:
-            continue
-        try:
-            session = ort.InferenceSession(candidate.SerializeToString(), providers=["CPUExecutionProvider"])
-            return session.run(None, feeds)
-        except Exception:  # noqa: BLE001 -- onnxruntime refuses a draw it does not implement
-            continue
-    return None
-
-
-def time_major_twin(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """``model`` with each batch-major RNN, GRU or LSTM (``layout=1``) as the same node in layout
-    0 between Transposes (X and the initial states in, Y and the last states out), or None
-    when it has none. onnxruntime refuses layout 1, and the ReferenceEvaluator, which runs it,
-    ignores ``sequence_lens`` (a graph fuzz finding of 2026-12-04 that was the reference's)."""
-    nodes, changed = [], False
-    for k, node in enumerate(model.graph.node):
-        layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
-        if node.op_type not in ("RNN", "GRU", "LSTM") or layout != 1:
-            nodes.append(node)
-            continue
-        changed = True
-        inputs = list(node.input)
-        for i in (0, 5, 6):  # X (B, T, D) and the initial states (B, dirs, H): batch second
-            if i < len(inputs) and inputs[i]:
-                name = f"time_major{k}_in{i}"
-                nodes.append(helper.make_node("Transpose", [inputs[i]], [name], perm=[1, 0, 2]))
-                inputs[i] = name
-        outputs, after = [], []
-        for i, out in enumerate(node.output):
-            name = f"time_major{k}_out{i}" if out else ""
-            outputs.append(name)
-            if out:  # Y (T, dirs, B, H) -> (B, T, dirs, H); the last states (dirs, B, H) -> (B, dirs, H)
-                perm = [2, 0, 1, 3] if i == 0 else [1, 0, 2]
-                after.append(helper.make_node("Transpose", [name], [out], perm=perm))
-        twin = helper.make_node(node.op_type, inputs, outputs, name=node.name, domain=node.domain)
-        twin.attribute.extend(a for a in node.attribute if a.name != "layout")
-        nodes += [twin, *after]
-    if not changed:
-        return None
-    twin_model = onnx.ModelProto()
-    twin_model.CopyFrom(model)
-    del twin_model.graph.node[:]
-    twin_model.graph.node.extend(nodes)
-    return twin_model
 
 
 def _mismatches(got: dict[str, list], want: list) -> str | None:

@@ -9,7 +9,7 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 
 import jonnx
-from tests.conformance import fuzz_graphs
+from tests.conformance import fuzz, fuzz_graphs
 
 
 def test_optimized_graphs_agree_with_onnxruntime_and_their_derivatives_with_the_plain_ones():
@@ -72,8 +72,8 @@ def test_onnxruntime_runs_batch_major_recurrent_nodes_as_their_time_major_twins(
     for op in ("RNN", "GRU", "LSTM"):
         for lengths in (False, True):
             model, feeds = _batch_major(op, lengths)
-            twin = fuzz_graphs._onnxruntime(model, feeds)
-            assert twin is not None and fuzz_graphs.time_major_twin(model) is not None
+            twin = fuzz.onnxruntime_outputs(model, feeds)
+            assert twin is not None and fuzz.time_major_twin(model) is not None
             want = ReferenceEvaluator(model).run(None, feeds) if not lengths else twin
             got = jonnx.load(model)(**feeds)
             for a, b, c in zip(twin, want, got):
@@ -82,6 +82,6 @@ def test_onnxruntime_runs_batch_major_recurrent_nodes_as_their_time_major_twins(
     # The graph that found it: a GRU in layout 1 with lengths, where the ReferenceEvaluator,
     # the only reference then, differed from jonnx by 0.62.
     model, feeds = fuzz_graphs.draw(12000017)
-    want = fuzz_graphs._onnxruntime(model, feeds)
+    want = fuzz.onnxruntime_outputs(model, feeds)
     assert want is not None
     assert fuzz_graphs._mismatches({"default": jonnx.load(model)(**feeds)}, want) is None
