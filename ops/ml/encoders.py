@@ -159,7 +159,9 @@ def one_hot_encoder(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         if not is_string_tensor(x):
             raise ctx.error("the node has cats_strings, so X must be a string tensor")
         table = {s: i for i, s in reversed(list(enumerate(strings)))}
-        idx = np.vectorize(lambda s: table.get(s, -1), otypes=[np.int64])(as_strings(x))
+        xs = as_strings(x)
+        found = map(table.get, xs.reshape(-1).tolist(), itertools.repeat(-1))
+        idx = np.fromiter(found, np.int64, count=xs.size).reshape(xs.shape)
         out = (idx[..., None] == np.arange(len(strings))).astype(np.float32)
     else:
         raise ctx.error("one of cats_int64s or cats_strings must be set")

@@ -4,7 +4,7 @@ through jonnx, onnxruntime and the framework that made it.
 A developer's tool, not a test: the frameworks are not dependencies of jonnx or its tests,
 so it runs in two steps, in two environments::
 
-    python tests/models/exporter_sweep.py make sklearn OUT   # scikit-learn, skl2onnx, numpy
+    python tests/models/exporter_sweep.py make sklearn OUT   # scikit-learn, skl2onnx, numpy, pandas
     python tests/models/exporter_sweep.py make torch OUT     # torch (onnxscript for dynamo)
     python tests/models/exporter_sweep.py check OUT [--time] # jonnx's environment
 
@@ -159,7 +159,53 @@ def _sklearn(out: pathlib.Path) -> None:
             if hasattr(est, method):
                 computed[method] = np.asarray(getattr(est, method)(inputs))
         found[name] = ([inputs.astype(np.float32)], computed)
+    found.update(_sklearn_pipelines(out))
     (out / "sklearn.pkl").write_bytes(pickle.dumps(found))
+
+
+def _sklearn_pipelines(out: pathlib.Path) -> dict:
+    """Pipelines over a table of string and number columns, as deployed models often are: a
+    ColumnTransformer (one-hot or ordinal codes for the strings, scaling for the numbers) before
+    a classifier of string classes; one graph input per column."""
+    import pandas as pd
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import FloatTensorType, StringTensorType
+    from sklearn.compose import ColumnTransformer
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
+
+    rng = np.random.default_rng(0)
+    n = 200
+    table = pd.DataFrame(
+        {
+            "color": rng.choice(["red", "green", "blue"], n),
+            "size": rng.choice(["S", "M", "L", "XL"], n),
+            "w": rng.normal(size=n).astype(np.float32),
+            "h": rng.normal(size=n).astype(np.float32),
+        }
+    )
+    target = np.where((table.color == "red") ^ (table.w > 0), "yes", "no")
+    types = [("color", StringTensorType([None, 1])), ("size", StringTensorType([None, 1]))]
+    types += [("w", FloatTensorType([None, 1])), ("h", FloatTensorType([None, 1]))]
+    found = {}
+    for name, encoder, classifier in (
+        ("Pipeline_onehot_logistic", OneHotEncoder(handle_unknown="ignore"), LogisticRegression(max_iter=300)),
+        ("Pipeline_ordinal_forest", OrdinalEncoder(), RandomForestClassifier(5, max_depth=4, random_state=0)),
+    ):
+        columns = ColumnTransformer([("codes", encoder, ["color", "size"]), ("scaled", StandardScaler(), ["w", "h"])])
+        pipeline = make_pipeline(columns, classifier).fit(table, target)
+        options = {id(classifier): {"zipmap": False}}
+        onx = to_onnx(pipeline, initial_types=types, options=options, target_opset={"": 17, "ai.onnx.ml": 3})
+        (out / f"sklearn_{name}.onnx").write_bytes(onx.SerializeToString())
+        test = table.iloc[:15]
+        inputs = [
+            test[c].to_numpy().reshape(-1, 1).astype(object if c in ("color", "size") else np.float32) for c in table
+        ]
+        computed = {"predict": pipeline.predict(test), "predict_proba": pipeline.predict_proba(test)}
+        found[name] = (inputs, computed)
+    return found
 
 
 def _torch(out: pathlib.Path) -> None:
