@@ -10,7 +10,7 @@ import onnx.helper as oh
 from jonnx._build import GraphBuilder
 from jonnx._ir import Graph, Node
 
-__all__ = ["new_node", "readers", "unique_name"]
+__all__ = ["new_node", "readers", "taken_names", "unique_name"]
 
 
 def readers(graph: Graph) -> Counter:
@@ -24,6 +24,13 @@ def readers(graph: Graph) -> Counter:
                     count.update(g.outer_names)
     count.update(graph.output_names)
     return count
+
+
+def taken_names(graph: Graph) -> set[str]:
+    """Every value and node name of ``graph`` (node outputs and names, initializers, inputs):
+    the set :func:`unique_name` draws new names against."""
+    taken = {o for n in graph.nodes for o in n.outputs} | {n.name for n in graph.nodes}
+    return taken | set(graph.initializers) | set(graph.input_names)
 
 
 def unique_name(stem: str, taken: set[str]) -> str:

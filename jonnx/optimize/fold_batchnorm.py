@@ -16,7 +16,7 @@ import types
 import numpy as np
 
 from jonnx._ir import Graph, Node
-from jonnx.optimize._util import int64, new_node, readers, unique_name
+from jonnx.optimize._util import int64, new_node, readers, taken_names, unique_name
 
 __all__ = ["run"]
 
@@ -24,8 +24,7 @@ __all__ = ["run"]
 def run(graph: Graph, train: bool | None) -> Graph:
     producers = graph.producers()
     reads = readers(graph)
-    taken = {o for n in graph.nodes for o in n.outputs} | {n.name for n in graph.nodes} | set(graph.initializers)
-    taken |= set(graph.input_names)
+    taken = taken_names(graph)
     inits = dict(graph.initializers)
     replaced: dict[int, list[Node]] = {}  # id(conv node) -> nodes replacing it
     dropped: set[int] = set()  # id(BatchNormalization node)

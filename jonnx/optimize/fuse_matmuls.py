@@ -13,7 +13,7 @@ import dataclasses
 from collections import defaultdict
 
 from jonnx._ir import Graph, Node
-from jonnx.optimize._util import int64, new_node, unique_name
+from jonnx.optimize._util import int64, new_node, taken_names, unique_name
 
 __all__ = ["run"]
 
@@ -31,8 +31,7 @@ def run(graph: Graph, train: bool | None) -> Graph:
     groups = {k: v for k, v in groups.items() if len(v) > 1}
     if not groups:
         return graph
-    taken = {o for n in graph.nodes for o in n.outputs} | {n.name for n in graph.nodes} | set(inits)
-    taken |= set(graph.input_names)
+    taken = taken_names(graph)
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     replaced: dict[int, list[Node]] = {}
     dropped: set[int] = set()

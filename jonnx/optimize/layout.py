@@ -49,7 +49,7 @@ from jonnx._ir import Graph, Node
 from jonnx._registry import lookup
 from jonnx.ops import conv
 from jonnx.ops.channels_last import DOMAIN, VERSION
-from jonnx.optimize._util import int64, new_node, unique_name
+from jonnx.optimize._util import int64, new_node, taken_names, unique_name
 
 __all__ = ["run"]
 
@@ -98,8 +98,7 @@ class _Rewrite:
 
     def __init__(self, graph: Graph):
         self.inits = dict(graph.initializers)
-        self.taken = {o for n in graph.nodes for o in n.outputs} | {n.name for n in graph.nodes}
-        self.taken |= set(self.inits) | set(graph.input_names)
+        self.taken = taken_names(graph)
         self.input_ranks = {v.name: len(v.shape) for v in graph.inputs if v.shape is not None}
         self.constants = dict(graph.initializers)  # values the graph fixes: for static operands
         self.last: dict[str, str] = {}  # NC(D)HW name -> its channels-last value's name

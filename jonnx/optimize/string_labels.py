@@ -20,7 +20,7 @@ import dataclasses
 import types
 
 from jonnx._ir import Graph, Node
-from jonnx.optimize._util import new_node, unique_name
+from jonnx.optimize._util import new_node, taken_names, unique_name
 
 __all__ = ["run"]
 
@@ -36,8 +36,7 @@ INT_LABELS = {
 def run(graph: Graph, train: bool | None) -> Graph:
     if not any(_splittable(n) for n in graph.nodes):
         return graph
-    taken = {o for n in graph.nodes for o in n.outputs} | {n.name for n in graph.nodes} | set(graph.initializers)
-    taken |= set(graph.input_names)
+    taken = taken_names(graph)
     nodes = []
     for node in graph.nodes:
         nodes.extend(_split(node, taken) if _splittable(node) else [node])

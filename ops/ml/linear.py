@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,10 +112,10 @@ def svm_regressor(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
 # Compiled once per shape: run eagerly (string labels with optimize=False put the classifier on
 # the host), a while_loop traced afresh compiled on every call (267 ms for a 3-class SVM).
-@functools.partial(jax.jit, static_argnames="k")
-def _multiclass_probability(r, k: int):
+@jax.jit
+def _multiclass_probability(r):
     """libsvm's pairwise-coupling solver, vectorised over rows: ``r`` is ``[N, k, k]``."""
-    n = r.shape[0]
+    n, k = r.shape[:2]
     eye = jnp.eye(k, dtype=bool)
     # libsvm's (and onnxruntime's) Q: Q[t, t] = sum_{j != t} r[j, t]^2, Q[t, j] = -r[j, t] r[t, j].
     # The onnx reference sums a dot product into every off-diagonal entry instead (wrong for
@@ -194,7 +192,7 @@ def svm_classifier(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         r = jnp.zeros((x.shape[0], n_classes, n_classes), dtype)
         for p, (i, j) in enumerate(pairs):
             r = r.at[:, i, j].set(val[:, p]).at[:, j, i].set(1 - val[:, p])
-        scores = _multiclass_probability(r, k=n_classes)
+        scores = _multiclass_probability(r)
     else:
         scores = res
 
