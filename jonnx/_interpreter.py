@@ -379,7 +379,7 @@ def _run_node(
         except Exception:  # noqa: BLE001 -- run it traced below, which reports its own errors
             fold = False
     try:
-        if fold and (op.runs_on_host(node.attrs) or node.subgraphs or _reads_strings(args)):
+        if fold and (node.on_host or node.subgraphs or _reads_strings(args)):
             # Run directly, not traced first as below. A host op given concrete inputs computes
             # in numpy (NonMaxSuppression, NonZero, Unique, Compress, the string ops): a trace
             # would only wrap its result, and a segmented model runs it on every call (the
@@ -398,7 +398,7 @@ def _run_node(
                 # In numpy where the node's primitives allow (jonnx/_host_fold.py: nothing
                 # compiles), else eagerly in JAX. The trace gives the output sizes first.
                 traced = host_fold.trace(lambda: op.fn(args, node.attrs, ctx))
-                if options.memory_limit is not None and args and not op.runs_on_host(node.attrs):
+                if options.memory_limit is not None and args and not node.on_host:
                     # Folding allocates now: learn the output sizes first, abstractly. A node
                     # without inputs (Constant) only hands over what its attributes already
                     # hold; random ops, which size from attributes, are never folded. Host
@@ -601,7 +601,7 @@ def _static_message(graph: Graph, node: Node, index: int, env: Mapping[str, Any]
         hint = "this initializer should have been kept static; please report this model"
     else:
         hint = "the value depends on runtime data, which jonnx cannot turn into a static shape"
-    if node.op.runs_on_host(node.attrs):
+    if node.on_host:
         # Model.apply does not segment; Model.__call__ does, and differentiates with params=.
         hint = (
             f"{node.op_type}'s output shape depends on these values, so Model.apply cannot run "

@@ -7,6 +7,7 @@ so a loaded model is immutable and safe to share between threads.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,15 +88,25 @@ class Node:
         """``args`` with omitted trailing optional inputs filled in as None, up to ``arity``."""
         return args + (None,) * (self.arity - len(args)) if len(args) < self.arity else args
 
-    @property
+    @functools.cached_property
     def subgraphs(self) -> tuple[Graph, ...]:
-        """The graphs among the node's attributes (If's branches, Loop's and Scan's bodies)."""
+        """The graphs among the node's attributes (If's branches, Loop's and Scan's bodies).
+
+        Kept once found: a host node asks on every call, and its attributes can be long
+        tuples (an encoder's categories, a tree ensemble's nodes) that hold no graph.
+        """
         return tuple(
             g
             for value in self.attrs.values()
-            for g in (value if isinstance(value, tuple) else (value,))
+            for g in (value if isinstance(value, tuple) and value and isinstance(value[0], Graph) else (value,))
             if isinstance(g, Graph)
         )
+
+    @functools.cached_property
+    def on_host(self) -> bool:
+        """Whether the node runs on the host when its inputs are data (``OpDef.runs_on_host``;
+        kept: a host node asks on every call)."""
+        return self.op.runs_on_host(self.attrs)
 
     @property
     def reads(self) -> frozenset[str]:

@@ -1204,6 +1204,29 @@ def _as_output(value: Any) -> Any:
     if isinstance(value, np.ndarray) and value.dtype == object:
         return value  # strings stay on the host
     if isinstance(value, (np.ndarray, np.generic)):
-        # device_put, not jnp.asarray: in jax 0.10 the latter compiles a copy per shape.
-        return jax.device_put(value)
+        return _to_device(value)
     return value
+
+
+def _to_device(value: np.ndarray | np.generic) -> jax.Array:
+    """``jax.device_put(value)`` at a third of its cost.
+
+    A host node's numeric output is returned as a JAX array, as compiled outputs are. Where
+    JAX has one device, a CPU, ``jax.make_array_from_callback`` places it as ``device_put``
+    does (the same dtype narrowing without x64, the same adoption of aligned buffers) in 13 us
+    against 29-36 (jax 0.10): most of a one-LabelEncoder model's call. Its array is committed
+    to that device, which matters only where there are others to mix it with; there
+    ``device_put`` it is. ``jnp.asarray`` would compile a copy per shape.
+    """
+    sharding = _default_sharding()
+    if sharding is None or jax.config.jax_default_device is not None:
+        return jax.device_put(value)
+    return jax.make_array_from_callback(np.shape(value), sharding, lambda index: np.asarray(value)[index])
+
+
+@functools.cache
+def _default_sharding() -> jax.sharding.Sharding | None:
+    devices = jax.devices()
+    if len(devices) != 1 or devices[0].platform != "cpu":
+        return None
+    return jax.sharding.SingleDeviceSharding(devices[0])

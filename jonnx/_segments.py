@@ -109,7 +109,7 @@ def weight_only_nodes(graph: Graph, weights: Iterable[str], constants: Iterable[
     positions = []
     for position, node in enumerate(graph.nodes):
         op = node.op
-        if op.random or op.reads_graph or op.shape_only or node.subgraphs or op.runs_on_host(node.attrs):
+        if op.random or op.reads_graph or op.shape_only or node.subgraphs or node.on_host:
             continue
         reads = [i for i in node.inputs if i]
         if not reads or not all(r in weights or r in derived or r in constants for r in reads):
@@ -173,9 +173,9 @@ def plan_segments(
             node_on_host.append(False)
             continue
         reads = _reads(node, level)
-        host = (
-            node.op.runs_on_host(node.attrs) or position in forced_host or any(r in host_values for r in reads)
-        ) and not all(concrete[r] for r in reads)
+        host = (node.on_host or position in forced_host or any(r in host_values for r in reads)) and not all(
+            concrete[r] for r in reads
+        )
         if host:
             at = max((on_host_at[r] for r in reads), default=0)
             out_concrete = False

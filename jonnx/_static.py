@@ -25,7 +25,7 @@ _NON_DIFFERENTIABLE = onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiab
 def _seeds(graph: Graph, segmented: bool) -> set[str]:
     seeds: set[str] = set()
     for node in graph.nodes:
-        if segmented and node.op.runs_on_host(node.attrs):
+        if segmented and node.on_host:
             continue  # its inputs are data, computed before the node runs on the host
         for i in node.static_inputs:
             if i < len(node.inputs) and node.inputs[i]:

@@ -960,3 +960,18 @@ def test_bounded_loop_under_vmap_runs_each_row_its_own_number_of_iterations():
         np.testing.assert_allclose(np.asarray(total[i]), want_total, rtol=1e-5)
         counts.add(int(count[i]))
     assert len(counts) > 1, "the rows should run different numbers of iterations"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.arange(6, dtype=np.int64).reshape(2, 3), np.float64(2.5), np.array([True, False]), np.zeros((0, 4), np.float32)],
+)
+def test_host_outputs_are_placed_as_device_put_places_them(value):
+    # A host node's numeric output leaves as a JAX array, by a cheaper route than device_put.
+    from jonnx._model import _to_device
+
+    got, want = _to_device(value), jax.device_put(value)
+    assert isinstance(got, jax.Array)
+    assert (got.dtype, got.shape, got.weak_type) == (want.dtype, want.shape, want.weak_type)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert list(got.devices()) == list(want.devices())

@@ -11,7 +11,7 @@ import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
-from jonnx.ops._util import as_strings, canonical
+from jonnx.ops._util import as_strings, canonical, from_attributes
 from jonnx.ops.ml._common import ML, as_2d, float_features, is_string_tensor, need_concrete
 
 # -- simple numeric ops ---------------------------------------------------------------------------
@@ -158,11 +158,14 @@ def one_hot_encoder(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     elif strings:
         if not is_string_tensor(x):
             raise ctx.error("the node has cats_strings, so X must be a string tensor")
-        table = {s: i for i, s in reversed(list(enumerate(strings)))}
+        table = from_attributes(attrs, "categories", lambda: {s: i for i, s in reversed(list(enumerate(strings)))})
         xs = as_strings(x)
         found = map(table.get, xs.reshape(-1).tolist(), itertools.repeat(-1))
-        idx = np.fromiter(found, np.int64, count=xs.size).reshape(xs.shape)
-        out = (idx[..., None] == np.arange(len(strings))).astype(np.float32)
+        idx = np.fromiter(found, np.int64, count=xs.size)
+        # One-hot rows by scattering ones (an unknown string, index -1, leaves its row zero).
+        out = np.zeros((xs.size, len(strings) + 1), np.float32)
+        out[np.arange(xs.size), idx] = 1
+        out = out[:, :-1].reshape(*xs.shape, len(strings))
     else:
         raise ctx.error("one of cats_int64s or cats_strings must be set")
     if not attrs["zeros"] and is_concrete(x) and np.any(np.asarray(out).sum(-1) == 0):
@@ -180,50 +183,78 @@ def _kind(dtype) -> str:
     return "string" if dtype.kind in "OUS" else "float" if dtype.kind == "f" else "int"
 
 
-def _map_values(x, keys, values, default, out_dtype, ctx):
-    """Look every element of ``x`` up in ``keys`` (the last repeat wins; NaN matches NaN).
+def _map_values(x, attrs: Attrs, spec, ctx: OpContext):
+    """Look every element of ``x`` up in the node's map (the last repeated key wins; NaN matches
+    NaN). ``spec(strings)`` gives it from ``attrs`` for a string input or not: ``(keys, values,
+    default, out_dtype)``, as :func:`_map_spec` checks them.
 
+    Built once per node and input dtype (:func:`from_attributes`): a host op runs on every call.
     Numeric keys are searched sorted (``searchsorted``): in jnp, so a traced input works, or in
     numpy where the values are strings (a host op then). String keys need a concrete input and
     a dict.
     """
-    keys = np.asarray(keys).reshape(-1)
-    values = np.asarray(values).reshape(-1)
-    if keys.size != values.size:
-        raise ctx.error(f"{keys.size} keys but {values.size} values")
-    in_string = is_string_tensor(x) or _kind(keys.dtype) == "string"
-    if in_string != (_kind(keys.dtype) == "string") or in_string and not is_string_tensor(x):
+    strings = is_string_tensor(x)
+    keys, values, default, out_dtype = from_attributes(attrs, "map", lambda: spec(strings), strings)
+    string_keys = _kind(keys.dtype) == "string"
+    if strings != string_keys:
         raise ctx.error(
             f"input of dtype {np.asarray(x).dtype if is_concrete(x) else x.dtype} "
             f"does not match keys of type {_kind(keys.dtype)}"
         )
-    if in_string:
+    if string_keys:
         need_concrete(x, ctx, "a lookup with string keys")
-        table = dict(zip(as_strings(keys).tolist(), values.tolist()))
-        found = list(map(table.get, as_strings(x).reshape(-1).tolist(), itertools.repeat(default)))
-        out = as_strings(found) if out_dtype == object else np.asarray(found, out_dtype)
-        return out.reshape(np.shape(x))
-    if out_dtype == object:  # numbers to strings: the same search in numpy, on the host
+    elif out_dtype == object:
         need_concrete(x, ctx, "a lookup with string values")
-        xp, x, values = np, np.asarray(x), as_strings(values)
-    else:
-        xp, x, values = jnp, jnp.asarray(x), values.astype(out_dtype)
-    keys = keys.astype(np.dtype(x.dtype))
-    nan_keys = np.isnan(keys) if keys.dtype.kind == "f" else np.zeros(keys.size, bool)
-    table = dict(zip(keys[~nan_keys].tolist(), values[~nan_keys].tolist()))
-    sorted_keys = np.asarray(list(table), keys.dtype)
-    order = np.argsort(sorted_keys, kind="stable")
-    sorted_keys = sorted_keys[order]
-    sorted_values = np.asarray(list(table.values()), values.dtype)[order]
-    default = xp.asarray(default, out_dtype) if out_dtype != object else default
-    if sorted_keys.size:
-        pos = xp.clip(xp.searchsorted(xp.asarray(sorted_keys), x), 0, sorted_keys.size - 1)
-        out = xp.where(xp.asarray(sorted_keys)[pos] == x, xp.asarray(sorted_values)[pos], default)
-    else:
-        out = xp.full(x.shape, default, out_dtype)
-    if nan_keys.any():
-        out = xp.where(xp.isnan(x), values[nan_keys][-1], out)
-    return out.astype(out_dtype) if xp is jnp else out
+    x_dtype = None if string_keys else np.dtype(x.dtype)
+    lookup = from_attributes(attrs, "lookup", lambda: _Lookup(keys, values, default, out_dtype, x_dtype), x_dtype)
+    return lookup(x)
+
+
+def _map_spec(keys, values, default, out_dtype, ctx):
+    keys, values = np.asarray(keys).reshape(-1), np.asarray(values).reshape(-1)
+    if keys.size != values.size:
+        raise ctx.error(f"{keys.size} keys but {values.size} values")
+    return keys, values, default, out_dtype
+
+
+class _Lookup:
+    """A key -> value map ready to apply to inputs of one dtype (None: strings): a dict for
+    string keys; for numbers the keys sorted for ``searchsorted``, NaN keys apart."""
+
+    def __init__(self, keys, values, default, out_dtype, x_dtype):
+        self.out_dtype, self.default = out_dtype, default
+        if x_dtype is None:
+            self.table = dict(zip(as_strings(keys).tolist(), values.tolist()))
+            return
+        self.host = out_dtype == object  # numbers to strings: the same search in numpy
+        values = as_strings(values) if self.host else values.astype(out_dtype)
+        keys = keys.astype(x_dtype)
+        nan_keys = np.isnan(keys) if keys.dtype.kind == "f" else np.zeros(keys.size, bool)
+        table = dict(zip(keys[~nan_keys].tolist(), values[~nan_keys].tolist()))
+        sorted_keys = np.asarray(list(table), keys.dtype)
+        order = np.argsort(sorted_keys, kind="stable")
+        self.sorted_keys = sorted_keys[order]
+        self.sorted_values = np.asarray(list(table.values()), values.dtype)[order]
+        self.nan_value = values[nan_keys][-1] if nan_keys.any() else None
+        self.table = None
+
+    def __call__(self, x):
+        if self.table is not None:
+            found = list(map(self.table.get, as_strings(x).reshape(-1).tolist(), itertools.repeat(self.default)))
+            out = as_strings(found) if self.out_dtype == object else np.asarray(found, self.out_dtype)
+            return out.reshape(np.shape(x))
+        xp = np if self.host else jnp
+        x = xp.asarray(x)
+        default = self.default if self.host else xp.asarray(self.default, self.out_dtype)
+        keys = self.sorted_keys
+        if keys.size:
+            pos = xp.minimum(xp.searchsorted(xp.asarray(keys), x), keys.size - 1)  # (numpy's clip: 8 us)
+            out = xp.where(xp.asarray(keys)[pos] == x, xp.asarray(self.sorted_values)[pos], default)
+        else:
+            out = xp.full(x.shape, default, self.out_dtype)
+        if self.nan_value is not None:
+            out = xp.where(xp.isnan(x), self.nan_value, out)
+        return out if self.host else out.astype(self.out_dtype)
 
 
 def _out_dtype(kind: str):
@@ -245,20 +276,15 @@ def label_encoder_1(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX-ML ``LabelEncoder``-1: strings -> their index in ``classes_strings`` (else
     ``default_int64``), or integers -> ``classes_strings[i]`` (else ``default_string``).
     """
-    (x,) = inputs
-    classes = list(attrs["classes_strings"] or ())
-    if is_string_tensor(x):
-        return (
-            _map_values(
-                x,
-                np.asarray(classes, object),
-                np.arange(len(classes)),
-                attrs["default_int64"],
-                canonical(np.int64),
-                ctx,
-            ),
-        )
-    return (_map_values(x, np.arange(len(classes)), np.asarray(classes, object), attrs["default_string"], object, ctx),)
+
+    def spec(strings: bool):
+        classes = np.asarray(attrs["classes_strings"] or (), object)
+        index = np.arange(classes.size)
+        if strings:
+            return _map_spec(classes, index, attrs["default_int64"], canonical(np.int64), ctx)
+        return _map_spec(index, classes, attrs["default_string"], object, ctx)
+
+    return (_map_values(inputs[0], attrs, spec, ctx),)
 
 
 def _pick(attrs, side: str):
@@ -280,7 +306,10 @@ def label_encoder(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX-ML ``LabelEncoder``-2/4: map keys to values (4 adds ``keys_tensor``/``values_tensor``
     and ``default_tensor``, and more types). The last of repeated keys wins; NaN matches NaN.
     """
-    (x,) = inputs
+    return (_map_values(inputs[0], attrs, lambda strings: _label_encoder_spec(attrs, ctx), ctx),)
+
+
+def _label_encoder_spec(attrs, ctx):
     keys, values = _pick(attrs, "keys"), _pick(attrs, "values")
     if len(keys) != 1 or len(values) != 1:
         raise ctx.error("exactly one keys_* and one values_* attribute must be set")
@@ -296,20 +325,23 @@ def label_encoder(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     else:
         out_dtype = _out_dtype(kind)
         default = attrs[f"default_{ {'int': 'int64', 'float': 'float', 'string': 'string'}[kind] }"]
-    return (_map_values(x, keys, values, default, out_dtype, ctx),)
+    return _map_spec(keys, values, default, out_dtype, ctx)
 
 
 @register("CategoryMapper", since=1, domain=ML, static_inputs=(0,), host=True)
 def category_mapper(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX-ML ``CategoryMapper``-1: strings <-> int64 through ``cats_strings``/``cats_int64s``."""
-    (x,) = inputs
-    strings = np.asarray(attrs["cats_strings"] or (), object)
-    ints = np.asarray(attrs["cats_int64s"] or (), np.int64)
-    if strings.size != ints.size:
-        raise ctx.error(f"cats_strings has {strings.size} entries and cats_int64s {ints.size}")
-    if is_string_tensor(x):
-        return (_map_values(x, strings, ints, attrs["default_int64"], canonical(np.int64), ctx),)
-    return (_map_values(x, ints, strings, attrs["default_string"], object, ctx),)
+
+    def spec(strings_in: bool):
+        strings = np.asarray(attrs["cats_strings"] or (), object)
+        ints = np.asarray(attrs["cats_int64s"] or (), np.int64)
+        if strings.size != ints.size:
+            raise ctx.error(f"cats_strings has {strings.size} entries and cats_int64s {ints.size}")
+        if strings_in:
+            return _map_spec(strings, ints, attrs["default_int64"], canonical(np.int64), ctx)
+        return _map_spec(ints, strings, attrs["default_string"], object, ctx)
+
+    return (_map_values(inputs[0], attrs, spec, ctx),)
 
 
 # -- maps -----------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import jax
 import numpy as np
 import onnx
@@ -674,6 +676,42 @@ def test_label_encoder_v4_tensors_traced():
         expected=[np.array([[1.5, 2.5], [-9.0, 1.5]])],
     )
     assert got[0].dtype == np.float64
+
+
+def test_label_encoder_builds_its_table_once_per_node(monkeypatch):
+    # A host op runs on every call: the sorted keys come from the node's attributes once.
+    from jonnx.ops.ml import encoders
+
+    builds = []
+    build = encoders._Lookup.__init__
+    monkeypatch.setattr(encoders._Lookup, "__init__", lambda self, *a: builds.append(a) or build(self, *a))
+    x = np.array([3, 1, 7], np.int64)
+    models = [
+        jonnx.load(node_model("LabelEncoder", {"x": x}, opset=2, domain=ML, keys_int64s=[1, 3], values_strings=v))
+        for v in (["one", "three"], ["uno", "tres"])
+    ]
+    for _ in range(3):
+        for model, names in zip(models, (["three", "one", "_Unused"], ["tres", "uno", "_Unused"])):
+            assert model(x)[0].tolist() == names
+    assert len(builds) == 2
+
+
+def test_tables_are_kept_only_for_a_loaded_nodes_attributes():
+    from jonnx.ops._util import from_attributes
+
+    calls = []
+
+    def build():
+        calls.append(1)
+        return len(calls)
+
+    node_attrs = types.MappingProxyType({"keys": (1, 2)})
+    assert [from_attributes(node_attrs, "t", build) for _ in range(3)] == [1, 1, 1]
+    assert from_attributes(node_attrs, "t", build, np.dtype(np.int32)) == 2  # another key
+    assert from_attributes(node_attrs, "other", build) == 3  # another table
+    # A plain dict (a direct jonnx.ops call) may change between calls: built each time.
+    plain = {"keys": (1, 2)}
+    assert [from_attributes(plain, "t", build) for _ in range(2)] == [4, 5]
 
 
 def test_category_mapper_against_onnxruntime():

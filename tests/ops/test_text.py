@@ -342,3 +342,26 @@ def test_tokenizer_refuses_what_onnxruntime_refuses(x, attrs, message):
         _onnxruntime(model, {"x": x})
     with pytest.raises(errors.NodeError, match=message):
         run_jonnx(model, {"x": x}, jit=False)
+
+
+# -- string tensors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values,expected",
+    [
+        (_s("a", "b", shape=(1, 2)), [["a", "b"]]),  # all str: passed through
+        (_s("a", b"\xc3\xa9", 3, None), ["a", "é", "3", "None"]),  # one bytes among them: decoded
+        (_s(b"\xff"), ["\udcff"]),  # not UTF-8: kept as a surrogate
+        (np.array(["x", "yz"]), ["x", "yz"]),  # numpy's fixed-width strings
+        (_s(*["s"] * 5000, b"t"), ["s"] * 5000 + ["t"]),  # the bytes past the first join
+    ],
+)
+def test_as_strings(values, expected):
+    from jonnx.ops._util import as_strings
+
+    got = as_strings(values)
+    assert got.dtype == object and got.shape == np.shape(values)
+    assert got.tolist() == expected
+    assert all(isinstance(v, str) for v in got.reshape(-1))
+    assert got is not values  # a new array: callers may write into it
