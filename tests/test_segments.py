@@ -964,7 +964,12 @@ def test_bounded_loop_under_vmap_runs_each_row_its_own_number_of_iterations():
 
 @pytest.mark.parametrize(
     "value",
-    [np.arange(6, dtype=np.int64).reshape(2, 3), np.float64(2.5), np.array([True, False]), np.zeros((0, 4), np.float32)],
+    [
+        np.arange(6, dtype=np.int64).reshape(2, 3),
+        np.float64(2.5),
+        np.array([True, False]),
+        np.zeros((0, 4), np.float32),
+    ],
 )
 def test_host_outputs_are_placed_as_device_put_places_them(value):
     # A host node's numeric output leaves as a JAX array, by a cheaper route than device_put.

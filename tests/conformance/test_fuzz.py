@@ -4,11 +4,14 @@ onnxruntime and jonnx move. Longer runs with other seeds are for a developer's m
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jonnx
 import jonnx._build
 from jonnx.ops import activation
 from tests.conformance import fuzz
@@ -353,3 +356,47 @@ def test_running_a_model_the_checker_refuses_is_a_finding(monkeypatch):
     monkeypatch.setattr(jonnx._build, "_check_counts", lambda *args: None)
     verdict, detail = fuzz.check(model, {"x": x})
     assert verdict == "runs an invalid model" and "input size 2" in detail
+
+
+def test_old_binary_forms_are_checked_by_their_formula(monkeypatch):
+    # Before opset 7 B broadcasts from `axis` on: onnxruntime runs none of those versions and
+    # the ReferenceEvaluator broadcasts as numpy does (from the last axis), so a formula decides.
+    with jax.enable_x64(True):  # int64 exact, as the fuzz runs
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((2, 3, 4)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+        model = node_model("Add", {"a": a, "b": b}, opset=6, broadcast=1, axis=1)
+        (want,) = fuzz.formula_reference(model, {"a": a, "b": b}, fuzz.OLD_FORMS)
+        np.testing.assert_array_equal(want, a + b[:, None])
+        assert fuzz.check(model, {"a": a, "b": b}) == ("ok", None)
+        # Integer Div of version 6 rounds toward zero, as C does.
+        ints = {"a": np.array([-7, 7, 6], np.int64), "b": np.array([2, -2, 4], np.int64)}
+        div = node_model("Div", ints, opset=6)
+        np.testing.assert_array_equal(fuzz.formula_reference(div, ints, fuzz.OLD_FORMS)[0], [-3, -3, 1])
+        assert fuzz.check(div, ints) == ("ok", None)
+        # Shapes the version does not take (no broadcast=1): an invalid model, which jonnx refuses.
+        bare = node_model("Add", {"a": a, "b": b[None, :, None]}, opset=6)
+        assert fuzz.invalid_reason(bare) is not None
+        assert fuzz.check(bare, {"a": a, "b": b[None, :, None]}) == ("invalid model", None)
+        # A formula that disagrees with jonnx is reported.
+        monkeypatch.setitem(fuzz.OLD_FORMS, "Add", functools.partial(fuzz._legacy_binary_formula, np.subtract))
+        verdict, detail = fuzz.check(model, {"a": a, "b": b})
+        assert verdict == "differs" and "OLD_FORMS" in detail
+
+
+def test_average_pool_1_departure_is_the_references():
+    # AveragePool-1 divides by the cells without the pads (its text): jonnx equals version 7's
+    # count_include_pad=0 in onnxruntime, where the ReferenceEvaluator counts the pads.
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+
+    x = np.random.default_rng(0).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}
+    old, new = (node_model("AveragePool", {"x": x}, opset=opset, **attrs) for opset in (1, 7))
+    want = ort.InferenceSession(new.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = np.asarray(jonnx.load(old)(x)[0])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert not np.allclose(ReferenceEvaluator(old).run(None, {"x": x})[0], want, rtol=1e-3)
+    case = fuzz.Case("AveragePool", {"x": x}, attrs, opset=1)
+    assert fuzz.known_departure(case) is not None
+    assert fuzz.known_departure(case._replace(opset=7)) is None
+    assert fuzz.known_departure(case._replace(attrs={"kernel_shape": [3, 3]})) is None  # no padding

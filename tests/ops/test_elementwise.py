@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -50,6 +51,20 @@ def test_integer_div_truncates_toward_zero():
     a = np.array([7, -7, 7, -7], np.int64)
     b = np.array([2, 2, -2, -2], np.int64)
     assert_matches_reference("Div", {"a": a, "b": b}, opset=14, expected=[np.array([3, -3, -3, 3])])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("divisor_shape", [(), (1,), (50,)])
+def test_half_precision_div_by_a_broadcast_value_rounds_once(dtype, divisor_shape):
+    # XLA divides by a broadcast divisor as a product with its reciprocal, one unit in the last
+    # place off for a fifth of half-precision quotients; the exact quotient rounds once.
+    dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((40, 50)).astype(dtype)
+    b = rng.standard_normal(divisor_shape).astype(dtype)
+    exact = (a.astype(np.float64) / b.astype(np.float64)).astype(dtype)
+    (got,) = run_jonnx(node_model("Div", {"a": a, "b": b}, opset=14), {"a": a, "b": b})
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float64), exact.astype(np.float64))
 
 
 @pytest.mark.parametrize("fmod", [0, 1])
