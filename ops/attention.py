@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import onnx_dtype
+from jonnx.ops._util import half_in_float32, onnx_dtype
 
 # ---------------------------------------------------------------------------------------
 # Attention
@@ -238,9 +238,14 @@ def swiglu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     a, b = inputs
     if jnp.shape(a) != jnp.shape(b):
         raise ctx.error(f"A and B must have identical shapes, got {jnp.shape(a)} and {jnp.shape(b)}")
+    return (_swiglu(a, b, attrs["alpha"]),)
+
+
+@half_in_float32
+def _swiglu(a, b, alpha):
     dtype = jnp.result_type(a)
-    alpha = jnp.asarray(attrs["alpha"], dtype)
-    return ((a * jax.nn.sigmoid(alpha * a) * b).astype(dtype),)
+    b = jnp.asarray(b, dtype)  # float32 with A (half_in_float32)
+    return (a * jax.nn.sigmoid(jnp.asarray(alpha, dtype) * a) * b).astype(dtype)
 
 
 # ---------------------------------------------------------------------------------------

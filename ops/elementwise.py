@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import is_integer, legacy_broadcast
+from jonnx.ops._util import half_in_float32, is_integer, legacy_broadcast
 
 
 def _div(a, b, ctx):
@@ -144,7 +144,13 @@ _UNARY = {
 }
 
 
-def _unary(fn):
+# Exact in any precision: computed in their own type, half ones too.
+_EXACT = {"Abs", "Neg", "Floor", "Ceil", "Round", "Sign"}
+
+
+def _unary(fn, widen_halves: bool):
+    fn = half_in_float32(fn) if widen_halves else fn
+
     def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         (x,) = inputs
         return (fn(x),)
@@ -153,4 +159,4 @@ def _unary(fn):
 
 
 for _name, (_fn, _since) in _UNARY.items():
-    register(_name, since=_since)(_unary(_fn))
+    register(_name, since=_since)(_unary(_fn, widen_halves=_name not in _EXACT))

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx.ops._util import widen_halves
 
 _REDUCTIONS = ("none", "sum", "mean")
 
@@ -40,6 +41,8 @@ def _nll(logp, target, weight, attrs, ctx):
     if reduction not in _REDUCTIONS:
         raise ctx.error(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     dtype = jnp.result_type(logp)
+    logp, weight = widen_halves(jnp.asarray(logp), weight)  # rounded once, at the end
+    compute = jnp.result_type(logp)
     n_classes = jnp.shape(logp)[1]
     target = jnp.asarray(target)
     # ignore_index may lie outside [0, C): gather from a clamped index and mask afterwards.
@@ -47,14 +50,14 @@ def _nll(logp, target, weight, attrs, ctx):
     picked = jnp.take_along_axis(logp, jnp.expand_dims(safe, 1), axis=1)[:, 0]
     applied = None  # the per-sample weight, None where every sample weighs 1
     if weight is not None:
-        applied = jnp.take(jnp.asarray(weight, dtype), safe, axis=0)
+        applied = jnp.take(jnp.asarray(weight, compute), safe, axis=0)
     if ignore is not None:
         keep = target != ignore
-        ones = jnp.ones((), dtype)
-        applied = jnp.where(keep, ones if applied is None else applied, 0).astype(dtype)
+        ones = jnp.ones((), compute)
+        applied = jnp.where(keep, ones if applied is None else applied, 0).astype(compute)
         # Double where: a non-finite log-prob of an ignored sample must reach neither the
         # loss nor any gradient (0 * inf would be NaN).
-        zero = jnp.zeros((), dtype)
+        zero = jnp.zeros((), compute)
         loss = jnp.where(keep, -jnp.where(keep, picked, zero) * applied, zero)
     else:
         loss = -picked if applied is None else -picked * applied
@@ -83,8 +86,10 @@ def softmax_cross_entropy_loss(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> 
     """
     scores, labels, weights = (tuple(inputs) + (None,))[:3]
     _check(scores, labels, weights, "scores", ctx)
-    log_prob = jax.nn.log_softmax(jnp.asarray(scores), axis=1)
-    loss = _nll(log_prob, labels, weights, attrs, ctx)
+    dtype = jnp.result_type(scores)
+    (wide,) = widen_halves(jnp.asarray(scores))  # half scores: in float32, rounded once
+    log_prob = jax.nn.log_softmax(wide, axis=1)
+    loss = _nll(log_prob, labels, weights, attrs, ctx).astype(dtype)
     if ctx.n_outputs == 1:
         return (loss,)
-    return (loss, log_prob)
+    return (loss, log_prob.astype(dtype))

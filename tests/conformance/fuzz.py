@@ -245,6 +245,22 @@ first runs (2026-12-04, 1,200 cases at seed 605, 42 of them old forms; opsets 5 
 float16 Div by a broadcast divisor one unit in the last place off: XLA divides by the reciprocal
 (docs/known_issues.md; Div now computes half types in float32). AveragePool-1 over padding is a
 departure of the ReferenceEvaluator's (it counts the pads; the version's text does not).
+
+``--half`` draws float16 wherever the families draw floats. Its first run (seed 611, 300
+``elementwise`` and ``normalization`` cases) found 99 of 293 one to four units in the last
+place off onnxruntime (18 of them equal to the ReferenceEvaluator, which rounds step by step),
+which computes half-precision activations, unary math and normalizations in
+float32 and rounds once; jonnx went step by step in float16 (or cast back before a
+normalization's scale, as the function bodies do). Those ops now compute in float32 too
+(``ops._util.half_in_float32``, ``ops.normalization._wide``), and the same run leaves 6: where
+onnxruntime runs no kernel (BatchNormalization-1, SwiGLU) the ReferenceEvaluator rounds step by
+step, and one is onnxruntime's NaN for MeanVarianceNormalization over a unit axis (above). Over
+the other numeric families (seed 613: reduce, products, conv_pool, resize, attention, signal,
+loss) 14 of 296 were off both references: SoftmaxCrossEntropyLoss and Softmax, now in float32
+too; where a loss is weighted or reduced onnxruntime rounds each log-probability to float16
+first, a departure (jonnx's are the correctly rounded values, checked in tests/ops/test_loss.py).
+19 more equal the ReferenceEvaluator and not onnxruntime (DFT, STFT, Gemm, ReduceMean, Attention,
+Resize: onnxruntime computes those in float32 and rounds once; left as they are).
 """
 
 from __future__ import annotations
@@ -3123,6 +3139,16 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
         lambda c: c.op == "AveragePool" and (c.opset or 7) < 7 and (_same_padded(c) or any(c.attrs.get("pads", ()))),
     ),
     (
+        "SoftmaxCrossEntropyLoss in float16, weighted or reduced: onnxruntime rounds each log-probability to "
+        "float16 before weighing and summing them (weighted, one unit in the last place off the exact loss for "
+        "a quarter of the samples); jonnx computes in float32 and rounds once (--half)",
+        lambda c: (
+            c.op == "SoftmaxCrossEntropyLoss"
+            and c.inputs["scores"].dtype == np.float16
+            and (c.inputs.get("weights") is not None or c.attrs.get("reduction", "mean") != "none")
+        ),
+    ),
+    (
         "Pad before opset 19 in mode wrap, which came with version 19 (jonnx refuses it): onnxruntime runs it",
         lambda c: c.op == "Pad" and (c.opset or 19) < 19 and c.attrs.get("mode") == "wrap",
     ),
@@ -3558,6 +3584,7 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=500)
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=sorted(FAMILIES))
     parser.add_argument("--opset", type=int, default=21)
+    parser.add_argument("--half", action="store_true", help="draw float16 wherever the families draw floats")
     parser.add_argument("--trace", action="store_true", help="print each case before running it (to find a crash)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--grad", action="store_true", help="check derivatives against finite differences instead")
@@ -3565,6 +3592,9 @@ def main() -> int:
     add_lowering_option(parser)
     args = parser.parse_args()
     lower_as(args.lowering)
+    if args.half:
+        global FLOATS
+        FLOATS = (np.float16,)
     if args.opset > onnx.defs.onnx_opset_version():
         parser.error(f"onnx {onnx.__version__} knows opsets up to {onnx.defs.onnx_opset_version()}")
     jax.config.update("jax_enable_x64", True)  # int64 and float64 exact, as ONNX defines them

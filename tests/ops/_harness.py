@@ -24,7 +24,15 @@ from onnx.reference import ReferenceEvaluator
 
 import jonnx
 
-__all__ = ["node_model", "run_jonnx", "run_reference", "ort_expected", "assert_matches_reference", "check_op_grads"]
+__all__ = [
+    "node_model",
+    "run_jonnx",
+    "run_reference",
+    "ort_expected",
+    "assert_matches_reference",
+    "assert_rounded_once",
+    "check_op_grads",
+]
 
 
 def node_model(
@@ -192,6 +200,19 @@ def assert_matches_reference(
                     err_msg=f"{op_type} output {i} (jit={jit})",
                 )
     return outputs[True]
+
+
+def assert_rounded_once(got: np.ndarray, exact: np.ndarray, dtype: Any, most_off: float) -> None:
+    """``got`` (of the half type ``dtype``) is ``exact`` (float64) rounded once to ``dtype``,
+    but for at most a ``most_off`` share of the elements, each one unit in the last place off."""
+    want = exact.astype(dtype)
+    got = np.asarray(got)
+    assert got.dtype == dtype
+    off = got != want
+    assert off.mean() <= most_off, f"{off.sum()} of {off.size} not the correctly rounded value"
+    info = jnp.finfo(dtype)
+    error = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    assert np.all(error <= float(info.eps) * np.abs(want.astype(np.float64)) + float(info.smallest_subnormal))
 
 
 def check_op_grads(
