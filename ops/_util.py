@@ -24,7 +24,6 @@ __all__ = [
     "dtype_of",
     "from_attributes",
     "half_in_float32",
-    "widen_halves",
     "index_dtype",
     "is_integer",
     "legacy_broadcast",
@@ -37,6 +36,7 @@ __all__ = [
     "static_ints",
     "static_sizes",
     "stored_transpose",
+    "widen_halves",
 ]
 
 
@@ -112,6 +112,10 @@ def from_attributes(attrs: Mapping[str, Any], name: str, build: Callable[[], T],
 _HALF = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
 
+def _is_half(value: Any) -> bool:
+    return value is not None and np.dtype(getattr(value, "dtype", np.float32)) in _HALF
+
+
 def half_in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn(x, ...)`` computed in float32 where ``x`` is float16 or bfloat16, rounded once.
 
@@ -123,9 +127,8 @@ def half_in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapped(x, *args, **kwargs):
-        dtype = np.dtype(getattr(x, "dtype", np.float32))
-        if dtype in _HALF:
-            return fn(jnp.asarray(x, jnp.float32), *args, **kwargs).astype(dtype)
+        if _is_half(x):
+            return fn(jnp.asarray(x, jnp.float32), *args, **kwargs).astype(x.dtype)
         return fn(x, *args, **kwargs)
 
     return wrapped
@@ -134,10 +137,7 @@ def half_in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
 def widen_halves(*values: Any) -> tuple:
     """The values with float16 and bfloat16 ones as float32 (None and the rest as they are), for
     an op that computes in float32 and rounds once at the end (see :func:`half_in_float32`)."""
-    return tuple(
-        v.astype(jnp.float32) if v is not None and np.dtype(getattr(v, "dtype", np.float32)) in _HALF else v
-        for v in values
-    )
+    return tuple(v.astype(jnp.float32) if _is_half(v) else v for v in values)
 
 
 def static_sizes(sizes: Any) -> bool:

@@ -4,7 +4,8 @@ Formulations are chosen for sane gradients: exponentials sit behind the double-w
 (``expm1(min(x, 0))``) so a masked branch cannot overflow into a NaN gradient, Softplus is
 ``logaddexp(x, 0)`` and LogSoftmax subtracts the running max. A float16 or bfloat16 input is
 computed in float32 and rounded once (``half_in_float32``), as onnxruntime does: step by step in
-the half type a composite was one unit in the last place off for up to 45% of inputs.
+the half type a composite was one unit in the last place off for up to 45% of inputs. Softmax
+is the exception (see ``_SOFTMAX``).
 
 Before opset 13 Softmax, LogSoftmax and Hardmax coerce the input to 2-D at ``axis`` (default
 1) and normalise over the flattened trailing dims; from 13 they work along one axis (default
@@ -239,8 +240,11 @@ def _hardmax_axis(x, axis):
     return jax.nn.one_hot(jnp.argmax(x, axis=axis), n, axis=axis, dtype=dtype_of(x))
 
 
+# Softmax alone stays step by step in a half type: the node suite's float16 Attention, expanded
+# into its function body, expects the reference's stepwise Softmax (in float32 and rounded once,
+# test_attention_4d_causal_fp16_expanded is two units in the last place off in 2 of 192 values).
 _SOFTMAX = {
-    "Softmax": half_in_float32(lambda x, axis: jax.nn.softmax(x, axis=axis)),
+    "Softmax": lambda x, axis: jax.nn.softmax(x, axis=axis),
     "LogSoftmax": half_in_float32(lambda x, axis: jax.nn.log_softmax(x, axis=axis)),
     "Hardmax": _hardmax_axis,
 }
