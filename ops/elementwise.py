@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import half_in_float32, is_integer, legacy_broadcast
+from jonnx.ops._util import half_in_float32, is_integer, legacy_broadcast, widen_halves
 
 
 def _div(a, b, ctx):
@@ -27,7 +27,7 @@ def _div(a, b, ctx):
         # XLA divides by a broadcast value (a scalar divisor) as a product with its reciprocal,
         # which in a half type is one unit in the last place off for a fifth of the elements.
         # In float32 those roundings are far below a half unit: the quotient rounds exactly.
-        return jnp.true_divide(a.astype(jnp.float32), b.astype(jnp.float32)).astype(dtype)
+        return jnp.true_divide(*widen_halves(a, b)).astype(dtype)
     return jnp.true_divide(a, b)
 
 
