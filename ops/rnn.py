@@ -19,6 +19,7 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import activation
+from jonnx.ops._util import widen_halves
 
 # name (lower case) -> (function of x, alpha, beta; default alpha; default beta). The defaults
 # are onnxruntime's and Keras's; an activation consumes an alpha/beta only if it takes one.
@@ -147,18 +148,21 @@ def _recurrent(kind: str, inputs, attrs, ctx):
             f"hidden size {hidden} ({gates} gate(s))"
         )
     dtype = x.dtype
+    # Half types compute in float32, the states carried in it too, and the outputs round once,
+    # as onnxruntime does (step by step in float16 GRU and LSTM outputs were a unit off).
+    x, w, r, b, h0, c0, p = widen_halves(x, w, r, b, h0, c0, p)
     if layout:
         x = jnp.swapaxes(x, 0, 1)
         h0 = None if h0 is None else jnp.swapaxes(h0, 0, 1)
         c0 = None if c0 is None else jnp.swapaxes(c0, 0, 1)
     seq, batch = x.shape[0], x.shape[1]
     if b is None:
-        b = jnp.zeros((num_dir, 2 * gates * hidden), dtype)
+        b = jnp.zeros((num_dir, 2 * gates * hidden), x.dtype)
     if h0 is None:
-        h0 = jnp.zeros((num_dir, batch, hidden), dtype)
+        h0 = jnp.zeros((num_dir, batch, hidden), x.dtype)
     if kind == "LSTM":
-        c0 = jnp.zeros((num_dir, batch, hidden), dtype) if c0 is None else c0
-        p = jnp.zeros((num_dir, 3 * hidden), dtype) if p is None else p
+        c0 = jnp.zeros((num_dir, batch, hidden), x.dtype) if c0 is None else c0
+        p = jnp.zeros((num_dir, 3 * hidden), x.dtype) if p is None else p
     clip = attrs["clip"]
     acts = _activations(kind, attrs, num_dir, ctx)
     if lens is not None:

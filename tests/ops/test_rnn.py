@@ -16,6 +16,7 @@ from tests.ops._harness import (
     assert_matches_reference,
     check_op_grads,
     node_model,
+    ort_expected,
     run_jonnx,
     run_reference,
 )
@@ -245,3 +246,29 @@ def test_errors():
         run_jonnx(node_model("RNN", ins, 2, opset=14, hidden_size=7), ins)
     with pytest.raises(errors.NodeError, match="do not fit"):
         run_jonnx(node_model("RNN", ins, 2, opset=14, direction="bidirectional"), ins)
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_half_precision_carries_float32_states(op):
+    # In float16 the cell computes in float32, its states carried in float32, and the outputs
+    # round once, as onnxruntime's do: step by step in float16, a quarter of 200 fuzzed GRU and
+    # LSTM cases were a unit in the last place off it.
+    gates = GATES[op]
+    rng = np.random.default_rng(4)
+    hidden, size = 8, 6
+    inputs = {
+        "x": rng.standard_normal((12, 3, size)),
+        "w": rng.standard_normal((2, gates * hidden, size)) * 0.5,
+        "r": rng.standard_normal((2, gates * hidden, hidden)) * 0.5,
+        "b": rng.standard_normal((2, 2 * gates * hidden)) * 0.1,
+    }
+    inputs = {k: v.astype(np.float16) for k, v in inputs.items()}
+    attrs = {"hidden_size": hidden, "direction": "bidirectional"}
+    want = ort_expected(op, inputs, 2, opset=14, **attrs)
+    got = run_jonnx(node_model(op, inputs, 2, opset=14, **attrs), inputs)
+    for g, w in zip(got, want):
+        g = np.asarray(g)
+        assert g.dtype == np.float16
+        off = g != w
+        assert off.mean() <= 0.02, f"{off.sum()} of {off.size} differ from onnxruntime"
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2e-3, atol=2e-4)
