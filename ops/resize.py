@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import normalize_axes, static_ints
+from jonnx.ops._util import normalize_axes, static_ints, widen_halves
 from jonnx.ops.reduce import reduce_max
 
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
@@ -624,7 +624,8 @@ def _roi_align(x, rois, batch_indices, attrs, half_pixel, ctx):
     _, _, h, w = jnp.shape(x)
     dtype = jnp.result_type(x)
     concrete = isinstance(rois, np.ndarray)
-    rois_c = jnp.asarray(rois).astype(dtype)
+    (x,) = widen_halves(x)  # half types: sampled and averaged in float32, rounded once
+    rois_c = jnp.asarray(rois).astype(jnp.result_type(x))
     offset = 0.5 if half_pixel else 0.0
     start_w = rois_c[:, 0] * scale - offset
     start_h = rois_c[:, 1] * scale - offset
@@ -650,7 +651,7 @@ def _roi_align(x, rois, batch_indices, attrs, half_pixel, ctx):
     else:
         total, best, outside = _roi_traced_adaptive(images, start_h, roi_h, start_w, roi_w, gh, gw, ph, pw, mode)
     if mode == "avg":
-        count = jnp.maximum(gh * gw, 1).astype(dtype)
+        count = jnp.maximum(gh * gw, 1).astype(total.dtype)
         y = total / count[:, None, None, None]
     else:
         if outside is not None:  # a sample off the map counts as 0 in the max

@@ -267,7 +267,13 @@ outputs a unit off), now keeps the product's float32 sums and rounds once. The r
 (seed 617, 200 cases) had 49 off onnxruntime (GRU, LSTM: cells stepping in float16); they now
 carry float32 states and round the outputs once: 200 ok. Seed 616 over recurrent, quantize,
 indexing, shape, cast, microsoft, microsoft_quantized, conv_variants: only those recurrent
-cases.
+cases. Seed 620 over reduce and detection: 43 of 285 off, the composite reductions
+(ReduceSumSquare, ReduceL2, ReduceLogSumExp... squared or exponentiated in float16 first) and
+RoiAlign; they compute in float32 now: 3 left (Softmax, a departure by choice, and one
+ReduceLogSumExp against the ReferenceEvaluator's stepwise float16). Still off onnxruntime in
+float16 there: Scan and Loop bodies and TreeEnsembleRegressor (seed 618, not looked into: in a
+two-node float16 graph onnxruntime itself skips the rounding between the nodes, where jonnx
+rounds after each as the nodes' types say).
 """
 
 from __future__ import annotations
@@ -3154,6 +3160,11 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
             and c.inputs["scores"].dtype == np.float16
             and (c.inputs.get("weights") is not None or c.attrs.get("reduction", "mean") != "none")
         ),
+    ),
+    (
+        "Softmax in float16: jonnx rounds step by step, as the node suite's float16 Attention expanded into "
+        "its function body expects; onnxruntime computes in float32 and rounds once (--half)",
+        lambda c: c.op == "Softmax" and _first_input(c).dtype == np.float16,
     ),
     (
         "Pad before opset 19 in mode wrap, which came with version 19 (jonnx refuses it): onnxruntime runs it",
