@@ -400,3 +400,16 @@ def test_average_pool_1_departure_is_the_references():
     assert fuzz.known_departure(case) is not None
     assert fuzz.known_departure(case._replace(opset=7)) is None
     assert fuzz.known_departure(case._replace(attrs={"kernel_shape": [3, 3]})) is None  # no padding
+
+
+@pytest.mark.parametrize("family", ["elementwise", "normalization", "reduce", "recurrent", "loss"])
+def test_half_precision_cases_agree_with_onnxruntime(family, monkeypatch):
+    # The fuzz's --half: float16 wherever the family draws floats. jonnx computes those ops in
+    # float32 and rounds once, as onnxruntime does (step by step, a third of such cases were
+    # one to four units in the last place off). products is not pinned: its float16 Einsum
+    # chains and Gemm before opset 7 meet references that round between steps.
+    monkeypatch.setattr(fuzz, "FLOATS", (np.float16,))
+    with jax.enable_x64(True):
+        verdicts, findings = fuzz.run(seed=2026, cases=CASES, families=[family])
+    assert not findings
+    assert verdicts["ok"] >= CASES // 2
