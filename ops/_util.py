@@ -25,6 +25,7 @@ __all__ = [
     "from_attributes",
     "half_in_float32",
     "index_dtype",
+    "is_half",
     "is_integer",
     "legacy_broadcast",
     "lowers_for_cpu",
@@ -112,8 +113,10 @@ def from_attributes(attrs: Mapping[str, Any], name: str, build: Callable[[], T],
 _HALF = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
 
-def _is_half(value: Any) -> bool:
-    return value is not None and np.dtype(getattr(value, "dtype", np.float32)) in _HALF
+def is_half(x: Any) -> bool:
+    """Whether ``x``, an array or a dtype, is float16 or bfloat16 (a Python number, None: no)."""
+    dtype = x if isinstance(x, (np.dtype, type)) else getattr(x, "dtype", None)
+    return dtype is not None and np.dtype(dtype) in _HALF
 
 
 def half_in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -127,7 +130,7 @@ def half_in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapped(x, *args, **kwargs):
-        if _is_half(x):
+        if is_half(x):
             return fn(jnp.asarray(x, jnp.float32), *args, **kwargs).astype(x.dtype)
         return fn(x, *args, **kwargs)
 
@@ -137,7 +140,7 @@ def half_in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
 def widen_halves(*values: Any) -> tuple:
     """The values with float16 and bfloat16 ones as float32 (None and the rest as they are), for
     an op that computes in float32 and rounds once at the end (see :func:`half_in_float32`)."""
-    return tuple(v.astype(jnp.float32) if _is_half(v) else v for v in values)
+    return tuple(v.astype(jnp.float32) if is_half(v) else v for v in values)
 
 
 def static_sizes(sizes: Any) -> bool:

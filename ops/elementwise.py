@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import half_in_float32, is_integer, legacy_broadcast, widen_halves
+from jonnx.ops._util import half_in_float32, is_half, is_integer, legacy_broadcast, widen_halves
 
 
 def _div(a, b, ctx):
@@ -23,7 +23,7 @@ def _div(a, b, ctx):
         a, b = jnp.broadcast_arrays(a, b)
         return lax.div(a, b)  # truncates toward zero, like C and ONNX
     dtype = jnp.result_type(a, b)
-    if jnp.finfo(dtype).bits == 16:
+    if is_half(dtype):
         # XLA divides by a broadcast value (a scalar divisor) as a product with its reciprocal,
         # which in a half type is one unit in the last place off for a fifth of the elements.
         # In float32 those roundings are far below a half unit: the quotient rounds exactly.

@@ -10,7 +10,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import lowers_for_cpu, static_sizes, stored_transpose, widen_halves
+from jonnx.ops._util import is_half, lowers_for_cpu, static_sizes, stored_transpose, widen_halves
 
 
 def product(a, b, precision, transposed: bool = False):
@@ -79,7 +79,7 @@ def gemm_core(a, b, c, attrs, ctx):
     # Half types: the product's float32 sums and alpha/beta's epilogue stay in float32 and round
     # once, as onnxruntime does (rounded after each step, 41% of float16 outputs were one unit in
     # the last place off the exact value). The product still reads the half-type operands.
-    wide = jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else None
+    wide = jnp.float32 if is_half(dtype) else None
     if attrs["transB"] and jnp.shape(a)[0] == 1:
         # One row against B stored (N, K), a classifier at batch 1: for a @ B.T, XLA CPU copies
         # B transposed on every call (ResNet-50's 1000 x 2048 classifier: 3.5 of 62 ms); B @ a.T
@@ -100,7 +100,7 @@ def gemm_core(a, b, c, attrs, ctx):
             fits = False
         if not fits:
             raise ctx.error(f"C of shape {jnp.shape(c)} does not broadcast to the output {out_shape}")
-        (c,) = widen_halves(c) if wide is not None else (c,)
+        (c,) = widen_halves(c)
         y = y + (c if beta == 1.0 else (beta * c).astype(wide or dtype))
     return y.astype(dtype)
 
