@@ -21,6 +21,7 @@ T = TypeVar("T")
 __all__ = [
     "as_strings",
     "canonical",
+    "compute_type",
     "dtype_of",
     "from_attributes",
     "half_in_float32",
@@ -135,6 +136,13 @@ def half_in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(x, *args, **kwargs)
 
     return wrapped
+
+
+def compute_type(dtype: Any) -> np.dtype:
+    """The type an op that computes in floating point works in for inputs of ``dtype``:
+    float64 (and complex) stays, anything narrower or integral (float16, bfloat16, integers,
+    bool) becomes float32; the op rounds or casts back once at the end."""
+    return np.dtype(jnp.promote_types(dtype, jnp.float32))
 
 
 def widen_halves(*values: Any) -> tuple:

@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import half_in_float32, onnx_dtype
+from jonnx.ops._util import compute_type, half_in_float32, onnx_dtype
 
 # ---------------------------------------------------------------------------------------
 # Attention
@@ -253,11 +253,6 @@ def _swiglu(a, b, alpha):
 # ---------------------------------------------------------------------------------------
 
 
-def _compute_dtype(dtype):
-    """float16/bfloat16 accumulate in float32, as the reference does."""
-    return jnp.promote_types(dtype, jnp.float32)
-
-
 @register("CausalConvWithState", since=27)
 def causal_conv_with_state(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``CausalConvWithState``, opsets 27+ (depthwise causal 1-D conv with carry state)."""
@@ -288,7 +283,7 @@ def causal_conv_with_state(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outp
     if bias is not None:
         out = out + jnp.reshape(jnp.asarray(bias, dtype), (channels, 1))
     if activation != "none":
-        wide = out.astype(_compute_dtype(dtype))
+        wide = out.astype(compute_type(dtype))
         out = wide * jax.nn.sigmoid(wide)
     return out.astype(dtype), padded[:, :, length:]
 
@@ -322,7 +317,7 @@ def linear_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         if jnp.ndim(value) != 3:
             raise ctx.error(f"{name} must be rank 3 (B, T, H*D), got shape {jnp.shape(value)}")
     out_dtype = jnp.result_type(q)
-    wide = _compute_dtype(out_dtype)
+    wide = compute_type(out_dtype)
     b, t, q_hidden = jnp.shape(q)
     if q_hidden % hq or jnp.shape(k)[2] % hkv or jnp.shape(v)[2] % hkv:
         raise ctx.error("query/key/value hidden sizes must divide by their head counts")
@@ -407,7 +402,7 @@ def flex_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     if precision is not None:
         wide = onnx_dtype(precision)
     else:
-        wide = np.dtype(np.float32) if jnp.dtype(dtype).itemsize < 4 else jnp.dtype(dtype)
+        wide = compute_type(dtype)
     scale = attrs["scale"]
     if scale is None:
         scale = 1.0 / math.sqrt(head)

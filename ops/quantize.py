@@ -22,7 +22,7 @@ from jax import lax
 
 from jonnx import _cpu
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import canonical, dtype_of, lowers_for_cpu, normalize_axis, onnx_dtype
+from jonnx.ops._util import canonical, compute_type, dtype_of, lowers_for_cpu, normalize_axis, onnx_dtype
 from jonnx.ops.cast import cast_numeric
 from jonnx.ops.conv import convolve  # Conv's geometry (pads, auto_pad, groups) lives there
 
@@ -92,7 +92,7 @@ def _saturate_round(q, zero_point, target: np.dtype, saturate: bool, ctx):
     """``saturate(round(q) + zero_point)`` into ``target`` (round half to even)."""
     if target in _INT_RANGES:
         lo, hi = _INT_RANGES[target]
-        acc = jnp.promote_types(dtype_of(q), jnp.float32)
+        acc = compute_type(dtype_of(q))
         q = jnp.round(q).astype(acc)
         if zero_point is not None:
             q = q + jnp.asarray(zero_point).astype(acc)

@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import normalize_axes, static_ints, widen_halves
+from jonnx.ops._util import compute_type, normalize_axes, static_ints, widen_halves
 from jonnx.ops.reduce import reduce_max
 
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
@@ -120,10 +120,6 @@ def _axis_taps(in_len, out_len, scale, out_float, roi, opt):
     return np.clip(taps, 0, in_len - 1).astype(np.int32), w, outside
 
 
-def _compute_dtype(dtype):
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
-
-
 def _cast_back(y, dtype):
     """Float result to the input dtype: integers round half to even and saturate."""
     if jnp.issubdtype(dtype, jnp.floating):
@@ -207,7 +203,7 @@ def _resize(x, scales, sizes, roi, axes, opt, ctx):
     dtype = np.dtype(jnp.result_type(x))
     y = jnp.asarray(x)
     if float_mode:
-        y = y.astype(_compute_dtype(dtype))
+        y = y.astype(compute_type(dtype))
     for a, s, o, f, r in zip(axes, scale_list, out_len, out_float, rois):
         if s == 1.0 and o == in_shape[a] and (not crop or r == (0.0, 1.0)):
             continue
@@ -357,10 +353,7 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners, ctx):
         raise ctx.error(f"grid has shape {jnp.shape(grid)}; expected (N={n}, *out, {r}) for X {jnp.shape(x)}")
     out_dims = jnp.shape(grid)[1:-1]
     dtype = np.dtype(jnp.result_type(x))
-    cdtype = (
-        np.dtype(jnp.result_type(grid)) if jnp.issubdtype(jnp.result_type(grid), jnp.floating) else np.dtype(np.float32)
-    )
-    cdtype = np.promote_types(cdtype, np.float32) if cdtype != np.float64 else cdtype
+    cdtype = compute_type(jnp.result_type(grid))
     grid = jnp.asarray(grid, cdtype).reshape(n, -1, r)  # (N, M, r)
     per_dim = []
     for i, d in enumerate(dims):

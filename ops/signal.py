@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import onnx_dtype, static_ints
+from jonnx.ops._util import compute_type, onnx_dtype, static_ints
 
 # -- DFT -------------------------------------------------------------------------------------
 
@@ -33,16 +33,12 @@ def _signal_axis(axis: int, rank: int, ctx) -> int:
     return axis % rank
 
 
-def _compute_dtype(dtype) -> np.dtype:
-    return np.dtype(np.float32) if np.dtype(dtype).itemsize < 4 else np.dtype(dtype)
-
-
 def _as_complex(x, ctx):
     """The signal without its trailing (real, imag) axis: real or complex, at FFT precision."""
     parts = jnp.shape(x)[-1] if jnp.ndim(x) else 0
     if parts not in (1, 2):
         raise ctx.error(f"the last axis must have size 1 (real) or 2 (complex), got shape {jnp.shape(x)}")
-    x = jnp.asarray(x).astype(_compute_dtype(jnp.result_type(x)))
+    x = jnp.asarray(x).astype(compute_type(jnp.result_type(x)))
     if parts == 1:
         return x[..., 0]
     return lax.complex(x[..., 0], x[..., 1])

@@ -33,14 +33,10 @@ import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
-from jonnx.ops._util import dtype_of
+from jonnx.ops._util import compute_type, dtype_of
 from jonnx.ops.attention import rotary_embedding, split_heads
 from jonnx.ops.microsoft._common import DOMAIN, reject_inputs, reject_unsupported
 from jonnx.ops.quantize import integer_matmul
-
-
-def _wide(dtype) -> np.dtype:
-    return np.dtype(jnp.promote_types(dtype, jnp.float32))
 
 
 def _grouped_attention(q, k, v, bias, scale, ctx, *, softcap=0.0, valid=None, sink=None):
@@ -51,7 +47,7 @@ def _grouped_attention(q, k, v, bias, scale, ctx, *, softcap=0.0, valid=None, si
     sink: (N,) extra logits that take softmax mass but no value (None: none).
     """
     dtype = dtype_of(q)
-    wide = _wide(dtype)
+    wide = compute_type(dtype)
     batch, heads, q_len, _ = jnp.shape(q)
     kv_heads, kv_len = jnp.shape(k)[1], jnp.shape(k)[2]
     if heads % kv_heads:
@@ -164,7 +160,7 @@ def _masked_attention(q, k, v, mask, attention_bias, past_len, attrs, ctx):
     attention, computed at least in float32."""
     batch, _, q_len, head = jnp.shape(q)
     kv_len = jnp.shape(k)[2]
-    wide = _wide(dtype_of(q))
+    wide = compute_type(dtype_of(q))
     filter_value = attrs["mask_filter_value"]
     bias = _key_mask_bias(mask, batch=batch, q_len=q_len, kv_len=kv_len, filter_value=filter_value, dtype=wide, ctx=ctx)
     bias = _add(bias, attention_bias)
@@ -506,7 +502,7 @@ def group_query_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outpu
         bias = jnp.pad(attention_bias, [(0, 0)] * 3 + [(0, pad)]) if pad > 0 else attention_bias
     sink = head_sink
     if sink is None and attrs["smooth_softmax"] == 1:
-        sink = jnp.zeros((heads,), _wide(dtype_of(q)))
+        sink = jnp.zeros((heads,), compute_type(dtype_of(q)))
     y = _grouped_attention(
         q,
         present_k,

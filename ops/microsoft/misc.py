@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import static_ints
+from jonnx.ops._util import compute_type, static_ints
 from jonnx.ops.indexing import gather_nd_11
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.shape import pad, range_
@@ -54,5 +54,5 @@ def inverse(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``Inverse``: the inverse of each trailing square matrix."""
     (x,) = inputs
     dtype = jnp.result_type(x)
-    wide = jnp.promote_types(dtype, jnp.float32)
+    wide = compute_type(dtype)
     return (jnp.linalg.inv(jnp.asarray(x).astype(wide)).astype(dtype),)

@@ -9,10 +9,9 @@ residual reads. Statistics are computed in float32 at least, as onnxruntime does
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import dtype_of, normalize_axis
+from jonnx.ops._util import compute_type, dtype_of, normalize_axis
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.normalization import (
     layer_normalization,
@@ -45,11 +44,6 @@ def _layer_norm(x, epsilon: float, stash_dtype):
     mean, var = moments(xs, (jnp.ndim(x) - 1,))
     inv = rsqrt_eps(var, epsilon)
     return (xs - mean) * inv, mean, inv
-
-
-def _wide(x) -> np.dtype:
-    """float32 at least: statistics of float16/bfloat16 inputs are taken in float32."""
-    return np.dtype(jnp.promote_types(dtype_of(x), jnp.float32))
 
 
 @register(
@@ -87,7 +81,7 @@ def skip_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Ou
     """com.microsoft ``SkipLayerNormalization``: ``LayerNorm(input + skip + bias) * gamma + beta``."""
     x, skip, gamma, beta, bias = inputs
     s = _skip_sum(x, skip, bias, ctx)
-    normed, mean, inv = _layer_norm(s, attrs["epsilon"], _wide(s))
+    normed, mean, inv = _layer_norm(s, attrs["epsilon"], compute_type(dtype_of(s)))
     y = normed.astype(dtype_of(x)) * gamma
     if beta is not None:
         y = y + beta
@@ -105,7 +99,7 @@ def skip_simplified_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpCon
     """com.microsoft ``SkipSimplifiedLayerNormalization``: ``RMSNorm(input + skip + bias) * gamma``."""
     x, skip, gamma, bias = inputs
     s = _skip_sum(x, skip, bias, ctx)
-    normed, inv = _rms_norm(s, jnp.ndim(s) - 1, attrs["epsilon"], _wide(s))
+    normed, inv = _rms_norm(s, jnp.ndim(s) - 1, attrs["epsilon"], compute_type(dtype_of(s)))
     y = normed.astype(dtype_of(x)) * gamma
     return y.astype(dtype_of(x)), jnp.zeros_like(inv), inv, s
 
@@ -129,7 +123,7 @@ def embed_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> O
     total = jnp.take(word, ids, axis=0) + jnp.take(position, position_ids, axis=0)
     if segment is not None and segment_ids is not None:
         total = total + jnp.take(segment, segment_ids, axis=0)
-    normed, _, _ = _layer_norm(total, attrs["epsilon"], _wide(total))
+    normed, _, _ = _layer_norm(total, attrs["epsilon"], compute_type(dtype_of(total)))
     y = (normed.astype(dtype_of(total)) * gamma + beta).astype(dtype_of(total))
     if mask is None:
         mask_index = jnp.zeros((batch,), jnp.int32)

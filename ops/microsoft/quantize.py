@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import dtype_of, normalize_axis
+from jonnx.ops._util import compute_type, dtype_of, normalize_axis
 from jonnx.ops.activation import softmax_2d, softmax_axis
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.microsoft.normalization import embed_layer_normalization
@@ -68,7 +68,7 @@ def dequantize_nbits(b, scales, zero_points, g_idx, *, n: int, k: int, bits: int
         raise ctx.error(f"B has shape {tuple(np.shape(b))}, expected (N, k_blocks, blob_size) = {(n, k_blocks, blob)}")
     q = unpack_bits(b, bits).reshape(n, k_blocks * block_size)[:, :k]
     scales = jnp.reshape(scales, (n, k_blocks))
-    wide = np.dtype(jnp.promote_types(dtype_of(scales), jnp.float32))
+    wide = compute_type(dtype_of(scales))
     if zero_points is None:
         zp = np.full((n, k_blocks), 1 << (bits - 1), np.int32)
     elif dtype_of(zero_points) == np.uint8:
@@ -163,7 +163,7 @@ def gather_block_quantized(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outp
         zp = None if zero_points is None else unpack_bits(zero_points, bits)
     else:
         raise ctx.error(f"data of type {dtype_of(data)} is not supported (uint8, int4 or uint4)")
-    wide = np.dtype(jnp.promote_types(dtype_of(scales), jnp.float32))
+    wide = compute_type(dtype_of(scales))
     size = np.shape(q)[gather_axis]
     indices = jnp.asarray(indices)
     idx = jnp.where(indices < 0, indices + size, indices)
