@@ -33,6 +33,7 @@ __all__ = [
     "normalize_axes",
     "normalize_axis",
     "onnx_dtype",
+    "opaque_constants",
     "spread",
     "spread_product",
     "static_ints",
@@ -149,6 +150,29 @@ def widen_halves(*values: Any) -> tuple:
     """The values with float16 and bfloat16 ones as float32 (None and the rest as they are), for
     an op that computes in float32 and rounds once at the end (see :func:`half_in_float32`)."""
     return tuple(v.astype(jnp.float32) if is_half(v) else v for v in values)
+
+
+def opaque_constants(*values: Any) -> tuple:
+    """The values, with each floating-point constant hidden from XLA's algebraic simplifier
+    where another of them is traced (a constant: a concrete array, as Constant nodes and
+    subgraph initializers are while a graph is traced).
+
+    The simplifier reassociates a chain of two constants, ``(x + c1) + c2`` as ``x + (c1 +
+    c2)`` and ``(x * c1) * c2`` as ``x * (c1 * c2)``, in every float type: a third of the
+    results one unit in the last place off the per-op ones, and the rounding idiom ``(x +
+    1.5 * 2**23) - 1.5 * 2**23`` folded to ``x``. ONNX rounds after each node, as onnxruntime
+    does. Behind an optimization barrier the simplifier sees no constant; XLA removes the
+    barrier after simplification, so the compiled loop still reads the constant in place.
+    Integers reassociate exactly and are left as they are.
+    """
+    if not any(isinstance(v, jax.core.Tracer) for v in values):
+        return values
+    return tuple(
+        jax.lax.optimization_barrier(v)
+        if v is not None and not isinstance(v, jax.core.Tracer) and jnp.issubdtype(jnp.result_type(v), jnp.inexact)
+        else v
+        for v in values
+    )
 
 
 def static_sizes(sizes: Any) -> bool:

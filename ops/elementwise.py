@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import half_in_float32, is_half, is_integer, legacy_broadcast, widen_halves
+from jonnx.ops._util import half_in_float32, is_half, is_integer, legacy_broadcast, opaque_constants, widen_halves
 
 
 def _div(a, b, ctx):
@@ -45,7 +45,7 @@ def _binary(fn, legacy: bool):
         a, b = inputs
         if legacy:
             a, b = legacy_broadcast(a, b, attrs, ctx)
-        return (fn(a, b, ctx),)
+        return (fn(*opaque_constants(a, b), ctx),)
 
     return apply
 
@@ -88,7 +88,7 @@ def _variadic(fn):
         values = [x for x in inputs if x is not None]
         if not values:
             raise ctx.error("needs at least one input")
-        return (fn(values),)
+        return (fn(list(opaque_constants(*values))),)
 
     return apply
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import jax
 import ml_dtypes
 import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+import onnxruntime as ort
 import pytest
 
+import jonnx
 from jonnx import errors
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
 
@@ -102,3 +108,94 @@ def test_pow_mixed_types(opset):
     if opset == 7:
         y = y.astype(np.float32)
     assert_matches_reference("Pow", {"x": x, "y": y}, opset=opset)
+
+
+def _constant_chain(ops: list[tuple[str, float]], dtype) -> onnx.ModelProto:
+    """x through ``ops`` in turn, each the op of x's running value and a Constant node."""
+    elem = oh.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes, value = [], "x"
+    for i, (op, c) in enumerate(ops):
+        nodes.append(oh.make_node("Constant", [], [f"c{i}"], value=onh.from_array(np.array(c, dtype), f"v{i}")))
+        nodes.append(oh.make_node(op, [value, f"c{i}"], [f"y{i}"]))
+        value = f"y{i}"
+    graph = oh.make_graph(
+        nodes, "chain", [oh.make_tensor_value_info("x", elem, None)], [oh.make_tensor_value_info(value, elem, None)]
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize(
+    "ops",
+    [[("Mul", 1.3), ("Mul", -0.7)], [("Add", 0.3), ("Add", 1e-3)], [("Sub", 0.3), ("Add", 1e-3)]],
+    ids=["mul-mul", "add-add", "sub-add"],
+)
+def test_constants_in_a_chain_round_after_each_node(ops, dtype):
+    # XLA's simplifier reassociates (x * c1) * c2 as x * (c1 * c2) (and sums likewise) when both
+    # are constants: a third of the results were one unit in the last place off numpy's, which
+    # rounds after each op. onnxruntime does too in float32 and float64 (in float16 it computes
+    # a chain in float32 and rounds once, so it is no per-node reference there).
+    x = RNG.standard_normal(20_000).astype(dtype)
+    want = x
+    for op, c in ops:
+        want = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](want, dtype(c))
+    model = _constant_chain(ops, dtype)
+    if dtype != np.float16:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        np.testing.assert_array_equal(session.run(None, {"x": x})[0], want)
+    with jax.enable_x64(True):
+        loaded = jonnx.load(model)
+        np.testing.assert_array_equal(np.asarray(loaded(x)[0]), want)
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: loaded.apply(loaded.params, x))(x)[0]), want)
+
+
+def test_the_rounding_idiom_with_constants_rounds():
+    # (x + 1.5 * 2**23) - 1.5 * 2**23 rounds x to an integer in float32; reassociated, it was x.
+    magic = 1.5 * 2**23
+    x = np.array([0.3, 1.7, 2.5, -3.6, 3.5], np.float32)
+    got = jonnx.load(_constant_chain([("Add", magic), ("Sub", magic)], np.float32))(x)[0]
+    np.testing.assert_array_equal(np.asarray(got), np.array([0.0, 2.0, 2.0, -4.0, 4.0], np.float32))
+
+
+def test_constants_in_an_unrolled_loop_round_after_each_iteration():
+    # A Loop of three iterations multiplying by its body's initializer; carrying a sequence, it
+    # is unrolled at trace time, and XLA folded the three constants into one product (fuzz seed
+    # 701, float16).
+    scale = np.array(-1.3, np.float16)
+    half = onnx.TensorProto.FLOAT16
+    body = oh.make_graph(
+        [
+            oh.make_node("Identity", ["c_in"], ["c_out"]),
+            oh.make_node("Mul", ["h_in", "scale"], ["h_out"]),
+            oh.make_node("SequenceInsert", ["s_in", "h_out"], ["s_out"]),
+        ],
+        "body",
+        [
+            oh.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+            oh.make_tensor_value_info("c_in", onnx.TensorProto.BOOL, []),
+            oh.make_tensor_value_info("h_in", half, None),
+            oh.make_tensor_sequence_value_info("s_in", half, None),
+        ],
+        [
+            oh.make_tensor_value_info("c_out", onnx.TensorProto.BOOL, []),
+            oh.make_tensor_value_info("h_out", half, None),
+            oh.make_tensor_sequence_value_info("s_out", half, None),
+        ],
+        [onh.from_array(scale, "scale")],
+    )
+    graph = oh.make_graph(
+        [
+            oh.make_node("SequenceEmpty", [], ["s"], dtype=half),
+            oh.make_node("Loop", ["M", "", "h", "s"], ["y", "steps"], body=body),
+        ],
+        "loop",
+        [oh.make_tensor_value_info("h", half, None)],
+        [oh.make_tensor_value_info("y", half, None), oh.make_tensor_sequence_value_info("steps", half, None)],
+        [onh.from_array(np.array(3, np.int64), "M")],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    h = RNG.standard_normal(2_000).astype(np.float16)
+    want = h
+    for _ in range(3):
+        want = want * scale  # numpy rounds each float16 product once
+    np.testing.assert_array_equal(np.asarray(jonnx.load(model)(h)[0]), want)
