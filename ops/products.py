@@ -144,4 +144,11 @@ def einsum(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     named = equation.split("->")[0].count(",") + 1
     if named != len(operands):
         raise ctx.error(f"equation {equation!r} names {named} operands, got {len(operands)}")
+    dtype = jnp.result_type(*operands)
+    if is_half(dtype):
+        # XLA sums a half-precision reduction (an operand's own axis summed out, 'ij->') in
+        # that type, rounding after every term; its products keep float32 sums. Both sum in
+        # float32 here, and a chain of contractions rounds once, as onnxruntime does.
+        y = jnp.einsum(equation, *operands, precision=ctx.precision, preferred_element_type=jnp.float32)
+        return (y.astype(dtype),)
     return (jnp.einsum(equation, *operands, precision=ctx.precision),)
