@@ -199,3 +199,18 @@ def test_constants_in_an_unrolled_loop_round_after_each_iteration():
     for _ in range(3):
         want = want * scale  # numpy rounds each float16 product once
     np.testing.assert_array_equal(np.asarray(jonnx.load(model)(h)[0]), want)
+
+
+def test_log_of_exp_overflows_as_the_nodes_do():
+    # XLA simplified log(exp(x)) to x; the Exp node overflows to inf for x = 100 in float32.
+    x = np.array([-1.0, 0.0, 2.0, 100.0, 1e30], np.float32)
+    graph = oh.make_graph(
+        [oh.make_node("Exp", ["x"], ["e"]), oh.make_node("Log", ["e"], ["y"])],
+        "log_exp",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [5])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [5])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(want, [-1.0, 0.0, 2.0, np.inf, np.inf])
+    np.testing.assert_array_equal(np.asarray(jonnx.load(model)(x)[0]), want)
