@@ -252,7 +252,7 @@ place off onnxruntime (18 of them equal to the ReferenceEvaluator, which rounds 
 which computes half-precision activations, unary math and normalizations in
 float32 and rounds once; jonnx went step by step in float16 (or cast back before a
 normalization's scale, as the function bodies do). Those ops now compute in float32 too
-(``ops._util.half_in_float32``, ``ops.normalization._wide``), and the same run leaves 6: where
+(``ops._util.half_in_float32``, ``ops._util.widen_halves``), and the same run leaves 6: where
 onnxruntime runs no kernel (BatchNormalization-1, SwiGLU) the ReferenceEvaluator rounds step by
 step, and one is onnxruntime's NaN for MeanVarianceNormalization over a unit axis (above). Over
 the other numeric families (seed 613: reduce, products, conv_pool, resize, attention, signal,
