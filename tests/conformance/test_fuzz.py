@@ -409,6 +409,27 @@ def test_old_gemm_formula_agrees_with_onnxruntimes_gemm_7(trans_a, trans_b, c_sh
     assert (fuzz.formula_reference(plain, feeds, fuzz.OLD_FORMS) is None) == (c_shape != (2, 3))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_old_batchnorm_formula_agrees_with_onnxruntimes_version_7(dtype):
+    # BatchNormalization-6 with is_test=1 computes version 7's inference; onnxruntime runs only
+    # the later one (float16 in float32, rounded once; the ReferenceEvaluator rounds each step).
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(7)
+    feeds = {
+        "x": rng.standard_normal((2, 3, 4, 5)).astype(dtype),
+        **{name: rng.standard_normal(3).astype(dtype) for name in ("scale", "bias", "mean")},
+        "var": np.abs(rng.standard_normal(3)).astype(dtype),
+    }
+    old = node_model("BatchNormalization", feeds, opset=6, is_test=1, epsilon=1e-2)
+    later = node_model("BatchNormalization", feeds, opset=7, epsilon=1e-2)
+    want = ort.InferenceSession(later.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    (got,) = fuzz.formula_reference(old, feeds, fuzz.OLD_FORMS)
+    assert not fuzz.differences([got], want)
+    with jax.enable_x64(True):
+        assert fuzz.check(old, feeds) == ("ok", None)
+
+
 def test_average_pool_1_departure_is_the_references():
     # AveragePool-1 divides by the cells without the pads (its text): jonnx equals version 7's
     # count_include_pad=0 in onnxruntime, where the ReferenceEvaluator counts the pads.
