@@ -2976,8 +2976,8 @@ class StepByStep:
     casts between them), so a body's result is off the types' per-node rounding, and the
     ReferenceEvaluator's own Loop stacks scan outputs with ``vstack`` (a scalar's as (N, 1)), its
     Scan takes no other axis or direction than 0, and its SequenceInsert fails on an empty
-    sequence. A zero-trip loop with scan outputs
-    raises (their shape is unknown), as does Scan-8's batched form: the caller falls back.
+    sequence. A zero-trip loop with scan outputs raises (their shape is unknown), as do a Loop
+    with neither a trip count nor a condition and Scan-8's batched form: the caller falls back.
     """
 
     class Loop(OpRun):
@@ -2985,6 +2985,8 @@ class StepByStep:
             return True  # the body may read the outer graph's values
 
         def _run(self, trip, cond, *state, context=None, body=None, attributes=None, bindings=None):
+            if trip is None and cond is None:
+                raise RuntimeError("a Loop with neither a trip count nor a condition never ends")
             names, n = self.body.input_names, len(state)
             keep, carried, steps, i = True if cond is None else bool(cond), list(state), [], 0
             while keep and (trip is None or i < int(trip)):
