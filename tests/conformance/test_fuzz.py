@@ -518,6 +518,7 @@ def test_step_by_step_loop_stacks_scan_outputs_as_onnxruntime():
             oh.make_node("Identity", ["c_in"], ["c_out"]),
             oh.make_node("Mul", ["h_in", "scale"], ["h_out"]),
             oh.make_node("ReduceSum", ["h_out"], ["energy"], keepdims=0),
+            oh.make_node("Identity", ["h_out"], ["h_row"]),
         ],
         "body",
         [
@@ -525,11 +526,12 @@ def test_step_by_step_loop_stacks_scan_outputs_as_onnxruntime():
             oh.make_tensor_value_info("c_in", onnx.TensorProto.BOOL, []),
             oh.make_tensor_value_info("h_in", f32, [2, 3]),
         ],
-        [oh.make_tensor_value_info(n, t, None) for n, t in (("c_out", 9), ("h_out", f32), ("energy", f32))]
-        + [oh.make_tensor_value_info("h_row", f32, None)],
+        [
+            oh.make_tensor_value_info(name, elem, None)
+            for name, elem in (("c_out", onnx.TensorProto.BOOL), ("h_out", f32), ("energy", f32), ("h_row", f32))
+        ],
         [onh.from_array(np.array(-1.3, np.float32), "scale")],
     )
-    body.node.append(oh.make_node("Identity", ["h_out"], ["h_row"]))
     h = np.random.default_rng(4).standard_normal((2, 3)).astype(np.float32)
     model = node_model("Loop", {"M": np.array(4, np.int64), "cond": None, "h": h}, 3, opset=16, body=body)
     feeds = {"M": np.array(4, np.int64), "h": h}
