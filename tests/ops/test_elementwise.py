@@ -127,8 +127,13 @@ def _constant_chain(ops: list[tuple[str, float]], dtype) -> onnx.ModelProto:
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize(
     "ops",
-    [[("Mul", 1.3), ("Mul", -0.7)], [("Add", 0.3), ("Add", 1e-3)], [("Sub", 0.3), ("Add", 1e-3)]],
-    ids=["mul-mul", "add-add", "sub-add"],
+    [
+        [("Mul", 1.3), ("Mul", -0.7)],
+        [("Add", 0.3), ("Add", 1e-3)],
+        [("Sub", 0.3), ("Add", 1e-3)],
+        [("Sum", 0.3), ("Sum", 1e-3)],
+    ],
+    ids=["mul-mul", "add-add", "sub-add", "sum-sum"],
 )
 def test_constants_in_a_chain_round_after_each_node(ops, dtype):
     # XLA's simplifier reassociates (x * c1) * c2 as x * (c1 * c2) (and sums likewise) when both
@@ -138,7 +143,7 @@ def test_constants_in_a_chain_round_after_each_node(ops, dtype):
     x = RNG.standard_normal(20_000).astype(dtype)
     want = x
     for op, c in ops:
-        want = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](want, dtype(c))
+        want = {"Add": np.add, "Sum": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](want, dtype(c))
     model = _constant_chain(ops, dtype)
     if dtype != np.float16:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
