@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -114,8 +115,9 @@ def _sign(x):
 def _log(x):
     # Behind a barrier: XLA's simplifier rewrites log(exp(x)) as x, which an Exp node that
     # overflows to inf (x = 100 in float32) and the Log after it do not give. XLA removes the
-    # barrier after simplifying; the two still fuse into one loop.
-    return jnp.log(lax.optimization_barrier(x))
+    # barrier after simplifying; the two still fuse into one loop. (Eagerly there is nothing
+    # to hide.)
+    return jnp.log(lax.optimization_barrier(x) if isinstance(x, jax.core.Tracer) else x)
 
 
 def _erf(x):

@@ -13,10 +13,11 @@ from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import is_half, lowers_for_cpu, static_sizes, stored_transpose, widen_halves
 
 
-def product(a, b, precision, transposed: bool = False):
+def product(a, b, precision, transposed: bool = False, preferred_element_type=None):
     """``a @ b`` (``a @ b.T`` if ``transposed``, ``b`` stored (N, K) as Gemm's ``transB`` reads
     it); on CPU, float32 activations times a matrix (a layer's weights) as
-    :func:`weight_product`, whose weight gradient runs as a plain product."""
+    :func:`weight_product`, whose weight gradient runs as a plain product.
+    ``preferred_element_type``: the sums' type for other operands (float32 for half types)."""
     if (
         jnp.ndim(a) >= 2
         and jnp.ndim(b) == 2
@@ -25,7 +26,7 @@ def product(a, b, precision, transposed: bool = False):
         and lowers_for_cpu()
     ):
         return weight_product(a, b, transposed, precision)
-    return jnp.matmul(a, b.T if transposed else b, precision=precision)
+    return jnp.matmul(a, b.T if transposed else b, precision=precision, preferred_element_type=preferred_element_type)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
@@ -85,10 +86,8 @@ def gemm_core(a, b, c, attrs, ctx):
         # B transposed on every call (ResNet-50's 1000 x 2048 classifier: 3.5 of 62 ms); B @ a.T
         # reads B as stored (0.11 against 0.69 ms alone). The same sums, in the same order.
         y = jnp.matmul(b, a.T, precision=ctx.precision, preferred_element_type=wide).T
-    elif wide is not None:
-        y = jnp.matmul(a, b.T if attrs["transB"] else b, precision=ctx.precision, preferred_element_type=wide)
     else:
-        y = product(a, b, ctx.precision, transposed=bool(attrs["transB"]))
+        y = product(a, b, ctx.precision, transposed=bool(attrs["transB"]), preferred_element_type=wide)
     if alpha != 1.0:
         y = (alpha * y).astype(wide or dtype)
     if c is not None and beta != 0.0:
@@ -145,10 +144,9 @@ def einsum(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     if named != len(operands):
         raise ctx.error(f"equation {equation!r} names {named} operands, got {len(operands)}")
     dtype = jnp.result_type(*operands)
-    if is_half(dtype):
-        # XLA sums a half-precision reduction (an operand's own axis summed out, 'ij->') in
-        # that type, rounding after every term; its products keep float32 sums. Both sum in
-        # float32 here, and a chain of contractions rounds once, as onnxruntime does.
-        y = jnp.einsum(equation, *operands, precision=ctx.precision, preferred_element_type=jnp.float32)
-        return (y.astype(dtype),)
-    return (jnp.einsum(equation, *operands, precision=ctx.precision),)
+    # XLA sums a half-precision reduction (an operand's own axis summed out, 'ij->') in that
+    # type, rounding after every term; its products keep float32 sums. Half types sum in
+    # float32 here, and a chain of contractions rounds once, as onnxruntime does.
+    wide = jnp.float32 if is_half(dtype) else None
+    y = jnp.einsum(equation, *operands, precision=ctx.precision, preferred_element_type=wide)
+    return (y.astype(dtype),)
