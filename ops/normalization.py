@@ -35,7 +35,7 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
-from jonnx.ops._util import dtype_of, normalize_axes, normalize_axis, onnx_dtype, widen_halves
+from jonnx.ops._util import compute_type, dtype_of, normalize_axes, normalize_axis, onnx_dtype, widen_halves
 
 
 def rsqrt_eps(v, eps):
@@ -162,7 +162,9 @@ def _bn_training(x, scale, bias, running_mean, running_var, momentum, eps, spati
     """Training-mode BatchNormalization: ``(y, new_running_mean, new_running_var)``.
 
     ``y`` uses the batch statistics (population variance); the running statistics follow
-    ONNX's momentum rule and carry no gradient.
+    ONNX's momentum rule and carry no gradient. A half-precision running statistic is updated
+    in float32 from the float32 batch statistic and rounded once, as onnxruntime does (in
+    float16 step by step, 1-2 units in the last place off).
     """
     dtype = dtype_of(x)
     x, scale, bias = widen_halves(x, scale, bias)
@@ -170,9 +172,9 @@ def _bn_training(x, scale, bias, running_mean, running_var, momentum, eps, spati
     y = y.astype(dtype)
 
     def update(running, batch):
-        running_dtype = dtype_of(running)
-        new = running * momentum + batch.astype(running_dtype) * (1 - momentum)
-        return lax.stop_gradient(new.astype(running_dtype))
+        wide = jnp.promote_types(compute_type(dtype_of(running)), dtype_of(batch))
+        new = running.astype(wide) * momentum + batch.astype(wide) * (1 - momentum)
+        return lax.stop_gradient(new.astype(dtype_of(running)))
 
     return y, update(running_mean, batch_mean), update(running_var, batch_var)
 

@@ -404,9 +404,14 @@ def test_old_gemm_formula_agrees_with_onnxruntimes_gemm_7(trans_a, trans_b, c_sh
     np.testing.assert_allclose(fuzz.formula_reference(old, feeds, fuzz.OLD_FORMS)[0], want[0], rtol=1e-6)
     with jax.enable_x64(True):
         assert fuzz.check(old, feeds) == ("ok", None)
-    # without broadcast=1 only a C of the output's shape is the form's
+    # without broadcast=1 only a C of the output's shape is the form's: another is an invalid
+    # model (no reference runs it), which jonnx refuses
     plain = node_model("Gemm", feeds, opset=6, **attrs)
     assert (fuzz.formula_reference(plain, feeds, fuzz.OLD_FORMS) is None) == (c_shape != (2, 3))
+    assert (fuzz.invalid_reason(plain) is None) == (c_shape == (2, 3))
+    if c_shape != (2, 3):
+        with jax.enable_x64(True):
+            assert fuzz.check(plain, feeds) == ("invalid model", None)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -428,6 +433,60 @@ def test_old_batchnorm_formula_agrees_with_onnxruntimes_version_7(dtype):
     assert not fuzz.differences([got], want)
     with jax.enable_x64(True):
         assert fuzz.check(old, feeds) == ("ok", None)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("spatial", [1, 0])
+def test_old_batchnorm_training_formula_agrees_with_onnxruntimes_version_15(spatial, dtype):
+    # BatchNormalization-6 with is_test=0 trains: Y by the batch statistics and the running
+    # statistics updated, as version 15's training_mode=1, which onnxruntime runs. Per
+    # activation (spatial=0) is per channel with the activations as channels, which onnxruntime
+    # runs too (it refuses spatial=0 in training).
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((4, 3, 5)).astype(dtype)
+    params = (3,) if spatial else (3, 5)
+    feeds = {"x": x, **{name: rng.standard_normal(params).astype(dtype) for name in ("scale", "bias", "mean")}}
+    feeds["var"] = np.abs(rng.standard_normal(params)).astype(dtype)
+    old = node_model("BatchNormalization", feeds, 3, opset=6, is_test=0, spatial=spatial, momentum=0.8)
+    as_channels = {k: v.reshape(4, 15, 1) if k == "x" else v.reshape(-1) for k, v in feeds.items()}
+    later_feeds = feeds if spatial else as_channels
+    later = node_model("BatchNormalization", later_feeds, 3, opset=15, training_mode=1, momentum=0.8)
+    session = ort.InferenceSession(later.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = [y.reshape(got.shape) for y, got in zip(session.run(None, later_feeds), feeds.values())]
+    assert not fuzz.differences(fuzz.formula_reference(old, feeds, fuzz.OLD_FORMS), want)
+    with jax.enable_x64(True):
+        assert fuzz.check(old, feeds) == ("ok", None)
+
+
+def test_gradient_and_vmap_checks_run_models_that_update_running_statistics():
+    # With its running statistics as initializers, a training-mode BatchNormalization makes
+    # Model.apply return (outputs, new_state): the checks take the outputs (they called every
+    # such case "not differentiable" / "not batchable"); the running statistics, which carry no
+    # gradient by design, are left out of the projection.
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((3, 2, 4))
+    params = {name: rng.standard_normal(2) for name in ("scale", "bias", "mean")} | {"var": np.ones(2)}
+    inputs = {"x": x, **params}
+    model = node_model("BatchNormalization", inputs, 3, opset=15, training_mode=1, initializers=["mean", "var"])
+    case = fuzz.Case("BatchNormalization", inputs, {"training_mode": 1}, 3)
+    feeds = {k: v for k, v in inputs.items() if k not in ("mean", "var")}
+    with jax.enable_x64(True):
+        assert fuzz.check_gradient(case, model, feeds, rng) == ("ok", None)
+        assert fuzz.check_vmap(model, feeds, rng) == ("ok", None)
+
+
+def test_an_op_formula_settles_a_disagreement_with_onnxruntime():
+    # MeanVarianceNormalization-13 over a unit axis: onnxruntime (its float16 kernel, from
+    # opset 21) leaves out the function body's epsilon (NaN), and the ReferenceEvaluator refuses
+    # float16 (the body adds a float32 epsilon); jonnx's 0 equals the formula (in float32,
+    # rounded once).
+    x = np.random.default_rng(10).standard_normal((1, 4, 3)).astype(np.float16)
+    model = node_model("MeanVarianceNormalization", {"x": x}, opset=21, axes=[0])
+    np.testing.assert_array_equal(fuzz.formula_reference(model, {"x": x})[0], np.zeros_like(x))
+    with jax.enable_x64(True):
+        assert fuzz.check(model, {"x": x}) == ("reference disagrees", None)
 
 
 def test_average_pool_1_departure_is_the_references():

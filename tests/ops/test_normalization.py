@@ -204,6 +204,25 @@ def test_batchnorm_float16_input_with_float32_parameters():
     )
 
 
+def test_batchnorm_half_precision_running_statistics_round_once():
+    # running * momentum + batch * (1 - momentum) in float32 from the float32 batch statistics,
+    # rounded once, as onnxruntime does; in float16 step by step (the batch statistic rounded,
+    # then each product) a third of these running statistics were a unit or two off.
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 64, 3, 5)).astype(np.float16)
+    params = {k: rng.standard_normal(64).astype(np.float16) for k in ("s", "b", "mean")}
+    inputs = {"x": x, **params, "var": np.abs(rng.standard_normal(64)).astype(np.float16)}
+    model = node_model("BatchNormalization", inputs, 3, opset=15, training_mode=1, momentum=0.9)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, inputs)
+    got = run_jonnx(model, inputs)
+    for i in (1, 2):
+        np.testing.assert_array_equal(np.asarray(got[i]), want[i], err_msg=f"output {i}")
+    wide = x.astype(np.float64)
+    exact_var = inputs["var"].astype(np.float64) * 0.9 + wide.var(axis=(0, 2, 3)) * (1 - 0.9)
+    assert_rounded_once(got[2], exact_var, np.float16, most_off=0.05)
+
+
 # -- Instance, layer, group, RMS normalization ------------------------------------------------
 
 
