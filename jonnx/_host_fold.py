@@ -141,8 +141,10 @@ def _evaluate(
 # equation of the node alone, so float arithmetic folds only where that computation has one
 # float operation at most (beside moves and conversions), leaving no rewrite anything to
 # combine; the one that stays inside a single operation, A / constant -> A * (1 / constant),
-# is avoided by leaving constant divisors to XLA (_division).
+# is avoided by leaving constant divisors to XLA (_division). An optimization barrier (the ops'
+# guard against those rewrites, ops._util.opaque) passes its values through unchanged.
 _MOVES = {"convert_element_type", "broadcast_in_dim", "reshape", "squeeze", "transpose", "copy"}
+_MOVES |= {"optimization_barrier"}
 
 
 def _float_arithmetic(eqn: Any) -> bool:
@@ -411,6 +413,7 @@ _RULES: dict[str, Callable] = {
     "iota": _iota,
     "slice": _slice,
     "copy": lambda inputs, **_: inputs[0],
+    "optimization_barrier": lambda inputs, **_: list(inputs),
     "reduce_sum": _reduction(np.sum),
     "reduce_prod": _reduction(np.prod),
     "reduce_max": _reduction(np.max, floats=True),

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import half_in_float32, is_half, is_integer, legacy_broadcast, opaque_constants, widen_halves
+from jonnx.ops._util import (
+    half_in_float32,
+    is_half,
+    is_integer,
+    legacy_broadcast,
+    opaque,
+    opaque_constants,
+    widen_halves,
+)
 
 
 def _div(a, b, ctx):
@@ -28,8 +35,9 @@ def _div(a, b, ctx):
         # XLA divides by a broadcast value (a scalar divisor) as a product with its reciprocal,
         # which in a half type is one unit in the last place off for a fifth of the elements.
         # In float32 those roundings are far below a half unit: the quotient rounds exactly.
-        return jnp.true_divide(*widen_halves(a, b)).astype(dtype)
-    return jnp.true_divide(a, b)
+        return opaque(jnp.true_divide(*widen_halves(a, b)).astype(dtype))
+    # The quotient opaque: XLA turns (a / b) / c into a / (b * c) and a / (b / c) into a * c / b.
+    return opaque(jnp.true_divide(a, b))
 
 
 def _pow(x, y):
@@ -113,11 +121,15 @@ def _sign(x):
 
 
 def _log(x):
-    # Behind a barrier: XLA's simplifier rewrites log(exp(x)) as x, which an Exp node that
-    # overflows to inf (x = 100 in float32) and the Log after it do not give. XLA removes the
-    # barrier after simplifying; the two still fuse into one loop. (Eagerly there is nothing
-    # to hide.)
-    return jnp.log(lax.optimization_barrier(x) if isinstance(x, jax.core.Tracer) else x)
+    # The operand opaque: XLA rewrites log(exp(x)) as x, which an Exp node that overflows to
+    # inf (x = 100 in float32) and the Log after it do not give, and log(pow(x, y)) as
+    # y * log(x).
+    return jnp.log(opaque(x))
+
+
+def _sqrt(x):
+    # The operand opaque: XLA rewrites sqrt(x * x) as |x| (x * x overflows to inf first).
+    return jnp.sqrt(opaque(x))
 
 
 def _erf(x):
@@ -132,7 +144,7 @@ _UNARY = {
     "Neg": (jnp.negative, (1, 6, 13)),
     "Exp": (jnp.exp, (1, 6, 13)),
     "Log": (_log, (1, 6, 13)),
-    "Sqrt": (jnp.sqrt, (1, 6, 13)),
+    "Sqrt": (_sqrt, (1, 6, 13)),
     "Reciprocal": (jnp.reciprocal, (1, 6, 13)),
     "Floor": (jnp.floor, (1, 6, 13)),
     "Ceil": (jnp.ceil, (1, 6, 13)),
@@ -155,17 +167,22 @@ _UNARY = {
 
 # Exact in any precision: computed in their own type, half ones too.
 _EXACT = {"Abs", "Neg", "Floor", "Ceil", "Round", "Sign"}
+# Results XLA's simplifier would combine with the node that reads them (``ops._util.opaque``):
+# exp(a) * exp(b) as exp(a + b), pow(exp(a), b) as exp(a * b), a / sqrt(b) as a * rsqrt(b),
+# 1 / (1 / x) as x.
+_OPAQUE_RESULT = {"Exp", "Sqrt", "Reciprocal"}
 
 
-def _unary(fn, widen_halves: bool):
+def _unary(fn, widen_halves: bool, opaque_result: bool):
     fn = half_in_float32(fn) if widen_halves else fn
 
     def apply(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         (x,) = inputs
-        return (fn(x),)
+        y = fn(x)
+        return (opaque(y) if opaque_result else y,)
 
     return apply
 
 
 for _name, (_fn, _since) in _UNARY.items():
-    register(_name, since=_since)(_unary(_fn, widen_halves=_name not in _EXACT))
+    register(_name, since=_since)(_unary(_fn, _name not in _EXACT, _name in _OPAQUE_RESULT))

@@ -94,6 +94,11 @@ CASES = {
         j(I32).at[np.array([[1], [0]]), np.array([[2, 0, 1], [0, 0, 2]])].get(mode="clip")
     ),
     "structure: None and lists kept": lambda: (j(I32) + 1, None, [j(I64) * 2, ~j(B)]),
+    # The guard of Div, Sqrt, Exp, Reciprocal and Log against XLA's rewrites (ops._util.opaque)
+    "optimization barriers pass values through": lambda: (
+        lax.optimization_barrier(jnp.sqrt(F32)),
+        lax.optimization_barrier((j(F32) / F32[::-1], j(I32) + 1)),
+    ),
 }
 
 
