@@ -243,8 +243,9 @@ their formulas (``OLD_FORMS``) are the reference, asked before the ReferenceEval
 whose shapes the version does not take is invalid (:func:`_legacy_broadcast_problem`). The
 first runs (2026-12-04, 1,200 cases at seed 605, 42 of them old forms; opsets 5 and 6) found
 float16 Div by a broadcast divisor one unit in the last place off: XLA divides by the reciprocal
-(docs/known_issues.md; Div now computes half types in float32). AveragePool-1 over padding is a
-departure of the ReferenceEvaluator's (it counts the pads; the version's text does not).
+(docs/known_issues.md; Div now computes half types in float32). AveragePool-1 over padding was a
+departure of the ReferenceEvaluator's (it counts the pads; the version's text does not); since
+2026-12-05 onnxruntime's version 7 checks it (:func:`later_twin`).
 
 ``--half`` draws float16 wherever the families draw floats. Its first run (seed 611, 300
 ``elementwise`` and ``normalization`` cases) found 99 of 293 one to four units in the last
@@ -305,6 +306,17 @@ formula settles it as ``reference disagrees`` as the ReferenceEvaluator does
 ReferenceEvaluator refuses float16 there). Left: in float16 onnxruntime is sometimes a unit off
 the correctly rounded value at a float32 near tie where jonnx is not (InstanceNormalization at
 seed 730, BatchNormalization in inference at 724: one element each in 250 cases).
+
+The ``legacy`` family (2026-12-05) draws old versions in their own forms, which no other family
+drew (their later forms drawn at an old ``--opset`` are invalid models): Upsample-1's height and
+width scales, LpPool-1 and GlobalLpPool-1's float ``p``, AveragePool-1 (pads left out of the
+divisor), Pad-1's ``paddings`` and Pad-2's ``pads`` attributes, Slice-1's and Reshape-1's
+attributes, Split-1/2's ``split`` attribute, Clip-1/6's ``min`` and ``max``, Concat-1's default
+axis 1 and Tile-1's one axis. onnxruntime runs few of them and the ReferenceEvaluator runs them
+by later rules, so each is checked as the later version it equals (:func:`later_twin`,
+``LATER_FORMS``), run by onnxruntime, else by the ReferenceEvaluator (Resize-13 for Upsample-1
+in float64), else by a formula (GlobalLpPool in float64). Each twin is tested against its
+version's text worked out in numpy. The first 300 cases (seed 740) all agreed with jonnx.
 """
 
 from __future__ import annotations
@@ -916,6 +928,83 @@ def conv_pool(d: Draw) -> Case | None:
     if op == "MaxPool" and d.chance(0.3):
         attrs["dilations"] = [d.int(1, 2) for _ in spatial]
     return Case(op, {"x": x}, attrs, 2 if op == "MaxPool" and d.chance(0.3) else 1)
+
+
+def legacy(d: Draw) -> Case | None:
+    """Versions before opset 7 (and Pad, Slice, Split, Clip, Tile before their inputs) in their
+    own forms: attributes later versions made inputs, Upsample-1's two scales, LpPool-1's float
+    ``p``, Concat-1's default axis, Tile-1's one axis. onnxruntime runs few of them; it runs the
+    later version each is (:func:`later_twin`), which is the reference."""
+    op = d.pick(["Upsample", "LpPool", "GlobalLpPool", "AveragePool", "Pad", "Slice", "Reshape"]
+                + ["Split", "Clip", "Concat", "Tile"])  # fmt: skip
+    dtype = d.pick(FLOATS)
+    if op == "Upsample":
+        mode = d.pick(["nearest", "bilinear"])
+        if mode == "bilinear" and dtype == np.float16:
+            # Weights of thirds and fifths put many float16 results on an exact tie, which
+            # float32 arithmetic (jonnx's, onnxruntime's) breaks either way: one unit apart in
+            # a tenth of the draws, each the correctly rounded one about as often (2026-12-05, seed 742).
+            dtype = np.float32
+        x = d.array((d.int(1, 2), d.int(1, 2), d.int(1, 4), d.int(1, 4)), dtype)
+        scales = {"height_scale": d.pick([1.0, 2.0, 3.0, 1.5]), "width_scale": d.pick([1.0, 2.0, 2.5])}
+        return Case(op, {"x": x}, {**scales, "mode": mode}, opset=1)
+    if op in ("LpPool", "GlobalLpPool", "AveragePool"):
+        spatial = tuple(d.int(1, 5) for _ in range(d.int(1, 2)))
+        x = d.array((d.int(1, 2), d.int(1, 2), *spatial), dtype)
+        attrs: dict[str, Any] = {} if op == "AveragePool" else {"p": d.pick([1.0, 2.0, 3.0])}
+        if op != "GlobalLpPool":
+            kernel = [d.int(1, n) for n in spatial]
+            attrs.update(kernel_shape=kernel, strides=[d.int(1, 2) for _ in spatial])
+            if d.chance(0.5):
+                attrs["pads"] = [d.int(0, k - 1) for k in kernel] * 2
+        return Case(op, {"x": x}, attrs, opset=1)
+    x = d.array(tuple(d.int(1, 4) for _ in range(d.int(1, 3))), dtype)
+    if op == "Pad":
+        mode = d.pick(["constant", "reflect", "edge"])
+        most = [n - 1 if mode == "reflect" else 2 for n in x.shape]  # a reflection stays inside
+        pads = [d.int(0, m) for m in most] * 2
+        version = d.pick([1, 2])
+        attrs = {"paddings" if version == 1 else "pads": pads, "mode": mode, "value": d.pick([0.0, 1.5])}
+        return Case(op, {"x": x}, attrs, opset=version)
+    if op == "Slice":
+        axes = d.axes(x.ndim, d.int(1, x.ndim))
+        axes = [a % x.ndim for a in axes]  # version 1 takes axes from 0 on
+        starts = [d.int(-x.shape[a] - 1, x.shape[a] + 1) for a in axes]
+        ends = [d.pick([d.int(-x.shape[a] - 1, x.shape[a] + 1), 2**62]) for a in axes]
+        attrs = {"starts": starts, "ends": ends} | ({"axes": axes} if d.chance(0.7) or len(axes) < x.ndim else {})
+        if "axes" not in attrs:  # without axes: starts and ends for every axis
+            attrs = {"starts": [d.int(0, n) for n in x.shape], "ends": [d.int(0, n + 1) for n in x.shape]}
+        return Case(op, {"x": x}, attrs, opset=1)
+    if op == "Reshape":
+        target = [int(x.size)] if d.chance(0.3) else [*x.shape[:-1], -1]
+        if len(target) > 1 and d.chance(0.5):
+            target[0] = 0  # version 1: 0 keeps the input's dimension
+        return Case(op, {"x": x}, {"shape": target}, opset=1)
+    if op == "Split":
+        axis = d.int(0, x.ndim - 1)
+        parts = d.int(1, 3)
+        attrs = {"axis": axis}
+        if d.chance(0.6):
+            cuts = sorted(d.int(0, x.shape[axis]) for _ in range(parts - 1))
+            attrs["split"] = [b - a for a, b in zip([0, *cuts], [*cuts, x.shape[axis]])]
+        elif x.shape[axis] % parts:
+            parts = 1  # equal parts only where they divide the axis
+        return Case(op, {"x": x}, attrs, parts, opset=d.pick([1, 2]))
+    if op == "Clip":
+        attrs = {k: v for k, v in (("min", d.pick([-0.5, None])), ("max", d.pick([0.7, None]))) if v is not None}
+        return Case(op, {"x": x}, attrs, opset=d.pick([1, 6]))
+    if op == "Concat":
+        axis = d.int(0, x.ndim - 1) if x.ndim > 1 else 0
+        others = [
+            d.array(tuple(d.int(1, 3) if a == axis else n for a, n in enumerate(x.shape)), dtype)
+            for _ in range(d.int(1, 2))
+        ]
+        inputs = {"x": x, **{f"x{i}": v for i, v in enumerate(others)}}
+        # Version 1's axis is 1 by default (4 on: required).
+        return Case(op, inputs, {} if axis == 1 and d.chance(0.5) else {"axis": axis}, opset=1)
+    axis = d.int(0, x.ndim - 1)
+    tiles = {"tiles": np.array(d.int(1, 3), np.int64), "axis": np.array(axis, np.int64)}
+    return Case(op, {"x": x, **tiles}, {}, constants=("tiles", "axis"), opset=1)
 
 
 def resize(d: Draw) -> Case | None:
@@ -2693,6 +2782,7 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "products": products,
     "conv_pool": conv_pool,
     "conv_variants": conv_variants,
+    "legacy": legacy,
     "resize": resize,
     "quantize": quantize,
     "normalization": normalization,
@@ -2894,7 +2984,16 @@ OLD_FORMS = {
     }.items()
 } | {"Gemm": _old_gemm_formula, "BatchNormalization": _old_batchnorm_formula}
 
+
+def _global_lp_pool_formula(x, *, p=2, opset):
+    """GlobalLpPool: the p-norm of each channel's map (float64: onnxruntime runs float32 only,
+    and the ReferenceEvaluator has none)."""
+    norm = np.sum(np.abs(x.astype(np.float64)) ** p, axis=tuple(range(2, x.ndim)), keepdims=True) ** (1.0 / p)
+    return norm.astype(x.dtype)
+
+
 FORMULAS = {
+    "GlobalLpPool": _global_lp_pool_formula,
     "LRN": _lrn_formula,
     "MeanVarianceNormalization": _mvn_formula,
     "GroupNormalization": _group_norm_formula,
@@ -2975,8 +3074,9 @@ def differences(got, want) -> list[str]:
 
 def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> list | None:
     """onnxruntime's outputs for ``model`` (through :func:`time_major_twin` where it refuses a
-    batch-major recurrent node), or None where it refuses the graph."""
-    for candidate in (model, time_major_twin(model)):
+    batch-major recurrent node, :func:`later_twin` where it runs an old version's later form
+    only), or None where it refuses the graph."""
+    for candidate in (model, time_major_twin(model), later_twin(model, feeds)):
         if candidate is None:
             continue
         try:
@@ -2985,6 +3085,131 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> list | None:
         except Exception:  # noqa: BLE001 -- onnxruntime refuses a draw it does not implement
             continue
     return None
+
+
+def later_twin(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.ModelProto | None:
+    """The one node of a version before its op's later form (:data:`LATER_FORMS`) as that
+    later version, with the attributes it made inputs as initializers, or None. onnxruntime
+    runs few versions before opset 7 (Upsample-1, AveragePool-1, LpPool-1, Pad-1, Clip-1,
+    Concat-1, Split-1 none), and the ReferenceEvaluator runs them by later rules (AveragePool-1
+    counting the pads, Concat-1 without its default axis)."""
+    if len(model.graph.node) != 1 or model.graph.node[0].domain not in ("", "ai.onnx"):
+        return None
+    node = model.graph.node[0]
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    convert = LATER_FORMS.get(node.op_type)
+    if convert is None or opset is None:
+        return None
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name != "consumed_inputs"}
+    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer} | feeds
+    form = convert(opset, attrs, [values.get(name) for name in node.input])
+    if form is None:
+        return None
+    version, inputs, later_attrs = form
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    names = []
+    for k, spec in enumerate(inputs):
+        if spec is None:
+            names.append("")
+        elif isinstance(spec, int):
+            names.append(node.input[spec])
+        else:
+            names.append(f"later_input{k}")
+            twin.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(spec), names[-1]))
+    op_type = "Resize" if node.op_type == "Upsample" else node.op_type
+    later = onnx.helper.make_node(op_type, names, list(node.output), **later_attrs)
+    del twin.graph.node[:]
+    twin.graph.node.append(later)
+    for o in twin.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = version
+    return twin
+
+
+def _later_upsample(opset, attrs, values):
+    """Upsample-1 as Resize-13 with Upsample-7's asymmetric coordinates and nearest cell (the
+    floor): onnxruntime's Upsample and Resize take no float64, the ReferenceEvaluator's Resize
+    does (its Resize-10 reads the scales as the regions of interest; 11 requires them)."""
+    if opset >= 7:
+        return None
+    mode = "linear" if attrs.get("mode", "nearest") == "bilinear" else attrs.get("mode", "nearest")
+    scales = np.array([1.0, 1.0, attrs["height_scale"], attrs["width_scale"]], np.float32)
+    modes = {"mode": mode, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    return 13, [0, None, scales], modes
+
+
+def _later_lp_pool(opset, attrs, values):
+    p = attrs.get("p", 2.0)
+    if opset >= 2 or p != int(p):  # version 1's p is a float; 2 on, an int
+        return None
+    return 11, [0], {**attrs, "p": int(p)}
+
+
+def _later_pad(opset, attrs, values):
+    if opset >= 11:
+        return None
+    pads = attrs.pop("paddings", None) or attrs.pop("pads")  # version 1's name, then 2's
+    value = np.asarray(attrs.pop("value", 0.0), values[0].dtype)
+    return 11, [0, np.array(pads, np.int64), value], attrs
+
+
+def _later_slice(opset, attrs, values):
+    if opset >= 10:
+        return None
+    bounds = [np.array(attrs[k], np.int64) for k in ("starts", "ends", "axes") if k in attrs]
+    return 10, [0, *bounds], {}
+
+
+def _later_split(opset, attrs, values):
+    if opset >= 11:
+        return None
+    split = attrs.pop("split", None)
+    if split is None and len(values) > 1 and values[1] is not None:  # version 1's optional input
+        split = values[1]
+    return 13, [0] + ([np.array(split, np.int64)] if split is not None else []), attrs
+
+
+def _later_clip(opset, attrs, values):
+    if opset >= 11:
+        return None
+    bounds = [np.asarray(attrs[k], values[0].dtype) if k in attrs else None for k in ("min", "max")]
+    while bounds and bounds[-1] is None:
+        bounds.pop()
+    return 13, [0, *bounds], {}  # 13: onnxruntime's Clip takes float64 from 12 on
+
+
+def _later_tile(opset, attrs, values):
+    if opset >= 6 or len(values) != 3 or any(v is None for v in values):
+        return None
+    repeats = np.ones(values[0].ndim, np.int64)
+    repeats[int(values[2])] = int(values[1])
+    return 7, [0, repeats], {}
+
+
+# Versions before an op's later form, as that form (:func:`later_twin`): each converter takes
+# the opset, the node's attributes and its input values, and returns (version, inputs: an
+# index of the node's own, a new constant or None for an omitted one, attributes), or None.
+LATER_FORMS: dict[str, Callable] = {
+    "Upsample": _later_upsample,
+    "LpPool": _later_lp_pool,
+    "GlobalLpPool": lambda opset, attrs, values: (
+        None
+        if opset >= 2 or attrs.get("p", 2.0) != int(attrs.get("p", 2.0))
+        else (7, [0], {"p": int(attrs.get("p", 2.0))})
+    ),
+    "AveragePool": lambda opset, attrs, values: None if opset >= 7 else (7, [0], attrs),
+    "Pad": _later_pad,
+    "Slice": _later_slice,
+    "Reshape": lambda opset, attrs, values: None if opset >= 5 else (13, [0, np.array(attrs["shape"], np.int64)], {}),
+    "Split": _later_split,
+    "Clip": _later_clip,
+    "Concat": lambda opset, attrs, values: (
+        None if opset >= 4 else (7, list(range(len(values))), {"axis": attrs.get("axis", 1)})
+    ),
+    "Tile": _later_tile,
+}
 
 
 def time_major_twin(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -3127,8 +3352,9 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[str, st
     if want is None:
         want, source = formula_reference(model, feeds, OLD_FORMS), "the formula (OLD_FORMS)"
     if want is None:  # onnxruntime refuses what it does not implement
-        try:
-            want, source = ReferenceEvaluator(model).run(None, feeds), "ReferenceEvaluator"
+        try:  # an old version as its later form, which the ReferenceEvaluator runs as written
+            twin = later_twin(model, feeds)
+            want, source = ReferenceEvaluator(twin or model).run(None, feeds), "ReferenceEvaluator"
         except Exception:  # noqa: BLE001
             want, source = formula_reference(model, feeds), "the formula (FORMULAS)"
             if want is None:
@@ -3362,12 +3588,6 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
             and c.attrs.get("beta", 1.0) != 1.0
             and c.inputs.get("c") is not None
         ),
-    ),
-    (
-        "AveragePool before opset 7 over padding: the ReferenceEvaluator counts the pads in the divisor, "
-        "version 1 divides by the cells without them (its text; count_include_pad=0 keeps that in version 7), "
-        "as jonnx does; onnxruntime runs no version 1",
-        lambda c: c.op == "AveragePool" and (c.opset or 7) < 7 and (_same_padded(c) or any(c.attrs.get("pads", ()))),
     ),
     (
         "SoftmaxCrossEntropyLoss in float16, weighted or reduced: onnxruntime rounds each log-probability to "

@@ -489,9 +489,10 @@ def test_an_op_formula_settles_a_disagreement_with_onnxruntime():
         assert fuzz.check(model, {"x": x}) == ("reference disagrees", None)
 
 
-def test_average_pool_1_departure_is_the_references():
+def test_average_pool_1_is_checked_against_version_7():
     # AveragePool-1 divides by the cells without the pads (its text): jonnx equals version 7's
-    # count_include_pad=0 in onnxruntime, where the ReferenceEvaluator counts the pads.
+    # count_include_pad=0 in onnxruntime, where the ReferenceEvaluator counts the pads. The
+    # fuzz asks onnxruntime for the later form (a known departure until 2026-12-05).
     import onnxruntime as ort
     from onnx.reference import ReferenceEvaluator
 
@@ -502,10 +503,8 @@ def test_average_pool_1_departure_is_the_references():
     got = np.asarray(jonnx.load(old)(x)[0])
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert not np.allclose(ReferenceEvaluator(old).run(None, {"x": x})[0], want, rtol=1e-3)
-    case = fuzz.Case("AveragePool", {"x": x}, attrs, opset=1)
-    assert fuzz.known_departure(case) is not None
-    assert fuzz.known_departure(case._replace(opset=7)) is None
-    assert fuzz.known_departure(case._replace(attrs={"kernel_shape": [3, 3]})) is None  # no padding
+    with jax.enable_x64(True):
+        assert fuzz.check(old, {"x": x}) == ("ok", None)
 
 
 @pytest.mark.parametrize("family", ["elementwise", "normalization", "reduce", "recurrent", "loss", "products"])
@@ -609,3 +608,76 @@ def test_half_precision_loops_are_checked_step_by_step(monkeypatch):
         verdicts, findings = fuzz.run(seed=2026, cases=CASES, families=["loop"])
     assert not findings
     assert verdicts["ok"] >= CASES // 2
+
+
+_X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7.5
+_IMAGE = np.array([[[[1, 2], [3, 4]]]], np.float32)
+
+
+# Each old form's later twin, run by onnxruntime (float32) or the ReferenceEvaluator, against
+# the old version's text worked out in numpy.
+@pytest.mark.parametrize(
+    ("op", "inputs", "attrs", "opset", "want"),
+    [
+        # Upsample-1's own example (nearest), and bilinear from the corners
+        (
+            "Upsample",
+            {"x": _IMAGE},
+            {"height_scale": 2.0, "width_scale": 2.0},
+            1,
+            [np.repeat(np.repeat(_IMAGE, 2, 2), 2, 3)],
+        ),
+        (
+            "Upsample",
+            {"x": _IMAGE},
+            {"height_scale": 1.0, "width_scale": 2.0, "mode": "bilinear"},
+            1,
+            [np.array([[[[1, 1.5, 2, 2], [3, 3.5, 4, 4]]]], np.float32)],
+        ),
+        ("Concat", {"a": _X, "b": _X[:, :1]}, {}, 1, [np.concatenate([_X, _X[:, :1]], axis=1)]),  # axis 1 by default
+        ("Tile", {"x": _X, "tiles": np.array(2), "axis": np.array(2)}, {}, 1, [np.tile(_X, (1, 1, 2))]),
+        (
+            "Pad",
+            {"x": _X[0]},
+            {"paddings": [0, 2, 0, 1], "value": 1.5},
+            1,
+            [np.pad(_X[0], ((0, 0), (2, 1)), constant_values=1.5)],
+        ),
+        (
+            "Pad",
+            {"x": _X[0]},
+            {"pads": [1, 0, 1, 0], "mode": "edge"},
+            2,
+            [np.pad(_X[0], ((1, 1), (0, 0)), mode="edge")],
+        ),
+        ("Slice", {"x": _X}, {"starts": [1, -3], "ends": [2, 100], "axes": [0, 2]}, 1, [_X[1:2, :, 1:]]),
+        ("Reshape", {"x": _X}, {"shape": [0, -1]}, 1, [_X.reshape(2, 12)]),  # 0 keeps the input's dimension
+        ("Split", {"x": _X}, {"axis": 2, "split": [1, 3]}, 2, [_X[:, :, :1], _X[:, :, 1:]]),
+        ("Clip", {"x": _X}, {"min": -2.0}, 6, [np.maximum(_X, -2.0)]),
+        # AveragePool-1 divides by the cells inside the input, not the pads
+        (
+            "AveragePool",
+            {"x": _IMAGE},
+            {"kernel_shape": [2, 2], "pads": [1, 1, 0, 0]},
+            1,
+            [np.array([[[[1, 1.5], [2, 2.5]]]], np.float32)],
+        ),
+        ("LpPool", {"x": _IMAGE}, {"kernel_shape": [1, 2], "p": 1.0}, 1, [np.array([[[[3], [7]]]], np.float32)]),
+        ("GlobalLpPool", {"x": _IMAGE}, {"p": 2.0}, 1, [np.array([[[[np.sqrt(30)]]]], np.float32)]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_old_forms_are_checked_against_their_later_twins(op, inputs, attrs, opset, want):
+    constants = [k for k in inputs if k in ("tiles", "axis")]
+    model = node_model(op, inputs, len(want), opset=opset, initializers=constants, **attrs)
+    feeds = {k: v for k, v in inputs.items() if k not in constants}
+    twin = fuzz.later_twin(model, feeds)
+    assert twin is not None
+    got = fuzz.onnxruntime_outputs(model, feeds) or fuzz.formula_reference(model, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    with jax.enable_x64(True):
+        assert fuzz.check(model, feeds) == ("ok", None)
+    assert (
+        fuzz.later_twin(node_model(op, inputs, len(want), opset=13 if op != "Upsample" else 9, **attrs), feeds) is None
+    )
