@@ -3579,17 +3579,6 @@ DEPARTURES: list[tuple[str, Callable[[Case], bool]]] = [
         ),
     ),
     (
-        "Gemm before opset 7 with broadcast 0 and beta other than 1: the ReferenceEvaluator adds C without beta "
-        "(onnxruntime runs no Gemm of those opsets; jonnx computes alpha A B + beta C, as tests/ops check)",
-        lambda c: (
-            c.op == "Gemm"
-            and (c.opset or 7) < 7
-            and not c.attrs.get("broadcast", 0)
-            and c.attrs.get("beta", 1.0) != 1.0
-            and c.inputs.get("c") is not None
-        ),
-    ),
-    (
         "SoftmaxCrossEntropyLoss in float16, weighted or reduced: onnxruntime rounds each log-probability to "
         "float16 before weighing and summing them (weighted, one unit in the last place off the exact loss for "
         "a quarter of the samples); jonnx computes in float32 and rounds once (--half)",
