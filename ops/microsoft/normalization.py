@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import compute_type, dtype_of, normalize_axis
+from jonnx.ops._util import compute_type, dtype_of, normalize_axis, widen_halves
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.normalization import (
     layer_normalization,
@@ -57,7 +57,7 @@ def simplified_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext)
     x, scale = inputs
     axis = normalize_axis(attrs["axis"], jnp.ndim(x), ctx)
     normed, inv = _rms_norm(x, axis, attrs["epsilon"], stash_dtype(x, attrs["stash_type"]))
-    return (normed.astype(dtype_of(x)) * scale).astype(dtype_of(x)), inv
+    return (normed * widen_halves(scale)[0]).astype(dtype_of(x)), inv
 
 
 def _skip_sum(x, skip, bias, ctx):
@@ -66,6 +66,8 @@ def _skip_sum(x, skip, bias, ctx):
             f"input must be (batch, sequence, hidden) and skip must end in hidden; got {jnp.shape(x)} "
             f"and {jnp.shape(skip)}"
         )
+    # Half types: summed in float32 (as onnxruntime), normalised from that sum, rounded once.
+    x, skip, bias = widen_halves(x, skip, bias)
     s = x + skip
     return s if bias is None else s + bias
 
@@ -82,10 +84,11 @@ def skip_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Ou
     x, skip, gamma, beta, bias = inputs
     s = _skip_sum(x, skip, bias, ctx)
     normed, mean, inv = _layer_norm(s, attrs["epsilon"], compute_type(dtype_of(s)))
-    y = normed.astype(dtype_of(x)) * gamma
+    gamma, beta = widen_halves(gamma, beta)
+    y = normed * gamma
     if beta is not None:
         y = y + beta
-    return y.astype(dtype_of(x)), mean, inv, s
+    return y.astype(dtype_of(x)), mean, inv, s.astype(dtype_of(x))
 
 
 @register(
@@ -100,8 +103,8 @@ def skip_simplified_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpCon
     x, skip, gamma, bias = inputs
     s = _skip_sum(x, skip, bias, ctx)
     normed, inv = _rms_norm(s, jnp.ndim(s) - 1, attrs["epsilon"], compute_type(dtype_of(s)))
-    y = normed.astype(dtype_of(x)) * gamma
-    return y.astype(dtype_of(x)), jnp.zeros_like(inv), inv, s
+    y = normed * widen_halves(gamma)[0]
+    return y.astype(dtype_of(x)), jnp.zeros_like(inv), inv, s.astype(dtype_of(x))
 
 
 @register(
@@ -120,13 +123,16 @@ def embed_layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> O
     batch, seq = jnp.shape(ids)
     if position_ids is None:
         position_ids = jnp.arange(seq)[None, :]
+    dtype = dtype_of(word)
+    # Half types: summed, normalised and scaled in float32, rounded once (as onnxruntime).
+    word, position, segment, gamma, beta = widen_halves(word, position, segment, gamma, beta)
     total = jnp.take(word, ids, axis=0) + jnp.take(position, position_ids, axis=0)
     if segment is not None and segment_ids is not None:
         total = total + jnp.take(segment, segment_ids, axis=0)
     normed, _, _ = _layer_norm(total, attrs["epsilon"], compute_type(dtype_of(total)))
-    y = (normed.astype(dtype_of(total)) * gamma + beta).astype(dtype_of(total))
+    y = (normed * gamma + beta).astype(dtype)
     if mask is None:
         mask_index = jnp.zeros((batch,), jnp.int32)
     else:
         mask_index = jnp.sum(jnp.asarray(mask) != 0, axis=1).astype(jnp.int32)
-    return y, mask_index, total
+    return y, mask_index, total.astype(dtype)

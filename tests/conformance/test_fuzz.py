@@ -481,6 +481,20 @@ def test_an_op_formula_settles_a_disagreement_with_onnxruntime():
         assert fuzz.check(model, {"x": x}) == ("reference disagrees", None)
 
 
+def test_the_reference_evaluator_in_float64_settles_its_own_half_precision_steps():
+    # ReduceL2-1 in float16, which onnxruntime refuses: the ReferenceEvaluator squares and sums
+    # in float16 (3.252), jonnx in float32 rounded once (3.25, the correctly rounded norm).
+    x = np.array([[-2.652, 0.8257, 0.05646, 0.5244], [1.394, -0.3872, 0.2072, -0.6616]], np.float16)
+    model = node_model("ReduceL2", {"x": x}, opset=1, keepdims=0)
+    exact = np.sqrt(np.sum(x.astype(np.float64) ** 2)).astype(np.float16)
+    assert fuzz.ReferenceEvaluator(model).run(None, {"x": x})[0] != exact
+    assert fuzz.widened_reference(model, {"x": x})[0] == exact
+    with jax.enable_x64(True):
+        assert fuzz.check(model, {"x": x}) == ("reference disagrees", None)
+    cast = node_model("Cast", {"x": x}, opset=21, to=onnx.TensorProto.FLOAT)
+    assert fuzz.widened_reference(cast, {"x": x}) is None  # its output type is the attribute's
+
+
 def test_average_pool_1_is_checked_against_version_7():
     # AveragePool-1 divides by the cells without the pads (its text): jonnx equals version 7's
     # count_include_pad=0 in onnxruntime, where the ReferenceEvaluator counts the pads. The

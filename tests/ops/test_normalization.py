@@ -529,6 +529,13 @@ def _normalized(x, axes, eps):
     return (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + eps)
 
 
+def _channel_window_sums(x, size):
+    """Each channel's sum over the ``size`` channels around it (LRN's window)."""
+    before, after = (size - 1) // 2, size // 2
+    padded = np.pad(x, ((0, 0), (before, after)) + ((0, 0),) * (x.ndim - 2))
+    return sum(padded[:, k : k + x.shape[1]] for k in range(size))
+
+
 def _half_cases():
     """(op, opset, inputs in float64, attributes, the op's formula over its inputs)."""
     x, c = RNG.standard_normal((2, 4, 5, 6)) * 3 + 1, RNG.standard_normal(4)
@@ -555,6 +562,8 @@ def _half_cases():
          lambda i: i["x"] / np.sqrt((i["x"] ** 2).mean(axis=3, keepdims=True) + 1e-5) * i["scale"]),
         ("LpNormalization", 22, {"x": x}, {"axis": 1},
          lambda i: i["x"] / np.sqrt((i["x"] ** 2).sum(axis=1, keepdims=True))),
+        ("LRN", 13, {"x": x}, {"size": 3, "alpha": 0.5, "beta": 0.75},
+         lambda i: i["x"] / (1 + 0.5 / 3 * _channel_window_sums(i["x"] ** 2, 3)) ** 0.75),
         ("MeanVarianceNormalization", 13, {"x": x}, {},
          lambda i: (i["x"] - i["x"].mean(axis=(0, 2, 3), keepdims=True))
          / (i["x"].std(axis=(0, 2, 3), keepdims=True) + 1e-9)),
