@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import compute_type, half_in_float32, onnx_dtype
+from jonnx.ops._util import compute_type, half_in_float32, onnx_dtype, widen_halves
 
 # ---------------------------------------------------------------------------------------
 # Attention
@@ -208,9 +208,12 @@ def rotary_embedding(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     for name, c in (("cos_cache", cos), ("sin_cache", sin)):
         if jnp.shape(c)[-1] != dim // 2:
             raise ctx.error(f"{name} last dim {jnp.shape(c)[-1]} != rotary_embedding_dim / 2 = {dim // 2}")
+    # Half types: rotated in float32 and rounded once, as onnxruntime does (two products and
+    # a sum rounded one by one in float16 left a third of the outputs a unit off).
+    rot, keep = xs[..., :dim], xs[..., dim:]
+    rot, cos, sin = widen_halves(rot, cos, sin)
     cos = jnp.expand_dims(cos, 2)
     sin = jnp.expand_dims(sin, 2)
-    rot, keep = xs[..., :dim], xs[..., dim:]
     if attrs["interleaved"]:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
     else:
@@ -221,7 +224,7 @@ def rotary_embedding(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         rot = jnp.reshape(jnp.stack([real, imag], axis=-1), jnp.shape(rot))
     else:
         rot = jnp.concatenate([real, imag], axis=-1)
-    out = jnp.concatenate([rot, keep], axis=-1).astype(jnp.result_type(x))
+    out = jnp.concatenate([rot.astype(jnp.result_type(x)), keep], axis=-1)
     if jnp.ndim(x) == 3:
         return (jnp.reshape(out, shape),)
     return (jnp.transpose(out, (0, 2, 1, 3)),)

@@ -31,6 +31,7 @@ __all__ = [
     "ort_expected",
     "assert_matches_reference",
     "assert_rounded_once",
+    "assert_half_rounds_once",
     "check_op_grads",
 ]
 
@@ -213,6 +214,24 @@ def assert_rounded_once(got: np.ndarray, exact: np.ndarray, dtype: Any, most_off
     info = jnp.finfo(dtype)
     error = np.abs(got.astype(np.float64) - want.astype(np.float64))
     assert np.all(error <= float(info.eps) * np.abs(want.astype(np.float64)) + float(info.smallest_subnormal))
+
+
+def assert_half_rounds_once(
+    op_type: str, inputs: Mapping[str, Any], *, opset: int, domain: str = "", most_off: float = 0.01, **attrs: Any
+) -> None:
+    """``op_type`` on ``inputs`` (float64 arrays; the float ones are cast to float16) gives the
+    ReferenceEvaluator's float64 result on the same values rounded once to float16, but for at
+    most a ``most_off`` share one unit in the last place off: an op that rounds each step in
+    float16 fails this for far more."""
+    half = {
+        k: v.astype(np.float16) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v for k, v in inputs.items()
+    }
+    wide = {
+        k: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v for k, v in half.items()
+    }
+    got = run_jonnx(node_model(op_type, half, opset=opset, domain=domain, **attrs), half)[0]
+    exact = run_reference(node_model(op_type, wide, opset=opset, domain=domain, **attrs), wide)[0]
+    assert_rounded_once(got, exact, np.float16, most_off)
 
 
 def check_op_grads(

@@ -14,7 +14,14 @@ import pytest
 
 import jonnx
 from jonnx import errors
-from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx, run_reference
+from tests.ops._harness import (
+    assert_half_rounds_once,
+    assert_matches_reference,
+    check_op_grads,
+    node_model,
+    run_jonnx,
+    run_reference,
+)
 
 RNG = np.random.default_rng(0)
 
@@ -451,3 +458,17 @@ def test_flex_attention_grads():
             rtol=1e-3,
             atol=1e-3,
         )
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_half_precision_rotary_embedding_rounds_once(interleaved):
+    # Rotated in float32 and rounded once, as onnxruntime does: the two products and the sum
+    # rounded one by one in float16 left a third of the outputs a unit off.
+    b, h, s, d = 1, 4, 16, 32
+    inputs = {
+        "x": RNG.standard_normal((b, h, s, d)),
+        "cos": RNG.standard_normal((s, d // 2)),
+        "sin": RNG.standard_normal((s, d // 2)),
+        "pos": np.arange(s, dtype=np.int64)[None],
+    }
+    assert_half_rounds_once("RotaryEmbedding", inputs, opset=23, interleaved=interleaved)
