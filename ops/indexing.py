@@ -192,9 +192,14 @@ def _scatter(data, index, updates, reduction, ctx):
     data = jnp.asarray(data)
     updates = jnp.asarray(updates, dtype=data.dtype)
     unique = _targets_unique(index, np.shape(data))
+    dtype = data.dtype
+    if reduction in ("add", "mul"):
+        # Half types: every update meeting a target accumulates in float32, rounded once
+        # (in float16, 30% of the targets of 200 adds into 64 were off the exact sum).
+        data, updates = widen_halves(data, updates)
     if reduction == "mul" and not unique:
-        return _scatter_mul_repeated(data, index, updates)
-    return _scatter_once(data, index, updates, reduction, unique=bool(unique))
+        return _scatter_mul_repeated(data, index, updates).astype(dtype)
+    return _scatter_once(data, index, updates, reduction, unique=bool(unique)).astype(dtype)
 
 
 def _scatter_once(data, index, updates, reduction, unique: bool):

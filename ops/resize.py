@@ -465,12 +465,14 @@ def affine_grid(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     # Homogeneous base positions, innermost coordinate first: (x, y[, z], 1).
     base = np.stack([*mesh[::-1], np.ones(tuple(spatial))], axis=-1)  # (*spatial, r + 1)
     dtype = jnp.result_type(theta)
-    base = jnp.asarray(base, dtype)
-    theta = jnp.asarray(theta)
+    # Half types: the base positions, products and sums in float32, rounded once (as
+    # onnxruntime; with float16 base positions and products, a third of the grid was off).
+    (theta,) = widen_halves(jnp.asarray(theta))
+    base = jnp.asarray(base, jnp.result_type(theta))
     t = theta.reshape((size[0],) + (1,) * r + (r, r + 1))
     # An explicit sum, not a matmul: exact on accelerators whose f32 matmul uses TF32.
     grid = jnp.sum(t * base[None, ..., None, :], axis=-1)
-    return (grid,)
+    return (grid.astype(dtype),)
 
 
 # --------------------------------------------------------------------------------------------

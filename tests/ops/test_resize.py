@@ -13,6 +13,7 @@ from onnx.reference import ReferenceEvaluator
 import jonnx
 from jonnx import errors
 from tests.ops._harness import (
+    assert_half_rounds_once,
     assert_matches_reference,
     check_op_grads,
     node_model,
@@ -590,3 +591,11 @@ def test_half_precision_roi_align_rounds_once(mode):
     assert got.dtype == np.float16
     assert (got != want).mean() <= 0.02
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("align_corners", [0, 1])
+def test_half_precision_affine_grid_rounds_once(align_corners):
+    # Base positions, products and sums in float32, rounded once (as onnxruntime): with float16
+    # base positions and products a third of the grid was a unit off.
+    inputs = {"theta": RNG.standard_normal((2, 2, 3)), "size": np.array([2, 3, 16, 16], np.int64)}
+    assert_half_rounds_once("AffineGrid", inputs, opset=20, align_corners=align_corners)
