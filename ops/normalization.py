@@ -406,11 +406,11 @@ def lrn(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         raise ctx.error(f"input must have rank >= 3 (N, C, D1, ...), got rank {rank}")
     window = (1, size) + (1,) * (rank - 2)
     padding = ((0, 0), ((size - 1) // 2, math.ceil((size - 1) / 2))) + ((0, 0),) * (rank - 2)
+    dtype = dtype_of(x)
+    (x,) = widen_halves(x)  # half types: squared, summed and scaled in float32, rounded once
     # A numpy zero as init_value lets JAX see a windowed sum, which it can differentiate; with
     # a jnp zero (not a known constant while tracing) it builds a generic reduce_window, which
     # it cannot (reverse mode raised "Linearization failed").
-    dtype = dtype_of(x)
-    (x,) = widen_halves(x)  # half types: squared, summed and scaled in float32, rounded once
     square_sum = lax.reduce_window(x * x, np.zeros((), dtype_of(x)), lax.add, window, (1,) * rank, padding)
     alpha, beta, bias = attrs["alpha"], attrs["beta"], attrs["bias"]
     return ((x / (bias + (alpha / size) * square_sum) ** beta).astype(dtype),)
