@@ -307,3 +307,15 @@ def test_half_precision_sum_and_mean_round_once(op):
     # pairwise in float16, 23% (Sum) and 43% (Mean) of the outputs were a unit off.
     inputs = {k: RNG.standard_normal((16, 64)) * 4 for k in "abc"}
     assert_half_rounds_once(op, inputs, opset=13)
+
+
+def test_atan_is_right_with_512_bit_vectors():
+    # XLA CPU lowers atan as atan2(x, 1), whose special case for the constant 1 is miscompiled
+    # with 512-bit vectors (jonnx's default on AMD AVX-512 and Intel AMX CPUs): 56 of 64 values
+    # were wrong. jonnx's Atan is atan2(2x, 2).
+    x = (RNG.standard_normal(1000) * 3).astype(np.float32)
+    model = jonnx.load(node_model("Atan", {"x": x}, opset=22))
+    want = np.arctan(x.astype(np.float64))
+    np.testing.assert_allclose(np.asarray(model(x)[0]), want, rtol=1e-6, atol=1e-7)  # the default call
+    wide = jax.jit(model.apply, compiler_options={"xla_cpu_prefer_vector_width": "512"})
+    np.testing.assert_allclose(np.asarray(wide(model.params, x)[0]), want, rtol=1e-6, atol=1e-7)
