@@ -328,7 +328,11 @@ ReferenceEvaluator run in float64 and rounded once (:func:`widened_reference`), 
 it counts as ``reference disagrees`` (seeds 753, 754: 4 such cases). The same look over other
 ops found Sum and Mean of three inputs, RotaryEmbedding, AffineGrid, DeformConv, the
 com.microsoft Gelus and layer norms and the Scatter add reductions rounding between steps
-(docs/known_issues.md, "a half-precision reduction"); all in float32 now.
+(docs/known_issues.md, "a half-precision reduction"); all in float32 now. ``--long`` draws one
+axis of each general shape (``Draw.shape``) with up to 64 values, so that such sums show: its
+first runs (seeds 770-772, ``--half``, 150 cases each) found an Atan over 44 float16 values
+giving NaN and zeros, XLA CPU's atan miscompiled with 512-bit vectors (docs/known_issues.md;
+jonnx's Atan is now ``atan2(2x, 2)``).
 """
 
 from __future__ import annotations
@@ -356,6 +360,9 @@ import jonnx
 from tests.ops._harness import node_model
 
 FLOATS = (np.float32, np.float64)
+# --long: one axis of each shape that ``Draw.shape`` draws gets up to this many values (0: no
+# long axis). Short axes hide a half-precision sum rounded at each step; 40 values show it.
+LONG_AXIS = 0
 # The ai.onnx.ml ops' float types (no half types, whatever --half makes FLOATS).
 ML_FLOATS = (np.float32, np.float64)
 INTS = (np.int32, np.int64)
@@ -417,7 +424,10 @@ class Draw:
 
     def shape(self, rank: int | None = None, empty: float = 0.25, most: int = 4) -> tuple[int, ...]:
         rank = self.int(0, 4) if rank is None else rank
-        return tuple(0 if self.chance(empty) else self.int(1, most) for _ in range(rank))
+        dims = [0 if self.chance(empty) else self.int(1, most) for _ in range(rank)]
+        if LONG_AXIS and dims and self.chance(0.7):  # --long: one axis of many values
+            dims[self.int(0, rank - 1)] = self.int(most + 1, LONG_AXIS)
+        return tuple(dims)
 
     def partner(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """A shape that broadcasts against ``shape`` (a suffix, some dims 1)."""
@@ -4079,15 +4089,20 @@ def main() -> int:
     parser.add_argument("--opset", type=int, default=21)
     parser.add_argument("--half", action="store_true", help="draw float16 wherever the families draw floats")
     parser.add_argument("--trace", action="store_true", help="print each case before running it (to find a crash)")
+    parser.add_argument(
+        "--long", action="store_true", help="draw one axis of each general shape long (up to 64 values)"
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--grad", action="store_true", help="check derivatives against finite differences instead")
     mode.add_argument("--vmap", action="store_true", help="check jax.vmap against each row run alone instead")
     add_lowering_option(parser)
     args = parser.parse_args()
     lower_as(args.lowering)
+    global FLOATS, LONG_AXIS
     if args.half:
-        global FLOATS
         FLOATS = (np.float16,)
+    if args.long:
+        LONG_AXIS = 64
     if args.opset > onnx.defs.onnx_opset_version():
         parser.error(f"onnx {onnx.__version__} knows opsets up to {onnx.defs.onnx_opset_version()}")
     jax.config.update("jax_enable_x64", True)  # int64 and float64 exact, as ONNX defines them

@@ -616,6 +616,18 @@ def test_half_precision_loops_are_checked_step_by_step(monkeypatch):
     assert verdicts["ok"] >= CASES // 2
 
 
+def test_long_half_precision_axes_agree_with_the_references(monkeypatch):
+    # --half --long: float16 over an axis of up to 64 values, where a sum rounded at each step
+    # shows. At this seed a ReduceSum differed before 2026-12-05 (summed in float16).
+    monkeypatch.setattr(fuzz, "FLOATS", (np.float16,))
+    monkeypatch.setattr(fuzz, "LONG_AXIS", 64)
+    assert max(max(fuzz.Draw(s).shape(rank=2), default=0) for s in range(20)) > 4
+    with jax.enable_x64(True):
+        verdicts, findings = fuzz.run(seed=2028, cases=3 * CASES, families=["reduce"])
+    assert not findings
+    assert verdicts["ok"] >= CASES
+
+
 _X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7.5
 _IMAGE = np.array([[[[1, 2], [3, 4]]]], np.float32)
 
