@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import dtype_of, widen_halves
+from jonnx.ops._util import dtype_of, half_in_float32
 from jonnx.ops.microsoft._common import DOMAIN
 
 
@@ -32,53 +32,62 @@ def _fast_gelu(x):
 def gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``Gelu``: exact, ``0.5 x (1 + erf(x / sqrt 2))``."""
     (x,) = inputs
-    return (_gelu(widen_halves(x)[0]).astype(dtype_of(x)),)
+    return (half_in_float32(_gelu)(x),)
+
+
+# Each op's whole computation, bias included, for ``half_in_float32``: the first input widens
+# and the others meet it in float32.
+def _biased_gelu(a, b):
+    return _gelu(a + b)
+
+
+def _biased_fast_gelu(x, bias):
+    return _fast_gelu(x if bias is None else x + bias)
+
+
+def _bias_add(x, bias, skip):
+    return x + bias + skip
+
+
+def _split_gelu(x, bias):
+    s = x + bias
+    half = jnp.shape(s)[-1] // 2
+    return s[..., :half] * _gelu(s[..., half:])
 
 
 @register("BiasGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
 def bias_gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``BiasGelu``: exact Gelu of ``A + B`` (B broadcasts over the last axis)."""
-    a, b = inputs
-    wide_a, wide_b = widen_halves(a, b)
-    return (_gelu(wide_a + wide_b).astype(dtype_of(a)),)
+    return (half_in_float32(_biased_gelu)(*inputs),)
 
 
 @register("FastGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
 def fast_gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``FastGelu``: the tanh approximation of Gelu of ``X (+ bias)``."""
-    x, bias = inputs
-    dtype = dtype_of(x)
-    x, bias = widen_halves(x, bias)
-    if bias is not None:
-        x = x + bias
-    return (_fast_gelu(x).astype(dtype),)
+    return (half_in_float32(_biased_fast_gelu)(*inputs),)
 
 
 @register("QuickGelu", since=1, domain=DOMAIN, attributes={"alpha": 1.702}, n_inputs=1)
 def quick_gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QuickGelu``: ``x * sigmoid(alpha * x)``."""
     (x,) = inputs
-    dtype = dtype_of(x)
-    (x,) = widen_halves(x)
-    alpha = jnp.asarray(attrs["alpha"], dtype_of(x))
-    return ((x * jax.nn.sigmoid(alpha * x)).astype(dtype),)
+
+    def quick(x):
+        return x * jax.nn.sigmoid(jnp.asarray(attrs["alpha"], dtype_of(x)) * x)
+
+    return (half_in_float32(quick)(x),)
 
 
 @register("BiasAdd", since=1, domain=DOMAIN, attributes={}, n_inputs=3)
 def bias_add(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``BiasAdd``: ``X + bias + skip`` (X, skip: (N, S, C); bias: (C,))."""
-    x, bias, skip = inputs
-    wide = widen_halves(x, bias, skip)
-    return ((wide[0] + wide[1] + wide[2]).astype(dtype_of(x)),)
+    return (half_in_float32(_bias_add)(*inputs),)
 
 
 @register("BiasSplitGelu", since=1, domain=DOMAIN, attributes={}, n_inputs=2)
 def bias_split_gelu(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``BiasSplitGelu``: ``left * Gelu(right)`` of the halves of ``X + bias``."""
     x, bias = inputs
-    wide_x, wide_bias = widen_halves(x, bias)
-    s = wide_x + wide_bias
-    half = jnp.shape(s)[-1] // 2
-    if jnp.shape(s)[-1] % 2:
-        raise ctx.error(f"the last dimension of X ({jnp.shape(s)[-1]}) must be even")
-    return ((s[..., :half] * _gelu(s[..., half:])).astype(dtype_of(x)),)
+    if jnp.shape(x)[-1] % 2:
+        raise ctx.error(f"the last dimension of X ({jnp.shape(x)[-1]}) must be even")
+    return (half_in_float32(_split_gelu)(x, bias),)

@@ -3194,11 +3194,13 @@ def _later_upsample(opset, attrs, values):
     return 13, [0, None, scales], modes
 
 
-def _later_lp_pool(opset, attrs, values):
+def _later_lp_pool(opset, attrs, values, version=11):
+    """LpPool-1 (GlobalLpPool-1 with ``version=7``) as the later version: its float ``p``,
+    where whole, as the int ``p`` of versions 2 on."""
     p = attrs.get("p", 2.0)
-    if opset >= 2 or p != int(p):  # version 1's p is a float; 2 on, an int
+    if opset >= 2 or p != int(p):
         return None
-    return 11, [0], {**attrs, "p": int(p)}
+    return version, [0], {**attrs, "p": int(p)}
 
 
 def _later_pad(opset, attrs, values):
@@ -3248,11 +3250,7 @@ def _later_tile(opset, attrs, values):
 LATER_FORMS: dict[str, Callable] = {
     "Upsample": _later_upsample,
     "LpPool": _later_lp_pool,
-    "GlobalLpPool": lambda opset, attrs, values: (
-        None
-        if opset >= 2 or attrs.get("p", 2.0) != int(attrs.get("p", 2.0))
-        else (7, [0], {"p": int(attrs.get("p", 2.0))})
-    ),
+    "GlobalLpPool": functools.partial(_later_lp_pool, version=7),
     "AveragePool": lambda opset, attrs, values: None if opset >= 7 else (7, [0], attrs),
     "Pad": _later_pad,
     "Slice": _later_slice,
