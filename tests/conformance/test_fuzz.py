@@ -452,6 +452,24 @@ def test_old_batchnorm_training_formula_agrees_with_onnxruntimes_version_15(spat
         assert fuzz.check(old, feeds) == ("ok", None)
 
 
+def test_old_batchnorm_training_formula_takes_float32_centring():
+    # Per activation over a batch of two whose values nearly agree, the centred values hold
+    # only the digits float32 keeps: jonnx and numpy's float32 were both 1.6e-5 off the
+    # float64 formula (seed 801 with --long). The formula trains in the input's type.
+    rng = np.random.default_rng(11)
+    first = rng.standard_normal((1, 4, 46)).astype(np.float32)
+    x = np.concatenate([first, first + rng.uniform(-5e-3, 5e-3, first.shape).astype(np.float32)])
+    feeds = {"x": x, **{name: rng.standard_normal((4, 46)).astype(np.float32) for name in ("scale", "bias", "mean")}}
+    feeds["var"] = np.abs(rng.standard_normal((4, 46))).astype(np.float32)
+    old = node_model("BatchNormalization", feeds, 3, opset=6, is_test=0, spatial=0)
+    (y, *_) = fuzz.formula_reference(old, feeds, fuzz.OLD_FORMS)
+    wide = x.astype(np.float64)
+    exact = (wide - wide.mean(0)) / np.sqrt(wide.var(0) + 1e-5) * feeds["scale"] + feeds["bias"]
+    assert np.abs(y - exact).max() > 1e-5  # the case is one float32 cannot compute to float64's digits
+    with jax.enable_x64(True):
+        assert fuzz.check(old, feeds) == ("ok", None)
+
+
 def test_gradient_and_vmap_checks_run_models_that_update_running_statistics():
     # With its running statistics as initializers, a training-mode BatchNormalization makes
     # Model.apply return (outputs, new_state): the checks take the outputs (they called every
@@ -626,6 +644,38 @@ def test_long_half_precision_axes_agree_with_the_references(monkeypatch):
         verdicts, findings = fuzz.run(seed=2028, cases=3 * CASES, families=["reduce"])
     assert not findings
     assert verdicts["ok"] >= CASES
+
+
+def test_drawn_lengths_grow_only_under_long(monkeypatch):
+    # Draw.length draws what Draw.int draws without --long, so that seeds keep their cases.
+    assert [fuzz.Draw(s).length(1, 4) for s in range(50)] == [fuzz.Draw(s).int(1, 4) for s in range(50)]
+    monkeypatch.setattr(fuzz, "LONG_AXIS", 64)
+    lengths = [fuzz.Draw(s).length(1, 4) for s in range(50)]
+    assert min(lengths) >= 1 and max(lengths) > 32
+
+
+def test_long_recurrences_stay_bounded_and_agree(monkeypatch):
+    # --long draws sequences of up to 64 steps and states of up to 64 values. An unbounded
+    # activation there grew GRU states to 1e29 (seed 802), and recurrent weights of gain
+    # 0.5 sqrt(hidden) made a chaotic network: float32 engines parted after a few steps. Long
+    # sequences now draw bounded activations only, long states weights of gain 0.75.
+    monkeypatch.setattr(fuzz, "LONG_AXIS", 64)
+    d = fuzz.Draw(2029)
+    cases = [c for c in (fuzz.recurrent(d) for _ in range(200)) if c is not None]
+    long = [c for c in cases if c.inputs["x"].shape[1 if c.attrs.get("layout") else 0] > 4]
+    assert len(long) > 50
+    for case in long:
+        assert set(case.attrs.get("activations", [])) <= set(fuzz.BOUNDED_GATES)
+    for case in cases:
+        hidden = case.attrs["hidden_size"]
+        if hidden > 4:
+            r = case.inputs["r"].reshape(-1, hidden, hidden)  # each direction's gate blocks
+            assert max(np.linalg.norm(block, 2) for block in r) < 2.5  # 0.75 sqrt(hidden) times 2 at most
+            assert case.inputs["r"].dtype == case.inputs["x"].dtype
+    with jax.enable_x64(True):
+        verdicts, findings = fuzz.run(seed=2029, cases=CASES, families=["recurrent"])
+    assert not findings
+    assert verdicts["ok"] >= CASES // 2
 
 
 _X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7.5
