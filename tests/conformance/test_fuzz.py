@@ -513,6 +513,25 @@ def test_the_reference_evaluator_in_float64_settles_its_own_half_precision_steps
     assert fuzz.widened_reference(cast, {"x": x}) is None  # its output type is the attribute's
 
 
+def test_near_ties_settle_only_one_unit_at_a_midpoint():
+    # Exact values at 1e-4 of a float16 unit from the midpoint of two neighbours: float32
+    # arithmetic may round them either way, so either neighbour stands. A result two units off,
+    # or one unit off a value far from any midpoint, does not.
+    lo, hi = np.float16(1.0), np.nextafter(np.float16(1.0), np.float16(2.0))
+    unit = float(hi) - float(lo)
+    tie = float(lo) + unit * (0.5 - 1e-4)  # rounds to lo, by a hair
+    far = float(lo) + unit * 0.3
+    exact = [np.array([tie, tie, far, tie]), np.array(7, np.int64)]
+    two_up = np.nextafter(hi, np.float16(2.0))
+    got = [np.array([hi, lo, hi, two_up], np.float16), np.array(7, np.int64)]
+    settled = fuzz.settle_near_ties(got, exact)
+    np.testing.assert_array_equal(settled[0], np.array([hi, lo, lo, lo], np.float16))
+    assert settled[1] == 7
+    assert fuzz.differences(got, settled) == ["output 0: values differ by up to 0.00195"]
+    fixed = [np.array([hi, lo, lo, hi], np.float16), got[1]]
+    assert not fuzz.differences(fixed, fuzz.settle_near_ties(fixed, exact))
+
+
 def test_average_pool_1_is_checked_against_version_7():
     # AveragePool-1 divides by the cells without the pads (its text): jonnx equals version 7's
     # count_include_pad=0 in onnxruntime, where the ReferenceEvaluator counts the pads. The
