@@ -30,7 +30,9 @@ per-example derivatives through both models must equal each row's own: gradients
 of ``jax.grad`` over a stack of two inputs) and forward mode under ``jax.vmap`` (directional
 derivatives over the inputs and their tangents, and over a stack of weight tangents).
 ``--lowering elsewhere`` traces the ops as they are lowered off the CPU (XLA's convolutions and
-pooling, the layouts chosen for them) and runs them here.
+pooling, the layouts chosen for them) and runs them here. ``--wide`` draws, at times, 16 to 64
+channels (512 on maps of at most 16 cells) and maps of 28 to 32 cells a side, which the
+lowerings chosen by size need (``WIDE``); without it the graphs stay small and fast.
 
 The single-node fuzz (``tests/conformance/fuzz.py``) checks each op against the references;
 this one checks that the passes compose them without changing what the graph computes.
@@ -55,6 +57,23 @@ import jonnx
 from tests.conformance.fuzz import add_lowering_option, lower_as, onnxruntime_outputs
 
 ALL_PASSES = {"channels_last": True, "fold_batchnorm": True, "fuse_matmuls": True, "dead_nodes": True}
+
+# --wide: CNNs of the channel counts and maps that the lowerings chosen by size need
+# (ops/conv.py): 1x1 products over more than 16 channels, tap products over 48-64 channels on
+# maps of 784 cells or more and over 512 on small ones, NCHW 1x1 products batched over the
+# images, one image's GlobalAveragePool as a product (ops/channels_last.py). Without it the
+# graphs keep to a few channels on maps of at most 8 cells a side.
+WIDE = False
+WIDE_CHANNELS = (16, 17, 48, 64)
+
+
+def _width(rng: np.random.Generator, low: int, high: int, *, small_map: bool = False) -> int:
+    """A channel count in [low, high); under --wide, sometimes one of WIDE_CHANNELS (or 512
+    on a ``small_map``). Without --wide it draws what ``rng.integers`` draws, so seeds keep
+    their graphs."""
+    if WIDE and rng.random() < 0.5:
+        return int(_pick(rng, WIDE_CHANNELS + ((512,) if small_map else ())))
+    return int(rng.integers(low, high))
 
 
 class Graph:
@@ -139,8 +158,10 @@ def _pick(rng, options):
 def _conv(g: Graph, x: str) -> list[str] | None:
     shape = g.shape_of(x)
     channels, spatial = shape[1], shape[2:]
+    if WIDE and len(spatial) == 2 and g.rng.random() < 0.4:
+        return _stage_conv(g, x)
     groups = _pick(g.rng, [1, 1, channels, *[k for k in (2, 3) if channels % k == 0]])
-    out = groups * int(g.rng.integers(1, 4 if groups > 1 else 9))
+    out = groups * (int(g.rng.integers(1, 4)) if groups > 1 else _width(g.rng, 1, 9, small_map=np.prod(spatial) <= 16))
     kernel = [int(g.rng.integers(1, min(3, s) + 1)) for s in spatial]
     attrs = {"kernel_shape": kernel, "group": groups}
     if g.rng.random() < 0.5:
@@ -158,6 +179,19 @@ def _conv(g: Graph, x: str) -> list[str] | None:
     if g.rng.random() < 0.6:
         inputs.append(g.weight((out,), 0.1))
     return g.add("Conv", inputs, **attrs)
+
+
+def _stage_conv(g: Graph, x: str) -> list[str] | None:
+    """--wide: a 2-D convolution as ResNets stack them, 3x3 with a cell of padding or 1x1, no
+    strides or groups, to 16-64 channels: what the tap products and 1x1 products take."""
+    channels, spatial = g.shape_of(x)[1], g.shape_of(x)[2:]
+    k = int(_pick(g.rng, [1, 3, 3]))
+    kernel = [min(k, s) for s in spatial]
+    out = int(_pick(g.rng, WIDE_CHANNELS))
+    weights = g.weight((out, channels, *kernel), 1 / np.sqrt(channels * int(np.prod(kernel))))
+    return g.add(
+        "Conv", [x, weights, g.weight((out,), 0.1)], kernel_shape=kernel, pads=[(n - 1) // 2 for n in kernel] * 2
+    )
 
 
 def _conv_transpose(g: Graph, x: str) -> list[str] | None:
@@ -498,7 +532,9 @@ def draw(seed: int, dtype=np.float32) -> tuple[onnx.ModelProto, dict[str, np.nda
     cnn = rng.random() < 0.75
     if cnn:  # (N, C, spatial...) through STEPS, starting with a Conv
         spatial = [int(rng.integers(3, 9)) for _ in range(_pick(rng, [1, 2, 2, 2, 3]))]
-        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 7)), *spatial)
+        if WIDE and len(spatial) == 2 and rng.random() < 0.6:  # a map of 784 cells or more
+            spatial = [int(rng.integers(28, 33)) for _ in spatial]
+        shape = (int(rng.integers(1, 3)), _width(rng, 1, 7), *spatial)
         steps, take_others, ranks = STEPS, _TAKE_OTHERS, (3, 5)
     else:  # (B, T, D) through ENCODER_STEPS
         shape = (int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(2, 9)))
@@ -712,9 +748,9 @@ def _leaf_name(path) -> str:
 
 
 def describe(seed: int) -> str:
-    model, _ = draw(seed)
+    model, feeds = draw(seed)
     ops = [n.op_type for n in model.graph.node]
-    return f"seed {seed}, opset {model.opset_import[0].version}: {' -> '.join(ops)}"
+    return f"seed {seed}, opset {model.opset_import[0].version}, x {list(feeds['x'].shape)}: {' -> '.join(ops)}"
 
 
 def run(seed: int, cases: int, *, trace: bool = False) -> tuple[collections.Counter, list[str]]:
@@ -739,9 +775,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=100)
     parser.add_argument("--trace", action="store_true", help="print each graph before running it")
+    parser.add_argument(
+        "--wide", action="store_true", help="draw CNNs of 16-64 (and 512) channels and 28-32 cell maps at times"
+    )
     add_lowering_option(parser)
     args = parser.parse_args()
     lower_as(args.lowering)
+    global WIDE
+    WIDE = args.wide
     jax.config.update("jax_enable_x64", True)
     warnings.filterwarnings("ignore")
     ort.set_default_logger_severity(4)
