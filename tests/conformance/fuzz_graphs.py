@@ -32,7 +32,8 @@ derivatives over the inputs and their tangents, and over a stack of weight tange
 ``--lowering elsewhere`` traces the ops as they are lowered off the CPU (XLA's convolutions and
 pooling, the layouts chosen for them) and runs them here. ``--wide`` draws, at times, 16 to 64
 channels (512 on maps of at most 16 cells) and maps of 28 to 32 cells a side, which the
-lowerings chosen by size need (``WIDE``); without it the graphs stay small and fast.
+lowerings chosen by size need, and encoders of up to 64 steps and features (``WIDE``);
+without it the graphs stay small and fast.
 
 The single-node fuzz (``tests/conformance/fuzz.py``) checks each op against the references;
 this one checks that the passes compose them without changing what the graph computes.
@@ -537,7 +538,7 @@ def draw(seed: int, dtype=np.float32) -> tuple[onnx.ModelProto, dict[str, np.nda
         shape = (int(rng.integers(1, 3)), _width(rng, 1, 7), *spatial)
         steps, take_others, ranks = STEPS, _TAKE_OTHERS, (3, 5)
     else:  # (B, T, D) through ENCODER_STEPS
-        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(2, 9)))
+        shape = (int(rng.integers(1, 3)), _width(rng, 1, 6), _width(rng, 2, 9))  # --wide: longer, wider
         steps, take_others, ranks = ENCODER_STEPS, _ENCODER_TAKE_OTHERS, (3, 3)
     g.inputs.append(helper.make_tensor_value_info("x", g.elem, shape))
     g.shapes["x"], g.elems["x"] = shape, g.elem
