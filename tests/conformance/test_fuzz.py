@@ -532,6 +532,20 @@ def test_near_ties_settle_only_one_unit_at_a_midpoint():
     assert not fuzz.differences(fixed, fuzz.settle_near_ties(fixed, exact))
 
 
+def test_widened_outputs_fall_back_to_the_formula_in_float64():
+    # MeanVarianceNormalization's function body adds a float32 epsilon, which the
+    # ReferenceEvaluator refuses in float64: its formula gives the exact values instead, so a
+    # float16 near tie there settles too (seed 805 with --long --half).
+    x = np.random.default_rng(12).standard_normal((1, 6, 5, 4)).astype(np.float16)
+    model = node_model("MeanVarianceNormalization", {"x": x}, opset=21, axes=[0, 2, 3])
+    wide = x.astype(np.float64)
+    mean = wide.mean((0, 2, 3), keepdims=True)
+    exact = (wide - mean) / (np.sqrt((wide**2).mean((0, 2, 3), keepdims=True) - mean**2) + 1e-9)
+    (got,) = fuzz.widened_outputs(model, {"x": x})
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, exact, rtol=1e-12)
+
+
 def test_average_pool_1_is_checked_against_version_7():
     # AveragePool-1 divides by the cells without the pads (its text): jonnx equals version 7's
     # count_include_pad=0 in onnxruntime, where the ReferenceEvaluator counts the pads. The
