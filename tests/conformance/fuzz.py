@@ -2080,6 +2080,7 @@ RECURRENT_ACTIVATIONS = {
 }
 
 BOUNDED_GATES = ["Sigmoid", "HardSigmoid", "Tanh", "Softsign"]
+UNIT_GATES = ["Sigmoid", "HardSigmoid"]  # within [0, 1]
 
 
 def recurrent(d: Draw) -> Case | None:
@@ -2142,14 +2143,15 @@ def recurrent(d: Draw) -> Case | None:
         # A gate (GRU's and LSTM's first activation) stays within [-1, 1]: an unbounded one
         # (Affine, Relu) grows the state geometrically until float32 overflows, where
         # onnxruntime's Softplus gives inf and jonnx's the finite value.
-        # Over a long sequence (--long) every activation is bounded: an unbounded one grows the
-        # state geometrically (an Elu after Softsign gates: 1e29 after 52 steps, where float32
-        # engines differ by as much from each other and from float64).
+        # Over a long sequence (--long) every activation is bounded and the gates within [0, 1]:
+        # an unbounded activation grows the state geometrically (an Elu after Softsign gates:
+        # 1e29 after 52 steps), and a gate below 0 weighs the new state by up to 2, which
+        # doubles rounding errors each step (a GRU with Tanh gates over 16 steps: float32
+        # engines 1e-5 apart, each as far from float64).
         per_direction = {"RNN": 1, "GRU": 2, "LSTM": 3}[op]
-        others = list(RECURRENT_ACTIVATIONS) if seq <= 4 else BOUNDED_GATES
+        gates, others = (BOUNDED_GATES, list(RECURRENT_ACTIVATIONS)) if seq <= 4 else (UNIT_GATES, BOUNDED_GATES)
         names = [
-            d.pick(BOUNDED_GATES if op != "RNN" and k % per_direction == 0 else others)
-            for k in range(per_direction * dirs)
+            d.pick(gates if op != "RNN" and k % per_direction == 0 else others) for k in range(per_direction * dirs)
         ]
         attrs["activations"] = names
         if d.chance(0.5) or {"ThresholdedRelu", "Affine", "ScaledTanh"} & set(names):
