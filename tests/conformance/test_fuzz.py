@@ -716,6 +716,18 @@ def test_long_recurrences_stay_bounded_and_agree(monkeypatch):
     assert verdicts["ok"] >= CASES // 2
 
 
+def test_long_own_dimensions_agree_with_the_references(monkeypatch):
+    # --long lengthens what the families draw for themselves (channels, maps, classes,
+    # sequences, signals); at this seed two depthwise convolutions over 30 and 32 channels
+    # run as shifted multiply-adds, channels-last.
+    monkeypatch.setattr(fuzz, "LONG_AXIS", 64)
+    families = ["normalization", "conv_pool", "loss", "attention", "resize", "signal", "recurrent"]
+    with jax.enable_x64(True):
+        verdicts, findings = fuzz.run(seed=2036, cases=3 * CASES, families=families)
+    assert not findings
+    assert verdicts["ok"] >= 2 * CASES
+
+
 _X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7.5
 _IMAGE = np.array([[[[1, 2], [3, 4]]]], np.float32)
 
