@@ -1,7 +1,7 @@
 """Differential fuzzing: random one-node models through jonnx, onnxruntime and the ReferenceEvaluator.
 
 A developer's tool, not a test: ``python -m tests.conformance.fuzz [--seed S] [--cases N]
-[--families F ...] [--opset O] [--grad | --vmap] [--lowering elsewhere] [--trace]`` draws single-node models (shapes of rank 0-4 with empty
+[--families F ...] [--opset O] [--half] [--long] [--grad | --vmap] [--lowering elsewhere] [--trace]`` draws single-node models (shapes of rank 0-4 with empty
 dimensions about a quarter of the time, broadcasting partners, attributes across their range,
 inputs as graph inputs or as initializers), runs each through onnxruntime (or, where
 onnxruntime refuses it, the ReferenceEvaluator; where both refuse, the op's formula in numpy
@@ -339,8 +339,13 @@ and head sizes of attention, sequences and states of recurrent, resized maps, si
 800-811 (about 1,100 cases, plain, ``--half`` and ``--grad``) found no jonnx bug, and two in the tool:
 BatchNormalization-6's training formula in float64 flagged float32 engines on batches of two
 nearly equal values (it trains in the input's type now), and long recurrences with unbounded
-activations or recurrent weights of large gain grew or went chaotic, where float32 engines
-part from each other (long sequences draw bounded activations, long states smaller weights).
+activations, gates below 0 or recurrent weights of large gain grew or went chaotic, where
+float32 engines part from each other (long sequences draw bounded activations and gates
+within [0, 1], long states smaller weights). Large float16 outputs hold a few values within a
+thousandth of a unit of a rounding midpoint, which float32 arithmetic cannot round reliably
+either way; a result off only there is a ``near tie`` (:func:`settle_near_ties`), counted, not
+printed. Seeds 820-828 after these changes (2,500 cases: every family with ``--long``, plain,
+``--half``, ``--grad``, ``--vmap``, ``--opset 11`` and ``--lowering elsewhere``): no finding.
 """
 
 from __future__ import annotations
@@ -3992,9 +3997,19 @@ def check_vmap(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rng) -> tup
         f"row {r} output {k}: {why}"
         for r, ys in enumerate(want)
         for k, y in enumerate(ys)
-        if (why := difference(np.asarray(got[k])[r], np.asarray(y)))
+        if (why := difference(np.asarray(got[k])[r], one_unit_settled(np.asarray(got[k])[r], np.asarray(y))))
     ]
     return ("differs", f"{'; '.join(found[:3])} (batched on axes {axes})") if found else ("ok", None)
+
+
+def one_unit_settled(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """``want``, with ``got``'s float16 values where they are its neighbours: a float16 op
+    computes in float32 and rounds once, and under ``jax.vmap`` XLA may sum in another order,
+    which rounds a near tie the other way (a MeanVarianceNormalization over 2,160 values, two
+    of its rows 1.2e-4 apart, a unit there: seed 827 with --half --long --vmap)."""
+    if got.dtype != np.float16 or want.dtype != np.float16 or got.shape != want.shape:
+        return want
+    return np.where(np.nextafter(want, got) == got, got, want)
 
 
 # The key and value types of the maps the ``maps`` family draws.

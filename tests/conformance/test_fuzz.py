@@ -532,6 +532,19 @@ def test_near_ties_settle_only_one_unit_at_a_midpoint():
     assert not fuzz.differences(fixed, fuzz.settle_near_ties(fixed, exact))
 
 
+def test_vmap_rows_of_float16_may_round_a_unit_apart():
+    # Under jax.vmap XLA may sum a float16 op's float32 values in another order, so a row may
+    # round a near tie the other way; one unit apart stands there, two do not, and other types
+    # are compared as they are.
+    want = np.array([1.0, 2.0, -0.5], np.float16)
+    one_up = np.nextafter(want, np.float16(np.inf))
+    np.testing.assert_array_equal(fuzz.one_unit_settled(one_up, want), one_up)
+    two_up = np.nextafter(one_up, np.float16(np.inf))
+    assert fuzz.difference(two_up, fuzz.one_unit_settled(two_up, want))
+    wide = want.astype(np.float32)
+    assert fuzz.one_unit_settled(np.nextafter(wide, np.float32(np.inf)), wide) is wide
+
+
 def test_widened_outputs_fall_back_to_the_formula_in_float64():
     # MeanVarianceNormalization's function body adds a float32 epsilon, which the
     # ReferenceEvaluator refuses in float64: its formula gives the exact values instead, so a
