@@ -38,6 +38,17 @@ def test_wide_graphs_reach_the_lowerings_chosen_by_size(monkeypatch):
     assert {"tap_products", "matmul"} <= set(chosen)
 
 
+def test_float16_graphs_agree_with_onnxruntime(monkeypatch):
+    # --half: the same graphs in float16 through every configuration, values only.
+    monkeypatch.setattr(fuzz_graphs, "HALF", True)
+    drawn, draw = [], fuzz_graphs.draw
+    monkeypatch.setattr(fuzz_graphs, "draw", lambda seed, dtype=np.float32: drawn.append(dtype) or draw(seed, dtype))
+    verdicts, findings = fuzz_graphs.run(seed=2027, cases=6)
+    assert not findings
+    assert verdicts["ok"] >= 4
+    assert drawn and set(drawn) == {np.float16}
+
+
 def test_one_seed_draws_one_graph_in_either_float_type():
     # The gradient check redraws the value check's graph in float64: the same nodes, and
     # weights and input equal up to float32 rounding.
