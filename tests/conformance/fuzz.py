@@ -335,7 +335,8 @@ giving NaN and zeros, XLA CPU's atan miscompiled with 512-bit vectors (docs/know
 jonnx's Atan is now ``atan2(2x, 2)``). Since 2026-12-06 it also lengthens what the families
 that draw their own dimensions draw (``Draw.length``: channels and maps of normalization and
 conv_pool, which reach the convolution lowerings of 48-64 channels, classes of loss, sequences
-and head sizes of attention, sequences and states of recurrent, resized maps, signals): seeds
+and head sizes of attention, sequences and states of recurrent, resized maps, signals, boxes
+of NonMaxSuppression, regions and maps of RoiAlign): seeds
 800-811 (about 1,100 cases, plain, ``--half`` and ``--grad``) found no jonnx bug, and two in the tool:
 BatchNormalization-6's training formula in float64 flagged float32 engines on batches of two
 nearly equal values (it trains in the input's type now), and long recurrences with unbounded
@@ -1379,9 +1380,9 @@ def _roi(d: Draw) -> Case | None:
     """RoiAlign (opsets 10 and 16, both modes and coordinate modes, fixed or adaptive sample
     counts) and MaxRoiPool, on regions inside, across and outside the map, degenerate ones
     included, at several spatial scales; the regions as inputs (traced) or as constants."""
-    n, c, h, w = d.int(1, 2), d.int(1, 3), d.int(1, 6), d.int(1, 6)
+    n, c, h, w = d.int(1, 2), d.int(1, 3), d.length(1, 6), d.length(1, 6)
     x = d.array((n, c, h, w), d.pick(FLOATS))
-    r = d.int(0, 4)
+    r = d.length(0, 4)
     scale = d.pick([1.0, 0.5, 2.0, 0.25])
     start = d.rng.uniform(-2, np.array([w, h]) / scale + 1, (r, 2))
     size = d.rng.uniform(0, 5, (r, 2)) * d.pick([1.0, 1.0, 0.2]) / scale
@@ -1411,7 +1412,7 @@ def _non_max_suppression(d: Draw) -> Case | None:
     """NonMaxSuppression: batches and classes, boxes as corners in either diagonal order or
     as centres, overlapping clusters, the limits given or omitted (as inputs or constants),
     negative and zero box counts; scores drawn continuous, so no ties decide the order."""
-    batch, classes, n = d.int(1, 2), d.int(1, 3), d.int(0, 6)
+    batch, classes, n = d.int(1, 2), d.int(1, 3), d.length(0, 6)  # --long: dense clusters of boxes
     centre = d.int(0, 1)
     corners = d.rng.uniform(0, 4, (batch, n, 2)).astype(np.float32)
     sizes = d.rng.uniform(0.2, 2.5, (batch, n, 2)).astype(np.float32)

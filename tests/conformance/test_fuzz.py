@@ -737,6 +737,8 @@ def test_long_own_dimensions_agree_with_the_references(monkeypatch):
     families = ["normalization", "conv_pool", "loss", "attention", "resize", "signal", "recurrent"]
     with jax.enable_x64(True):
         verdicts, findings = fuzz.run(seed=2036, cases=3 * CASES, families=families)
+        # detection: NonMaxSuppression of 8 boxes, MaxRoiPool of 35 regions, RoiAlign over 37-49 cells
+        findings += fuzz.run(seed=2036, cases=CASES, families=["detection"])[1]
     assert not findings
     assert verdicts["ok"] >= 2 * CASES
 
