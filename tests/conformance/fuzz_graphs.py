@@ -74,6 +74,8 @@ WIDE_CHANNELS = (16, 17, 48, 64)
 # most 1.7e-3 between any configuration and onnxruntime).
 HALF = False
 HALF_TOLERANCE = 5e-3
+# The values' tolerance in float32 (of the largest output): summation-order differences.
+FLOAT32_TOLERANCE = 2e-4
 
 
 def _width(rng: np.random.Generator, low: int, high: int, *, small_map: bool = False) -> int:
@@ -573,7 +575,7 @@ def draw(seed: int, dtype=np.float32) -> tuple[onnx.ModelProto, dict[str, np.nda
     return g.model(outputs), {"x": x}
 
 
-def _close(got, want, tolerance: float = 2e-4) -> str | None:
+def _close(got, want, tolerance: float = FLOAT32_TOLERANCE) -> str | None:
     """Why ``got`` is not ``want``, or None: floats within ``tolerance`` times the larger of 1 and
     ``want``'s largest magnitude (by default float32 summation-order differences), other types
     exactly."""
@@ -611,7 +613,7 @@ def check(seed: int) -> tuple[str, str | None]:
             got[config] = jonnx.load(model, optimize=option)(*feeds.values())
         except Exception as e:  # noqa: BLE001 -- every error is a finding
             return "raises", f"{config}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    tolerance = HALF_TOLERANCE if HALF else 2e-4  # float32 summation-order differences
+    tolerance = HALF_TOLERANCE if HALF else FLOAT32_TOLERANCE
     found = _mismatches(got, want, tolerance)
     if found:
         try:
@@ -628,7 +630,7 @@ def check(seed: int) -> tuple[str, str | None]:
     return ("reference disagrees", None) if found and verdict[0] == "ok" else verdict
 
 
-def _mismatches(got: dict[str, list], want: list, tolerance: float = 2e-4) -> str | None:
+def _mismatches(got: dict[str, list], want: list, tolerance: float = FLOAT32_TOLERANCE) -> str | None:
     """Where the outputs of each configuration in ``got`` differ from ``want``, or None."""
     found = [
         f"{config} output {i}: {why}"
