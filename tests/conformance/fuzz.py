@@ -3011,12 +3011,10 @@ def _old_batchnorm_formula(x, scale, bias, mean, var, *, epsilon=1e-5, is_test=0
     if opset >= 7:
         return None
     shape = (1, -1) + (1,) * (x.ndim - 2) if spatial else (1, *x.shape[1:])
-    if is_test:
-        scale, bias, mean, var = (np.asarray(v, np.float64).reshape(shape) for v in (scale, bias, mean, var))
-        wide = x.astype(np.float64)
-        return ((wide - mean) / np.sqrt(var + epsilon) * scale + bias).astype(x.dtype)
-    wide = x.astype(np.promote_types(x.dtype, np.float32))
+    wide = x.astype(np.float64 if is_test else np.promote_types(x.dtype, np.float32))
     scale, bias, mean, var = (np.asarray(v, wide.dtype).reshape(shape) for v in (scale, bias, mean, var))
+    if is_test:
+        return ((wide - mean) / np.sqrt(var + epsilon) * scale + bias).astype(x.dtype)
     axes = (0, *range(2, x.ndim)) if spatial else (0,)
     batch_mean, batch_var = wide.mean(axes, keepdims=True), wide.var(axes, keepdims=True)
     y = (wide - batch_mean) / np.sqrt(batch_var + epsilon) * scale + bias
