@@ -143,12 +143,10 @@ CONV_LOWERING = "auto"
 TAPS_1X1_CHANNELS = 16
 # A channels-last 1x1 kernel of at least this many weights is read as stored (below).
 STORED_1X1_MIN = 1 << 18
-# "tap_products" (below): the input channels of the kernels laid out for it (at least
-# TAP_PRODUCTS_CHANNELS, or within TAP_PRODUCTS_NARROW), the most bytes its product of the input
-# with every tap's weights may take, and the fewest output cells (batch x map) it needs under
-# TAP_PRODUCTS_CHANNELS channels.
+# "tap_products" (below): the fewest input channels of the kernels laid out for it, the most
+# bytes its product of the input with every tap's weights may take, and the fewest output cells
+# (batch x map) it needs under TAP_PRODUCTS_CHANNELS channels (weights passed in I(D)HWO).
 TAP_PRODUCTS_CHANNELS = 512
-TAP_PRODUCTS_NARROW = (48, 64)
 TAP_PRODUCTS_BYTES = 8 << 20
 TAP_PRODUCTS_MIN_CELLS = 784
 # An NC(D)HW 1x1 convolution over maps of at least this many cells is a product batched over
@@ -172,11 +170,13 @@ def kernel_layout_for(w_shape, group: int, strides) -> str:
       transposed on each call: no cost measured on ResNet-50 at batch 1, where it applies to
       the kernels of at least 2^18 elements, but 3% on MobileNetV2 when every 1x1 kernel took
       it;
-    * "IHWO": on CPU, a 2-D kernel of at most 3x3 without groups or strides over the channel
-      counts where XLA's convolution is slowest (at least ``TAP_PRODUCTS_CHANNELS``, or within
-      ``TAP_PRODUCTS_NARROW``), for "tap_products" on inputs small enough (``conv_lowering``).
-      On bigger ones XLA's convolution reads it 0-6% slower than (D)HWIO (batch 32; batch 1
-      on 28x28 and larger maps);
+    * "IHWO": on CPU, a 2-D kernel of at most 3x3 without groups or strides over at least
+      ``TAP_PRODUCTS_CHANNELS`` channels, where XLA's convolution is slowest on small maps, for
+      "tap_products" on inputs small enough (``conv_lowering``). On bigger ones XLA's
+      convolution reads it 0-6% slower than (D)HWIO (batch 32; batch 1 on 28x28 and larger
+      maps). Over 48-64 channels, where the tap products once also ran, XLA's own convolution
+      (no longer YNNPACK's) is the faster in the whole model (docs/performance.md, "Narrow tap
+      products");
     * "HWIO" otherwise.
     """
     kernel = tuple(w_shape[2:])
@@ -188,9 +188,8 @@ def kernel_layout_for(w_shape, group: int, strides) -> str:
             return "HWIO"
         return "HWOI" if lowers_for_cpu() else "OIHW"
     cpu = CONV_LOWERING == "auto" and lowers_for_cpu()
-    narrow = TAP_PRODUCTS_NARROW[0] <= w_shape[1] <= TAP_PRODUCTS_NARROW[1]
     small_2d = len(kernel) == 2 and max(kernel) <= 3
-    if cpu and small_2d and all(s == 1 for s in strides) and (w_shape[1] >= TAP_PRODUCTS_CHANNELS or narrow):
+    if cpu and small_2d and all(s == 1 for s in strides) and w_shape[1] >= TAP_PRODUCTS_CHANNELS:
         return "IHWO"
     return "HWIO"
 
@@ -240,12 +239,13 @@ def conv_lowering(
         and product_bytes <= TAP_PRODUCTS_BYTES
         and (c_in >= TAP_PRODUCTS_CHANNELS or cells >= TAP_PRODUCTS_MIN_CELLS)
     ):
-        # XLA's 3x3 convolution runs at 80-105 GFLOP/s over 48-64 channels and over 512 on small
-        # maps, where one product of the input with all taps' weights and the shifted adds run
-        # at 120-150 (batch 1, 3x3 over 512 on 7x7: 1.5-1.9x faster; over 64 on 56x56 1.3x).
-        # Once that product outgrows the cache it loses (64 on 56x56 at batch 4: 2.9x slower;
-        # 512 on 7x7 at batch 32: 1.4x), and on few cells XLA's convolution is quick (64 on
-        # 14x14: 1.45x slower). docs/performance.md has the crossovers.
+        # XLA's 3x3 convolution is slow over 512 channels on small maps, where one product of
+        # the input with all taps' weights and the shifted adds are faster (batch 1, 3x3 over
+        # 512 on 7x7: 0.85 of the time alone; ResNet-50 at batch 1 runs 0.94 of the time with
+        # them). Once that product outgrows the cache it loses (512 on 7x7 at batch 32: 1.4x
+        # slower); weights passed in I(D)HWO over fewer channels need many cells, since on few
+        # XLA's convolution is quick (64 on 14x14: 1.45x slower). docs/performance.md has the
+        # crossovers.
         return "tap_products"
     # k x k: XLA's convolution, except where its output is tiny (at most 16 cells: a ResNet's
     # last stage at 64x64 inputs), where it is pathological on CPU (512->512 with a 2x2 output,

@@ -61,10 +61,10 @@ from tests.conformance.fuzz import add_lowering_option, lower_as, onnxruntime_ou
 ALL_PASSES = {"channels_last": True, "fold_batchnorm": True, "fuse_matmuls": True, "dead_nodes": True}
 
 # --wide: CNNs of the channel counts and maps that the lowerings chosen by size need
-# (ops/conv.py): 1x1 products over more than 16 channels, tap products over 48-64 channels on
-# maps of 784 cells or more and over 512 on small ones, NCHW 1x1 products batched over the
-# images, one image's GlobalAveragePool as a product (ops/channels_last.py). Without it the
-# graphs keep to a few channels on maps of at most 8 cells a side.
+# (ops/conv.py): 1x1 products over more than 16 channels, tap products over 512 channels on
+# small maps, NCHW 1x1 products batched over the images on maps of 784 cells or more, one
+# image's GlobalAveragePool as a product (ops/channels_last.py). Without it the graphs keep to
+# a few channels on maps of at most 8 cells a side.
 WIDE = False
 WIDE_CHANNELS = (16, 17, 48, 64)
 # --half: the graphs in float16, values only (the derivative checks are float64 whatever the
@@ -194,11 +194,12 @@ def _conv(g: Graph, x: str) -> list[str] | None:
 
 def _stage_conv(g: Graph, x: str) -> list[str] | None:
     """--wide: a 2-D convolution as ResNets stack them, 3x3 with a cell of padding or 1x1, no
-    strides or groups, to 16-64 channels: what the tap products and 1x1 products take."""
+    strides or groups, to 16-64 channels (or 512 on a small map): what the tap products and 1x1
+    products take."""
     channels, spatial = g.shape_of(x)[1], g.shape_of(x)[2:]
     k = int(_pick(g.rng, [1, 3, 3]))
     kernel = [min(k, s) for s in spatial]
-    out = int(_pick(g.rng, WIDE_CHANNELS))
+    out = int(_pick(g.rng, WIDE_CHANNELS + ((512,) if np.prod(spatial) <= 16 else ())))
     weights = g.weight((out, channels, *kernel), 1 / np.sqrt(channels * int(np.prod(kernel))))
     return g.add(
         "Conv", [x, weights, g.weight((out,), 0.1)], kernel_shape=kernel, pads=[(n - 1) // 2 for n in kernel] * 2

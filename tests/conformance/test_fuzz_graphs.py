@@ -26,7 +26,7 @@ def test_optimized_graphs_agree_with_onnxruntime_and_their_derivatives_with_the_
 
 def test_wide_graphs_reach_the_lowerings_chosen_by_size(monkeypatch):
     # --wide draws the channel counts and maps that the size-gated lowerings need: this graph's
-    # 3x3 convolutions over 64 channels on a 29x32 map run as tap products and its 1x1 ones as
+    # 1x2 convolution over 512 channels on a tiny map runs as tap products and its 1x1 ones as
     # products, in the default call, with constant weights and in the derivatives' NCHW.
     from jonnx.ops import conv
 
@@ -34,7 +34,7 @@ def test_wide_graphs_reach_the_lowerings_chosen_by_size(monkeypatch):
     chosen, lowering = [], conv.conv_lowering
     monkeypatch.setattr(conv, "conv_lowering", lambda *a, **k: chosen.append(lowering(*a, **k)) or chosen[-1])
     with jax.enable_x64(True):
-        assert fuzz_graphs.check(2031 * 100_000 + 137) == ("ok", None)
+        assert fuzz_graphs.check(2031 * 100_000 + 104) == ("ok", None)
     assert {"tap_products", "matmul"} <= set(chosen)
 
 
