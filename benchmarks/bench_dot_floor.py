@@ -44,12 +44,13 @@ TRAIN_TARGET = 1.2  # the BERT fine-tuning step against PyTorch eager
 
 
 def _products(jaxpr) -> collections.Counter:
-    """How often each float32 product ``(lhs shape, rhs shape, dimension numbers)`` occurs."""
+    """How often each float32 product ``(lhs shape, rhs shape, dimension numbers)`` runs per
+    call (a scan's body as many times as its length)."""
     found = collections.Counter()
-    for lhs, rhs, dims, float32 in _jit._dots(jaxpr):
+    for lhs, rhs, dims, float32, runs in _jit._dots(jaxpr):
         if float32:
             (lc, rc), (lb, rb) = dims
-            found[(tuple(lhs), tuple(rhs), ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb))))] += 1
+            found[(tuple(lhs), tuple(rhs), ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb))))] += runs
     return found
 
 

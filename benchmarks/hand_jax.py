@@ -324,6 +324,62 @@ def bert_train_fns(proto: onnx.ModelProto):
     return bert_params(proto), _bert_body(proto)
 
 
+# --------------------------------------------------------------------------- recurrent layers
+
+
+def recurrent_params(proto: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+    """Per layer of a ``nets.recurrent`` proto: its W, R and B (ONNX's layouts) and kind."""
+    inits = _initializers(proto)
+    layers = []
+    for node in proto.graph.node:
+        if node.op_type in nets.RECURRENT_GATES:
+            w, r, b = (inits[name] for name in node.input[1:4])
+            attrs = _attrs(node)
+            assert node.op_type != "GRU" or attrs.get("linear_before_reset") == 1, "PyTorch's GRU expected"
+            layers.append({"kind": node.op_type, "w": w, "r": r, "b": b})
+    return layers
+
+
+def _recurrent_direction(kind, x, w, r, b):
+    """One direction of one layer over ``x`` (seq, N, inputs): its outputs (seq, N, hidden)."""
+    hidden = r.shape[-1]
+    gates = nets.RECURRENT_GATES[kind] * hidden
+    xw = x @ w.T + b[:gates]
+    rb = b[gates:]
+
+    def step(state, xw_t):
+        h = state[0]
+        hr = h @ r.T + rb
+        if kind == "RNN":
+            new = (jnp.tanh(xw_t + hr),)
+        elif kind == "GRU":  # gates z, r, h; the reset gate applied after R's product
+            z = jax.nn.sigmoid(xw_t[:, :hidden] + hr[:, :hidden])
+            reset = jax.nn.sigmoid(xw_t[:, hidden : 2 * hidden] + hr[:, hidden : 2 * hidden])
+            cand = jnp.tanh(xw_t[:, 2 * hidden :] + reset * hr[:, 2 * hidden :])
+            new = ((1 - z) * cand + z * h,)
+        else:  # LSTM: gates i, o, f, c
+            g = xw_t + hr
+            i, o, f, c = (g[:, k * hidden : (k + 1) * hidden] for k in range(4))
+            c_new = jax.nn.sigmoid(f) * state[1] + jax.nn.sigmoid(i) * jnp.tanh(c)
+            new = (jax.nn.sigmoid(o) * jnp.tanh(c_new), c_new)
+        return new, new[0]
+
+    zeros = jnp.zeros((x.shape[1], hidden), x.dtype)
+    return jax.lax.scan(step, (zeros, zeros) if kind == "LSTM" else (zeros,), xw)[1]
+
+
+def recurrent_forward(layers, x):
+    """The stacked layers over ``x`` (seq, N, inputs): the last layer's outputs, directions
+    concatenated along the features, as the ONNX model's Transpose and Reshape give them."""
+    for layer in layers:
+        w, r, b = layer["w"], layer["r"], layer["b"]
+        outs = [_recurrent_direction(layer["kind"], x, w[0], r[0], b[0])]
+        if w.shape[0] == 2:  # bidirectional: the second direction reads the sequence backwards
+            outs.append(jnp.flip(_recurrent_direction(layer["kind"], jnp.flip(x, 0), w[1], r[1], b[1]), 0))
+        x = jnp.concatenate(outs, axis=-1)
+    return x
+
+
 # --------------------------------------------------------------------------- inference
 
 
@@ -333,7 +389,9 @@ def _is_bert(proto: onnx.ModelProto) -> bool:
 
 def inference(proto: onnx.ModelProto):
     """The hand-written network for a nets.py proto, jitted, weights as compile-time constants."""
-    if _is_bert(proto):
+    if any(n.op_type in nets.RECURRENT_GATES for n in proto.graph.node):
+        params, body = recurrent_params(proto), recurrent_forward
+    elif _is_bert(proto):
         params, body = bert_params(proto), _bert_body(proto)
     else:
         params, body = cnn_params(proto), _cnn_body(proto)

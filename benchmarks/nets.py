@@ -5,7 +5,10 @@ ResNet-50, MobileNetV2 and EfficientNet-B0 are NCHW with Conv (no bias) -> Batch
 (EfficientNet-B0 is not an acceptance target: it is there for SiLU and squeeze-and-excitation,
 which the others lack); the BERT-base-width
 encoder is MatMul + Add projections, Reshape/Transpose heads, Softmax attention,
-LayerNormalization and an Erf GELU. The batch axis is symbolic (``N``). No torch needed.
+LayerNormalization and an Erf GELU. ``recurrent`` stacks ONNX LSTM, GRU or RNN layers as
+``torch.onnx.export`` writes an ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (time-major, one node per layer,
+GRU with ``linear_before_reset``, the direction axis merged into the features between layers).
+The batch axis is symbolic (``N``). No torch needed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as onh
 
-__all__ = ["bert_encoder", "efficientnet_b0", "mobilenet_v2", "resnet18", "resnet50"]
+__all__ = ["bert_encoder", "efficientnet_b0", "mobilenet_v2", "recurrent", "resnet18", "resnet50"]
 
 
 class _Builder:
@@ -273,3 +276,38 @@ def quantized(model: onnx.ModelProto) -> onnx.ModelProto:
         onnx.save(model, src)
         quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
         return onnx.load(dst)
+
+
+RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def recurrent(
+    kind: str = "LSTM",
+    layers: int = 2,
+    inputs: int = 128,
+    hidden: int = 256,
+    seq: int = 100,
+    bidirectional: bool = False,
+    seed: int = 0,
+) -> onnx.ModelProto:
+    """``layers`` stacked ``kind`` layers over ``(seq, N, inputs)`` (time-major, as PyTorch's
+    default), returning the last layer's ``Y`` as ``(seq, N, directions x hidden)``."""
+    b = _Builder(seed)
+    gates, dirs = RECURRENT_GATES[kind], 2 if bidirectional else 1
+    x, size = "x", inputs
+    for _ in range(layers):
+        scale = 1 / np.sqrt(hidden)
+        w = b.init("rnn.weight_ih", b.rng.uniform(-scale, scale, (dirs, gates * hidden, size)))
+        r = b.init("rnn.weight_hh", b.rng.uniform(-scale, scale, (dirs, gates * hidden, hidden)))
+        bias = b.init("rnn.bias", b.rng.uniform(-scale, scale, (dirs, 2 * gates * hidden)))
+        attrs = {"hidden_size": hidden, "direction": "bidirectional" if bidirectional else "forward"}
+        if kind == "GRU":
+            attrs["linear_before_reset"] = 1  # PyTorch's GRU
+        y = b.node(kind, [x, w, r, bias], n_out=2, **attrs)[0]
+        y = b.node("Transpose", [y], perm=[0, 2, 1, 3])  # (seq, N, dirs, hidden)
+        x = b.node("Reshape", [y, b.init("shape", np.array([seq, -1, dirs * hidden], np.int64))])
+        size = dirs * hidden
+    return b.model(
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [seq, "N", inputs])],
+        [oh.make_tensor_value_info(x, onnx.TensorProto.FLOAT, [seq, "N", size])],
+    )

@@ -119,12 +119,12 @@ def library_dots_for(jaxpr: Any) -> bool:
     without dots keeps the default.
     """
     total = large = 0
-    for lhs_shape, rhs_shape, dimension_numbers, float32 in _dots(jaxpr):
+    for lhs_shape, rhs_shape, dimension_numbers, float32, runs in _dots(jaxpr):
         (lhs_contract, rhs_contract), (_, rhs_batch) = dimension_numbers
         rows = math.prod(n for d, n in enumerate(lhs_shape) if d not in lhs_contract)  # batch included
         contracted = math.prod(lhs_shape[d] for d in lhs_contract)
         columns = math.prod(n for d, n in enumerate(rhs_shape) if d not in (*rhs_contract, *rhs_batch))
-        work = rows * contracted * columns
+        work = runs * rows * contracted * columns
         total += work
         large += work if float32 and rows >= LARGE_DOT_ROWS else 0
     return total == 0 or large < LARGE_DOT_SHARE * total
@@ -287,20 +287,23 @@ def _static_arguments(fn: Callable[..., Any], jit_kwargs: dict) -> tuple[frozens
     return frozenset(numbers), frozenset(names)
 
 
-def _dots(jaxpr: Any) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, bool]]:
-    """(lhs shape, rhs shape, dimension numbers, both operands float32) of every dot_general,
-    nested jaxprs included."""
+def _dots(jaxpr: Any, runs: int = 1) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, bool, int]]:
+    """(lhs shape, rhs shape, dimension numbers, both operands float32, how many times it runs
+    per call) of every dot_general, nested jaxprs included: a scan's body runs its length
+    times (a recurrent layer's small step product outweighs the input projection before it);
+    other bodies (a while loop's, whose trip count is data) count once."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
             lhs, rhs = (v.aval for v in eqn.invars)
             if all(isinstance(n, (int, np.integer)) for n in (*lhs.shape, *rhs.shape)):
                 float32 = lhs.dtype == rhs.dtype == np.float32
-                yield lhs.shape, rhs.shape, eqn.params["dimension_numbers"], float32
+                yield lhs.shape, rhs.shape, eqn.params["dimension_numbers"], float32, runs
+        inner = runs * int(eqn.params["length"]) if eqn.primitive.name == "scan" else runs
         for param in eqn.params.values():
             for sub in param if isinstance(param, (list, tuple)) else (param,):
                 if isinstance(sub, (jax_core.Jaxpr, jax_core.ClosedJaxpr)):
-                    yield from _dots(sub)
+                    yield from _dots(sub, inner)
 
 
 def _probed_options(library_dots: bool) -> tuple[tuple[str, str], ...]:

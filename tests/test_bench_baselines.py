@@ -2,8 +2,8 @@
 networks without one are valid models, and the benchmarks time engines in fair orders.
 
 bench_acceptance.py reports jonnx against these; if one drifted from its ONNX network the
-ratio would compare different functions. Small instances only (seconds): a ResNet-18 at 32x32
-and a 2-layer narrow encoder, checked against onnxruntime.
+ratio would compare different functions. Small instances only (seconds): a ResNet-18 at 32x32,
+a 2-layer narrow encoder and small recurrent stacks, checked against onnxruntime.
 """
 
 from __future__ import annotations
@@ -51,6 +51,18 @@ def test_hand_written_network_matches_onnxruntime(build, shape):
     want = session.run(None, {session.get_inputs()[0].name: x})[0]
     got = np.asarray(hand_jax.inference(proto)(x))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize(("kind", "bidirectional"), [("LSTM", False), ("GRU", False), ("RNN", False), ("LSTM", True)])
+def test_hand_written_recurrent_layers_match_onnxruntime(kind, bidirectional):
+    # bench_recurrent.py's baseline: PyTorch-style stacked layers (GRU with linear_before_reset).
+    proto = nets.recurrent(kind, layers=2, inputs=6, hidden=5, seq=7, bidirectional=bidirectional)
+    x = np.random.default_rng(0).standard_normal((7, 3, 6)).astype(np.float32)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"x": x})[0]
+    got = np.asarray(hand_jax.inference(proto)(x))
+    assert got.shape == want.shape == (7, 3, 10 if bidirectional else 5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_hand_written_network_rejects_a_net_it_does_not_follow():

@@ -145,6 +145,22 @@ def test_library_dots_for_weighs_the_work():
     assert jonnx._jit.library_dots_for(_jaxpr(mixed, (8 * 1024, 64), (1000, 64), (64, 64))) is True
 
 
+def test_library_dots_for_counts_a_scan_body_per_step():
+    # A recurrent layer: one input projection on many rows, then a small product per step. Run
+    # 100 times, the step products do most of the work, which YNNPACK runs faster.
+    def recurrent(x, w, r, steps):
+        def step(h, xw):
+            return jax.numpy.tanh(xw + h @ r), None
+
+        return jax.lax.scan(step, jax.numpy.zeros((32, 1024)), (x @ w).reshape(steps, 32, -1))[0]
+
+    shapes = [(3200, 128), (128, 1024), (1024, 1024)]
+    assert jonnx._jit.library_dots_for(_jaxpr(lambda x, w, r: recurrent(x, w, r, 100), *shapes)) is True
+    # Counted once, the step product would leave the projection 93% of the work.
+    one = [(3200, 128), (128, 1024), (1024, 1024)]
+    assert jonnx._jit.library_dots_for(_jaxpr(lambda x, w, r: (x @ w).sum() + (x[:32] @ w @ r).sum(), *one)) is False
+
+
 @pytest.mark.parametrize("dtype", [jax.numpy.bfloat16, np.int8])
 def test_library_dots_for_keeps_narrow_types_in_ynnpack(dtype):
     # XLA's own 8-bit and bfloat16 dots are far slower than YNNPACK's (the int8 BERT).

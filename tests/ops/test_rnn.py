@@ -272,3 +272,41 @@ def test_half_precision_carries_float32_states(op):
         off = g != w
         assert off.mean() <= 0.02, f"{off.sum()} of {off.size} differ from onnxruntime"
         np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2e-3, atol=2e-4)
+
+
+def test_scan_ahead_equals_scan():
+    # The recurrent layers' scan hands each step its slice through the carry (XLA CPU does not
+    # vectorize a cell that reads the scan's slice itself): the same carry, outputs and
+    # derivatives as lax.scan, with a None among the scanned values as an unmasked layer has.
+    import jax
+    import jax.numpy as jnp
+
+    from jonnx.ops._util import scan_ahead
+
+    def step(h, xs):
+        x, mask = xs
+        new = jnp.tanh(x + h @ r) * jax.nn.sigmoid(x)
+        new = new if mask is None else jnp.where(mask, new, h)
+        return new, new * 2
+
+    rng = np.random.default_rng(3)
+    r = jnp.asarray(rng.standard_normal((4, 4)) / 2)
+    x = jnp.asarray(rng.standard_normal((6, 3, 4)))
+    h0 = jnp.asarray(rng.standard_normal((3, 4)))
+    mask = jnp.asarray(rng.random((6, 3, 1)) < 0.7)
+    for m in (None, mask):
+        want = jax.lax.scan(step, h0, (x, m))
+        got = scan_ahead(step, h0, (x, m))
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+
+        def loss(x, h0, scan, m=m):
+            state, ys = scan(step, h0, (x, m))
+            return jnp.sum(state**2) + jnp.sum(jnp.sin(ys))
+
+        for g_want, g_got in zip(
+            jax.grad(loss, (0, 1))(x, h0, jax.lax.scan), jax.grad(loss, (0, 1))(x, h0, scan_ahead)
+        ):
+            np.testing.assert_allclose(g_got, g_want, rtol=1e-5, atol=1e-7)
+    one = (x[:1], None)
+    np.testing.assert_allclose(scan_ahead(step, h0, one)[1], jax.lax.scan(step, h0, one)[1], rtol=1e-6)
