@@ -190,35 +190,6 @@ def opaque_constants(*values: Any) -> tuple:
     )
 
 
-def scan_ahead(step: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any) -> tuple[Any, Any]:
-    """``lax.scan(step, init, xs)`` (same carry, same stacked outputs), with each step's slice
-    of ``xs`` handed to ``step`` from the carry, loaded one step ahead.
-
-    XLA CPU compiles a loop fusion that reads two or more windows of one dynamic slice (what a
-    scan makes of its step's slice of ``xs``) as scalar code, not vectorized
-    (docs/known_issues.md). A recurrent cell reads its gates as column blocks of the step's
-    projected input and fuses them with their sigmoid and tanh, which then ran 10-15x slower:
-    an LSTM step over 32 x 256 states, the gates' loop 78 against about 5 microseconds.
-    Loaded into the carry, the slice feeds only a copy, and the cell's loop reads a plain
-    array (that LSTM: 100 steps 17.2 -> 9.2 ms, the same values). The copy costs where nothing
-    was lost (a Scan body reading its slice whole: 0.74 against 0.55 ms over 100 steps; an RNN
-    layer, one window: 0.45 against 0.28 ms over 200), so only GRU and LSTM use it.
-    Derivatives are the scan's: the slices' cotangents still stack as a scan's outputs. ``xs``
-    must have a leading axis of at least one step.
-    """
-    first = jax.tree.map(lambda a: a[0], xs)
-    # Step t reads slice t + 1 for step t + 1; the last step reads a slice it never uses.
-    ahead = jax.tree.map(lambda a: jnp.concatenate([a[1:], a[:1]]), xs)
-
-    def body(carry, upcoming):
-        state, current = carry
-        state, y = step(state, current)
-        return (state, upcoming), y
-
-    (state, _), ys = jax.lax.scan(body, (init, first), ahead)
-    return state, ys
-
-
 def static_sizes(sizes: Any) -> bool:
     """Whether every size is a plain int (none symbolic, as under ``jax.export``)."""
     return all(isinstance(n, (int, np.integer)) for n in sizes)

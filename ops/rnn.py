@@ -1,10 +1,8 @@
 """Recurrent layers: RNN, GRU, LSTM.
 
 Each direction is one ``jax.lax.scan`` over the time axis. The input projection
-``X @ W^T + Wb`` of every step is one matmul before the scan; only ``H @ R^T`` runs inside it,
-and for GRU and LSTM each step's projected input reaches the cell through the carry
-(``scan_ahead``: XLA CPU does not vectorize a loop that reads several windows of the scan's
-slice, as their gates are).
+``X @ W^T + Wb`` of every step is one matmul before the scan, cut into one scanned array per
+gate; only ``H @ R^T`` runs inside it.
 
 ``sequence_lens`` may be traced: steps past a sequence's length are masked (the state is
 carried unchanged and ``Y`` is zero there), so ``Y_h``/``Y_c`` hold the state at each
@@ -22,7 +20,7 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import activation
-from jonnx.ops._util import scan_ahead, widen_halves
+from jonnx.ops._util import widen_halves
 
 # name (lower case) -> (function of x, alpha, beta; default alpha; default beta). The defaults
 # are onnxruntime's and Keras's; an activation consumes an alpha/beta only if it takes one.
@@ -87,19 +85,25 @@ def _reverse_within_lengths(x: jax.Array, lengths: jax.Array | None) -> jax.Arra
 
 
 def _cell(kind: str, acts: Sequence[_Act], r, rb, p, clip, linear_before_reset, input_forget):
-    """One direction's step ``(state, (x_proj_t, mask_t)) -> (state, h_t)``.
+    """One direction's step ``(state, (gate inputs_t, mask_t)) -> (state, h_t)``, the gate
+    inputs being the step's projected input cut into one array per gate.
 
+    Each gate's input is a scanned array of its own: XLA CPU does not vectorize a loop that
+    reads several windows of one dynamic slice (docs/known_issues.md), which the cell's loop,
+    reading every gate with its sigmoid and tanh, did when the gates were windows of one
+    scanned input (an LSTM step over 32 x 256 states: 78 against about 5 microseconds).
     Blocks of the weights are cut here, before the scan, not in the step: the derivative of a
     slice taken in the step pads its cotangent to the whole array on every step (a GRU's
     gradient at batch 1 took 3.7x the hand-written one's time). Each step multiplies by R once
-    where it can (RNN, LSTM, GRU with ``linear_before_reset``) and slices the product."""
+    where it can (RNN, LSTM, GRU with ``linear_before_reset``) and splits the product."""
     hidden = r.shape[-1]
 
     def clipped(v):
         return v if clip is None else jnp.clip(v, -clip, clip)
 
-    def recurrent(h, weights):
-        return lax.dot_general(h, weights, (((1,), (1,)), ((), ())))  # h @ weights.T
+    def recurrent(h, weights, bias, parts):
+        product = lax.dot_general(h, weights, (((1,), (1,)), ((), ()))) + bias  # h @ weights.T + bias
+        return jnp.split(product, parts, axis=-1)  # derivative: one concatenation, not a pad per part
 
     if kind == "GRU" and not linear_before_reset:
         r_zr, rb_zr, r_h, rb_h = r[: 2 * hidden], rb[: 2 * hidden], r[2 * hidden :], rb[2 * hidden :]
@@ -107,29 +111,29 @@ def _cell(kind: str, acts: Sequence[_Act], r, rb, p, clip, linear_before_reset, 
         p_i, p_o, p_f = p[:hidden], p[hidden : 2 * hidden], p[2 * hidden :]
 
     def step(state, xs):
-        xw, mask = xs
+        xg, mask = xs
         h = state[0]
         if kind == "RNN":
-            new = (acts[0](clipped(xw + recurrent(h, r) + rb)),)
+            (hr,) = recurrent(h, r, rb, 1)
+            new = (acts[0](clipped(xg[0] + hr)),)
         elif kind == "GRU":
             f, g = acts
             if linear_before_reset:
-                hr = recurrent(h, r) + rb
+                hz, hreset, hh = recurrent(h, r, rb, 3)
             else:
-                hr = recurrent(h, r_zr) + rb_zr
-            z = f(clipped(xw[:, :hidden] + hr[:, :hidden]))
-            rg = f(clipped(xw[:, hidden : 2 * hidden] + hr[:, hidden : 2 * hidden]))
+                hz, hreset = recurrent(h, r_zr, rb_zr, 2)
+            z = f(clipped(xg[0] + hz))
+            rg = f(clipped(xg[1] + hreset))
             if linear_before_reset:
-                pre = xw[:, 2 * hidden :] + rg * hr[:, 2 * hidden :]
+                pre = xg[2] + rg * hh
             else:
-                pre = xw[:, 2 * hidden :] + recurrent(rg * h, r_h) + rb_h
+                pre = xg[2] + recurrent(rg * h, r_h, rb_h, 1)[0]
             ht = g(clipped(pre))
             new = ((1 - z) * ht + z * h,)
         else:  # LSTM, gates in order i, o, f, c; peepholes in order i, o, f
             f, g, hact = acts
             c = state[1]
-            gates = xw + recurrent(h, r) + rb
-            gi, go, gf, gc = jnp.split(gates, 4, axis=-1)  # derivative: one concatenation, not four pads
+            gi, go, gf, gc = (x + y for x, y in zip(xg, recurrent(h, r, rb, 4)))
             i = f(clipped(gi + p_i * c))
             if input_forget:
                 fg = 1 - i
@@ -205,10 +209,7 @@ def _recurrent(kind: str, inputs, attrs, ctx):
             attrs.get("input_forget"),
         )
         init = (h0[d], c0[d]) if kind == "LSTM" else (h0[d],)
-        # GRU and LSTM cells read their gates as windows of the step's input: scan_ahead keeps
-        # that loop vectorized. An RNN's one window is (and the carried copy costs it 1.6x).
-        scan = scan_ahead if seq and gates > 1 else lax.scan
-        state, y = scan(step, init, (xw, mask))
+        state, y = lax.scan(step, init, (tuple(jnp.split(xw, gates, axis=-1)), mask))
         ys.append(_reverse_within_lengths(y, lens) if reverse else y)
         hs.append(state[0])
         if kind == "LSTM":
