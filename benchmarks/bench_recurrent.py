@@ -9,14 +9,16 @@ and batch size it times, alternating in one process (``bench_acceptance._alterna
   direction, weights as compile-time constants);
 - with ``--train``: a gradient step, ``value_and_grad`` of the mean square of the outputs with
   respect to every weight, through ``Model.apply`` and through the hand-written network (params
-  as arguments), both compiled with ``jonnx.jit``.
+  as arguments), both compiled with ``jonnx.jit``; with ``--torch-python`` also PyTorch eager's
+  ``nn.LSTM``/``nn.GRU``/``nn.RNN`` with the same weights and batch (torch_recurrent_step.py, in
+  its own processes, its default threads and one), steps interleaved.
 
 Prints medians (ms), ratios, first-call times and the largest difference from onnxruntime
 (relative to its largest output). Speed is never asserted; docs/performance.md ("Recurrent
 layers") records runs.
 
 Usage: ``python benchmarks/bench_recurrent.py [--nets lstm gru rnn bilstm] [--batches 1 32]
-[--repeats 12] [--train]``
+[--repeats 12] [--train [--torch-python PATH]]``
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def bench_inference(name: str, batch: int, repeats: int) -> None:
     )
 
 
-def bench_train(name: str, batch: int, repeats: int) -> None:
+def bench_train(name: str, batch: int, repeats: int, torch_python: str | None = None) -> None:
     proto = nets.recurrent(**NETS[name])
     seq, inputs = NETS[name]["seq"], NETS[name]["inputs"]
     x = jnp.asarray(np.random.default_rng(0).standard_normal((seq, batch, inputs)).astype(np.float32))
@@ -105,14 +107,17 @@ def bench_train(name: str, batch: int, repeats: int) -> None:
     }
     first = {k: _first(lambda k=k: steps[k][0](steps[k][1])) for k in steps}
     loss = {k: float(steps[k][0](steps[k][1])[0]) for k in steps}
-    med = bench_acceptance._alternate(
-        {k: (lambda k=k: jax.block_until_ready(steps[k][0](steps[k][1]))) for k in steps}, repeats
-    )
+    runs = {k: (lambda k=k: jax.block_until_ready(steps[k][0](steps[k][1])),) for k in steps}
+    arrays = dict(x=np.asarray(x), **hand_jax.torch_recurrent_weights(proto)) if torch_python else {}
+    med, torch = bench_acceptance._time_steps(runs, repeats, torch_python, "torch_recurrent_step.py", arrays)
     print(
         f"{name:<8}{batch:>4}{first['jonnx']:>7.2f}{first['hand']:>9.2f}{med['jonnx'] * 1e3:>9.2f}"
         f"{med['hand'] * 1e3:>9.2f}{med['jonnx'] / med['hand']:>8.2f}   loss {loss['jonnx']:.7f} / {loss['hand']:.7f}",
         flush=True,
     )
+    for label, value in (torch.losses if torch else {}).items():
+        ms = med[label] * 1e3
+        print(f"  {label} {ms:.2f} ms, loss {value:.7f}: jonnx/torch {med['jonnx'] * 1e3 / ms:.2f}", flush=True)
 
 
 def main() -> None:
@@ -121,6 +126,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--train", action="store_true", help="also time a gradient step against hand-written JAX")
+    parser.add_argument(
+        "--torch-python", help="with --train: a Python with torch, to time the same step in PyTorch eager too"
+    )
     args = parser.parse_args()
     print(f"jax {jax.__version__}, {jax.default_backend()}; medians of {args.repeats} rounds")
     print(
@@ -136,7 +144,7 @@ def main() -> None:
         )
         for name in args.nets:
             for batch in args.batches:
-                bench_train(name, batch, args.repeats)
+                bench_train(name, batch, args.repeats, args.torch_python)
 
 
 if __name__ == "__main__":

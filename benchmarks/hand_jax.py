@@ -426,3 +426,30 @@ def torch_bert_weights(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
         for part, names in layer._asdict().items():
             out[f"{i}.{part}.weight"], out[f"{i}.{part}.bias"] = (inits[n] for n in names)
     return out
+
+
+# ONNX's gate order -> PyTorch's: LSTM i, o, f, c -> i, f, g, o; GRU z, r, h -> r, z, n.
+_TORCH_GATES = {"LSTM": [0, 2, 3, 1], "GRU": [1, 0, 2], "RNN": [0]}
+
+
+def torch_recurrent_weights(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """A ``nets.recurrent`` stack's weights as PyTorch's ``nn.LSTM``/``nn.GRU``/``nn.RNN``
+    state dict (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...: gates in PyTorch's order),
+    plus ``kind``, ``hidden`` and ``bidirectional``."""
+    layers = recurrent_params(proto)
+    kind = layers[0]["kind"]
+    order = _TORCH_GATES[kind]
+    hidden = layers[0]["r"].shape[-1]
+
+    def reorder(a):  # gate blocks along the first axis
+        return np.concatenate([a[g * hidden : (g + 1) * hidden] for g in order])
+
+    out = {"kind": np.array(kind), "hidden": np.array(hidden), "bidirectional": np.array(layers[0]["w"].shape[0] == 2)}
+    for k, layer in enumerate(layers):
+        gates = len(order) * hidden
+        for d, suffix in enumerate(["", "_reverse"][: layer["w"].shape[0]]):
+            out[f"weight_ih_l{k}{suffix}"] = reorder(layer["w"][d])
+            out[f"weight_hh_l{k}{suffix}"] = reorder(layer["r"][d])
+            out[f"bias_ih_l{k}{suffix}"] = reorder(layer["b"][d, :gates])
+            out[f"bias_hh_l{k}{suffix}"] = reorder(layer["b"][d, gates:])
+    return out
