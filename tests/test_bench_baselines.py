@@ -140,3 +140,18 @@ def test_efficientnet_is_a_valid_model_jonnx_computes():
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     want = session.run(None, {"input": x})[0]
     np.testing.assert_allclose(np.asarray(jonnx.load(proto)(x)[0]), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_recurrent_benchmark_rows(capsys):
+    # bench_recurrent.py end to end on its smallest net, one round: a row per engine set whose
+    # errors against onnxruntime are float32 rounding, and a gradient step whose jonnx and
+    # hand-written losses agree.
+    import bench_recurrent
+
+    bench_recurrent.bench_inference("rnn", 2, 1)
+    bench_recurrent.bench_train("rnn", 2, 1)
+    inference, train = capsys.readouterr().out.strip().splitlines()
+    rel_err, hand_err = map(float, inference.split()[-2:])
+    assert inference.split()[:2] == ["rnn", "2"] and rel_err < 1e-5 and hand_err < 1e-5
+    jonnx_loss, hand_loss = float(train.split()[-3]), float(train.split()[-1])
+    assert train.split()[:2] == ["rnn", "2"] and abs(jonnx_loss - hand_loss) <= 1e-7 + 1e-6 * abs(hand_loss)
