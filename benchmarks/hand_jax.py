@@ -11,7 +11,10 @@ the ONNX model, which the benchmarks check against onnxruntime.
   (XLA may pre-pack them and fold BatchNormalization into the kernels). ``x`` is the ONNX
   model's own input (NCHW images or (N, seq, hidden)); CNNs transpose it to NHWC once.
 - ``resnet_train_fns(proto)`` / ``bert_train_fns(proto)``: params as arguments (training), for
-  the training-step baselines in bench_acceptance.py.
+  the training-step baselines in bench_acceptance.py;
+- ``recurrent_params(proto)`` / ``recurrent_forward(layers, x)``: the ``nets.recurrent`` stacks
+  (one ``lax.scan`` per direction) for bench_recurrent.py, and ``torch_recurrent_weights`` for
+  its PyTorch baseline.
 
 Each hand-written network consumes the proto's convolutions (or linears) in graph order and
 checks each one's shape and attributes against what the architecture expects, so a change to
@@ -334,8 +337,8 @@ def recurrent_params(proto: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
     for node in proto.graph.node:
         if node.op_type in nets.RECURRENT_GATES:
             w, r, b = (inits[name] for name in node.input[1:4])
-            attrs = _attrs(node)
-            assert node.op_type != "GRU" or attrs.get("linear_before_reset") == 1, "PyTorch's GRU expected"
+            if node.op_type == "GRU" and _attrs(node).get("linear_before_reset") != 1:
+                raise ValueError(f"{node.name}: the hand-written GRU expects linear_before_reset=1 (PyTorch's)")
             layers.append({"kind": node.op_type, "w": w, "r": r, "b": b})
     return layers
 
