@@ -1,4 +1,7 @@
-"""The timing loop the torch baseline scripts share (no torch import here).
+"""The command line and timing loop the torch baseline scripts share (no torch import here).
+
+``arguments(description, weights_required)``: ``--weights`` (the .npz bench_acceptance.py or
+bench_recurrent.py writes), ``--repeats`` and ``--serve``.
 
 ``run(step, repeats, serve)``: the first ``step()`` is the warm-up and its loss is printed as
 ``torch_loss <loss>``. Then either ``repeats`` timed steps and ``torch_step_ms <median>``, or,
@@ -9,9 +12,19 @@ see the same machine load (on a shared machine, separate runs differ by 2x and m
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
+
+
+def arguments(description: str, weights_required: bool = True) -> argparse.Namespace:
+    """The baseline scripts' command line, parsed."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--weights", required=weights_required, help="an .npz of the network's weights and the batch")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--serve", action="store_true", help="time one step per 'step' line on stdin")
+    return parser.parse_args()
 
 
 def _timed(step) -> float:

@@ -13,19 +13,13 @@ per stdin line: benchmarks/_torch_loop.py).
 
 from __future__ import annotations
 
-import argparse
-
 import _torch_loop
 import numpy as np
 import torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--weights", required=True)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--serve", action="store_true", help="time one step per 'step' line on stdin")
-    args = parser.parse_args()
+    args = _torch_loop.arguments(__doc__.splitlines()[0])
     data = dict(np.load(args.weights))
     kind, hidden, bidirectional = str(data.pop("kind")), int(data.pop("hidden")), bool(data.pop("bidirectional"))
     x = torch.from_numpy(data.pop("x"))

@@ -12,8 +12,6 @@ stdin line: benchmarks/_torch_loop.py).
 
 from __future__ import annotations
 
-import argparse
-
 import _torch_loop
 import numpy as np
 import torch
@@ -76,11 +74,7 @@ def load_weights(net: torch.nn.Module, data: dict) -> tuple[torch.Tensor, torch.
 
 def run_cnn_step(net: torch.nn.Module, batch: int, size: int, classes: int, description: str) -> None:
     """The command line and SGD-momentum step both CNN baselines share (see the docstring)."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--weights", help="an .npz of the nets.py network's weights and the batch")
-    parser.add_argument("--serve", action="store_true", help="time one step per 'step' line on stdin")
-    args = parser.parse_args()
+    args = _torch_loop.arguments(description, weights_required=False)  # else seeded random weights
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.standard_normal((batch, 3, size, size)).astype(np.float32))
     labels = torch.from_numpy(rng.integers(0, classes, batch))

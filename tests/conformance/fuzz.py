@@ -334,7 +334,7 @@ first runs (seeds 770-772, ``--half``, 150 cases each) found an Atan over 44 flo
 giving NaN and zeros, XLA CPU's atan miscompiled with 512-bit vectors (docs/known_issues.md;
 jonnx's Atan is now ``atan2(2x, 2)``). Since 2026-12-06 it also lengthens what the families
 that draw their own dimensions draw (``Draw.length``: channels and maps of normalization and
-conv_pool, which reach the convolution lowerings of 48-64 channels, classes of loss, sequences
+conv_pool, which reach the size-gated convolution lowerings, classes of loss, sequences
 and head sizes of attention, sequences and states of recurrent, resized maps, signals, boxes
 of NonMaxSuppression, regions and maps of RoiAlign): seeds
 800-811 (about 1,100 cases, plain, ``--half`` and ``--grad``) found no jonnx bug, and two in the tool:
