@@ -10,6 +10,11 @@ the ONNX model, which the benchmarks check against onnxruntime.
 - ``inference(proto)`` -> ``f(x)``, jitted, the weights closed over as compile-time constants
   (XLA may pre-pack them and fold BatchNormalization into the kernels). ``x`` is the ONNX
   model's own input (NCHW images or (N, seq, hidden)); CNNs transpose it to NHWC once.
+  The int8 encoder (``nets.quantized``) is written as the fastest JAX found for it on CPUs
+  without AMX rather than the plainest: the ONNX computation exactly (DynamicQuantizeLinear,
+  integer products, the scales), with the int8 weights as bfloat16 constants (exact; there
+  the fastest 8-bit product XLA runs; with AMX the int8 dot is, which jonnx then picks) and Q,
+  K and V as one product.
 - ``resnet_train_fns(proto)`` / ``bert_train_fns(proto)``: params as arguments (training), for
   the training-step baselines in bench_acceptance.py;
 - ``recurrent_params(proto)`` / ``recurrent_forward(layers, x)``: the ``nets.recurrent`` stacks
@@ -327,6 +332,108 @@ def bert_train_fns(proto: onnx.ModelProto):
     return bert_params(proto), _bert_body(proto)
 
 
+# --------------------------------------------------------------------------- int8 BERT encoder
+
+
+class QuantLinear(NamedTuple):
+    """One quantize_dynamic linear's initializers: int8 weight, its scale and zero point, float bias."""
+
+    w: str
+    scale: str
+    zero: str
+    bias: str
+
+
+def bert_int8_layers(proto: onnx.ModelProto) -> tuple[list[Layer], int, float]:
+    """``bert_layers`` for the encoder through ``nets.quantized``: each linear a :class:`QuantLinear`
+    (MatMulInteger -> Cast -> Mul by the two scales' product -> Add the bias)."""
+    inits = _initializers(proto)
+    users = _consumers(proto)
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    linears, norms, heads, eps = [], [], None, None
+    for node in proto.graph.node:
+        if node.op_type == "MatMulInteger":
+            (cast,) = users[node.output[0]]
+            (mul,) = users[cast.output[0]]
+            scales = producer[next(n for n in mul.input if n != cast.output[0])]
+            (add,) = users[mul.output[0]]
+            w_scale = next(n for n in scales.input if n in inits)
+            linears.append(QuantLinear(node.input[1], w_scale, node.input[3], next(n for n in add.input if n in inits)))
+        elif node.op_type == "LayerNormalization":
+            norms.append(tuple(node.input[1:3]))
+            eps = _attrs(node).get("epsilon", 1e-5)
+        elif node.op_type == "Reshape" and heads is None and node.input[1] in inits:
+            heads = int(inits[node.input[1]][2])
+    if len(linears) != 6 * (len(norms) // 2) or any(inits[q.zero] != 0 for q in linears):
+        raise ValueError("not the nets.quantized encoder (6 linears a layer, symmetric int8 weights)")
+    layers = [
+        Layer(*linears[6 * i : 6 * i + 4], norms[2 * i], *linears[6 * i + 4 : 6 * i + 6], norms[2 * i + 1])
+        for i in range(len(norms) // 2)
+    ]
+    return layers, heads, eps
+
+
+def _dynamic_quantize(x):
+    """ONNX DynamicQuantizeLinear as int8 values ``q - 128`` (bfloat16, which holds them exactly),
+    with the scale and the offset ``128 - zero_point`` that restores ``q - zero_point``."""
+    hi = jnp.maximum(0.0, jnp.max(x))
+    lo = jnp.minimum(0.0, jnp.min(x))
+    scale = (hi - lo) / np.float32(255)
+    zero = jnp.round(jnp.clip(-lo / scale, 0, 255))
+    q = jnp.clip(jnp.round(x / scale) + zero, 0, 255)
+    return (q - 128).astype(jnp.bfloat16), scale, 128 - zero.astype(jnp.int32)
+
+
+_EXACT_K = 1024  # bfloat16 products of int8 values summed in float32 stay exact up to 1024 terms
+
+
+def _bert_int8_body(proto: onnx.ModelProto):
+    """The quantized encoder, every product as fast as XLA runs it here: int8 weights as
+    bfloat16 constants (exact), Q, K and V as one product, contractions over 1024 in chunks
+    summed in int32 (so the integer products are exact, as MatMulInteger's)."""
+    inits = _initializers(proto)
+    layers, heads, eps = bert_int8_layers(proto)
+
+    def linear(*qs: QuantLinear):
+        w = np.concatenate([inits[q.w] for q in qs], axis=1)
+        chunks = [w[k : k + _EXACT_K].astype(jnp.bfloat16) for k in range(0, w.shape[0], _EXACT_K)]
+        col_sums = w.astype(np.int32).sum(axis=0)
+        w_scales = np.repeat([inits[q.scale] for q in qs], [inits[q.w].shape[1] for q in qs]).astype(np.float32)
+        bias = np.concatenate([inits[q.bias] for q in qs])
+
+        def apply(x):
+            a, x_scale, offset = _dynamic_quantize(x)
+            acc = offset * col_sums
+            for i, chunk in enumerate(chunks):
+                part = jnp.matmul(a[..., i * _EXACT_K : (i + 1) * _EXACT_K], chunk, preferred_element_type=jnp.float32)
+                acc = acc + part.astype(jnp.int32)
+            return acc.astype(jnp.float32) * (x_scale * w_scales) + bias
+
+        return apply
+
+    blocks = [
+        (linear(layer.q, layer.k, layer.v), linear(layer.o), linear(layer.ffn1), linear(layer.ffn2), layer)
+        for layer in layers
+    ]
+    norm = {name: inits[name] for layer in layers for name in (*layer.ln1, *layer.ln2)}
+
+    def forward(x):
+        n, s, h = x.shape
+        d = h // heads
+        for qkv, out, ffn1, ffn2, layer in blocks:
+            heads_qkv = qkv(x).reshape(n, s, 3, heads, d)
+            q, k, v = (heads_qkv[:, :, i] for i in range(3))
+            scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) / np.float32(np.sqrt(d))
+            ctx = jnp.einsum("nhqk,nkhd->nqhd", jax.nn.softmax(scores, axis=-1), v).reshape(n, s, h)
+            x = _layer_norm(out(ctx) + x, *(norm[g] for g in layer.ln1), eps)
+            f = ffn1(x)
+            f = f * (lax.erf(f / np.float32(np.sqrt(2.0))) + 1.0) * 0.5
+            x = _layer_norm(ffn2(f) + x, *(norm[g] for g in layer.ln2), eps)
+        return x
+
+    return forward
+
+
 # --------------------------------------------------------------------------- recurrent layers
 
 
@@ -392,6 +499,8 @@ def _is_bert(proto: onnx.ModelProto) -> bool:
 
 def inference(proto: onnx.ModelProto):
     """The hand-written network for a nets.py proto, jitted, weights as compile-time constants."""
+    if any(n.op_type == "MatMulInteger" for n in proto.graph.node):
+        return jax.jit(_bert_int8_body(proto))  # its weights are bfloat16 constants already
     if any(n.op_type in nets.RECURRENT_GATES for n in proto.graph.node):
         params, body = recurrent_params(proto), recurrent_forward
     elif _is_bert(proto):

@@ -3,7 +3,8 @@ networks without one are valid models, and the benchmarks time engines in fair o
 
 bench_acceptance.py reports jonnx against these; if one drifted from its ONNX network the
 ratio would compare different functions. Small instances only (seconds): a ResNet-18 at 32x32,
-a 2-layer narrow encoder and small recurrent stacks, checked against onnxruntime.
+2-layer narrow encoders (float and through quantize_dynamic) and small recurrent stacks,
+checked against onnxruntime.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ def test_each_engine_follows_each_other_equally_often(n):
     [
         (lambda: nets.resnet18(size=32), (3, 32, 32)),
         (lambda: nets.bert_encoder(layers=2, hidden=64, heads=4, seq=8), (8, 64)),
+        # 272 wide: the FFN's down-projection contracts 1088 > 1024 terms, in two exact chunks.
+        (lambda: nets.quantized(nets.bert_encoder(layers=2, hidden=272, heads=4, seq=8)), (8, 272)),
     ],
-    ids=["resnet18", "bert"],
+    ids=["resnet18", "bert", "bert_int8"],
 )
 def test_hand_written_network_matches_onnxruntime(build, shape):
     proto = build()
