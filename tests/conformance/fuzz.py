@@ -324,7 +324,7 @@ CumSum and LRN accumulating float16 in float16 too (ReduceSum over 40 values: 1,
 rows off; XLA keeps a reduction in its operands' type), all in float32 now. Where the
 ReferenceEvaluator is the reference in float16 (ReduceL2-1, which onnxruntime refuses), it
 rounds after each numpy step; a jonnx result that differs is then checked against the
-ReferenceEvaluator run in float64 and rounded once (:func:`widened_reference`), and equal to
+ReferenceEvaluator run in float64 and rounded once (:func:`widened_outputs`), and equal to
 it counts as ``reference disagrees`` (seeds 753, 754: 4 such cases). The same look over other
 ops found Sum and Mean of three inputs, RotaryEmbedding, AffineGrid, DeformConv, the
 com.microsoft Gelus and layer norms and the Scatter add reductions rounding between steps
@@ -3066,16 +3066,6 @@ FORMULAS = {
     "LSTM": functools.partial(_no_steps_formula, states=2),
     "MatMulIntegerToFloat": _matmul_integer_to_float_formula,
 }
-
-
-def widened_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | None:
-    """The ReferenceEvaluator's outputs for the one node with its float16 inputs and
-    initializers in float64 (:func:`widened_outputs`), each float64 output rounded once to
-    float16: the correctly rounded result, where the ReferenceEvaluator run in float16 rounds
-    after each numpy step (ReduceL2 and ReduceProd at opset 1, which onnxruntime refuses in
-    float16)."""
-    outputs = widened_outputs(model, feeds)
-    return None if outputs is None else [_rounded_to_half(y) for y in outputs]
 
 
 def _rounded_to_half(y):
