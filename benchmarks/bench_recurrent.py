@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -49,14 +48,9 @@ NETS = {
 }
 
 
-def _rel_err(got, want) -> float:
-    return float(np.max(np.abs(np.asarray(got) - want)) / (np.max(np.abs(want)) + 1e-12))
-
-
 def _first(fn) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
+    """Seconds of the first call of ``fn`` (trace and compile included), waited for."""
+    return bench_acceptance._timed(lambda: jax.block_until_ready(fn()))
 
 
 def bench_inference(name: str, batch: int, repeats: int) -> None:
@@ -78,10 +72,11 @@ def bench_inference(name: str, batch: int, repeats: int) -> None:
         },
         repeats,
     )
+    errors = [bench_acceptance._rel_err(got, want) for got in (model(x)[0], hand(x))]
     print(
         f"{name:<8}{batch:>4}{first:>7.2f}{hand_first:>9.2f}{med['jonnx'] * 1e3:>9.2f}{med['ort'] * 1e3:>9.2f}"
         f"{med['hand'] * 1e3:>9.2f}{med['jonnx'] / med['ort']:>8.2f}{med['hand'] / med['ort']:>9.2f}"
-        f"{med['jonnx'] / med['hand']:>8.2f}{_rel_err(model(x)[0], want):>9.1e}{_rel_err(hand(x), want):>9.1e}",
+        f"{med['jonnx'] / med['hand']:>8.2f}{errors[0]:>9.1e}{errors[1]:>9.1e}",
         flush=True,
     )
 

@@ -126,7 +126,8 @@ def cnn_params(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 class Layer(NamedTuple):
-    """One BERT layer's initializer names: (weight, bias) per linear, (gamma, beta) per LayerNorm."""
+    """One BERT layer's initializer names: each linear's (weight, bias), or a :class:`QuantLinear`
+    in the encoder through ``nets.quantized``; (gamma, beta) per LayerNorm."""
 
     q: tuple[str, str]
     k: tuple[str, str]
@@ -138,16 +139,37 @@ class Layer(NamedTuple):
     ln2: tuple[str, str]
 
 
+class QuantLinear(NamedTuple):
+    """One quantize_dynamic linear's initializers: int8 weight, its scale and zero point, float bias."""
+
+    w: str
+    scale: str
+    zero: str
+    bias: str
+
+
 def bert_layers(proto: onnx.ModelProto) -> tuple[list[Layer], int, float]:
-    """The encoder's layers in graph order, its number of heads and LayerNorm epsilon."""
+    """The encoder's layers in graph order, its number of heads and LayerNorm epsilon. A linear
+    is a MatMul by an initializer then an Add of the bias, or through quantize_dynamic a
+    MatMulInteger -> Cast -> Mul by the two scales' product -> Add of the bias."""
     inits = _initializers(proto)
     users = _consumers(proto)
+    producer = {o: n for n in proto.graph.node for o in n.output}
+
+    def bias_after(node: onnx.NodeProto) -> str:
+        (add,) = users[node.output[0]]
+        return next(n for n in add.input if n in inits)
+
     linears, norms, heads, eps = [], [], None, None
     for node in proto.graph.node:
         if node.op_type == "MatMul" and node.input[1] in inits:
-            (add,) = users[node.output[0]]
-            bias = next(n for n in add.input if n in inits)
-            linears.append((node.input[1], bias))
+            linears.append((node.input[1], bias_after(node)))
+        elif node.op_type == "MatMulInteger":
+            (cast,) = users[node.output[0]]
+            (mul,) = users[cast.output[0]]
+            scales = producer[next(n for n in mul.input if n != cast.output[0])]
+            w_scale = next(n for n in scales.input if n in inits)
+            linears.append(QuantLinear(node.input[1], w_scale, node.input[3], bias_after(mul)))
         elif node.op_type == "LayerNormalization":
             norms.append(tuple(node.input[1:3]))
             eps = _attrs(node).get("epsilon", 1e-5)
@@ -155,6 +177,8 @@ def bert_layers(proto: onnx.ModelProto) -> tuple[list[Layer], int, float]:
             heads = int(inits[node.input[1]][2])
     if len(linears) != 6 * (len(norms) // 2):
         raise ValueError(f"{len(linears)} linears for {len(norms)} LayerNorms: not the nets.py encoder")
+    if any(isinstance(q, QuantLinear) and inits[q.zero] != 0 for q in linears):
+        raise ValueError("the hand-written int8 encoder expects symmetric int8 weights (zero points 0)")
     layers = [
         Layer(*linears[6 * i : 6 * i + 4], norms[2 * i], *linears[6 * i + 4 : 6 * i + 6], norms[2 * i + 1])
         for i in range(len(norms) // 2)
@@ -297,31 +321,48 @@ def _layer_norm(x, g, b, eps):
     return (x - mean) * lax.rsqrt(var + eps) * g + b
 
 
+def _encoder(x, blocks, heads: int, eps: float):
+    """The encoder's layers over ``x`` (N, seq, hidden). ``blocks``: per layer ``(qkv, out,
+    ffn1, ffn2, ln1, ln2)``, the projections functions of their input (``qkv`` giving Q, K and
+    V) and each LayerNorm's (gamma, beta)."""
+    n, s, h = x.shape
+    d = h // heads
+    for qkv, out, ffn1, ffn2, ln1, ln2 in blocks:
+        q, k, v = (t.reshape(n, s, heads, d) for t in qkv(x))
+        scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) / np.float32(np.sqrt(d))
+        ctx = jnp.einsum("nhqk,nkhd->nqhd", jax.nn.softmax(scores, axis=-1), v).reshape(n, s, h)
+        x = _layer_norm(out(ctx) + x, *ln1, eps)
+        f = ffn1(x)
+        f = f * (lax.erf(f / np.float32(np.sqrt(2.0))) + 1.0) * 0.5  # the graph's order of steps
+        x = _layer_norm(ffn2(f) + x, *ln2, eps)
+    return x
+
+
 def _bert_body(proto: onnx.ModelProto):
     layers, heads, eps = bert_layers(proto)
 
     def forward(p, x):
-        n, s, h = x.shape
-        d = h // heads
+        def lin(wb):
+            return lambda v: v @ p[wb[0]] + p[wb[1]]
 
-        def lin(v, wb):
-            return v @ p[wb[0]] + p[wb[1]]
-
-        for layer in layers:
-            q, k, v = (lin(x, wb).reshape(n, s, heads, d) for wb in (layer.q, layer.k, layer.v))
-            scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) / np.float32(np.sqrt(d))
-            ctx = jnp.einsum("nhqk,nkhd->nqhd", jax.nn.softmax(scores, axis=-1), v).reshape(n, s, h)
-            x = _layer_norm(lin(ctx, layer.o) + x, *(p[g] for g in layer.ln1), eps)
-            f = lin(x, layer.ffn1)
-            f = 0.5 * f * (1.0 + lax.erf(f / np.float32(np.sqrt(2.0))))
-            x = _layer_norm(lin(f, layer.ffn2) + x, *(p[g] for g in layer.ln2), eps)
-        return x
+        blocks = [
+            (
+                lambda v, layer=layer: [lin(wb)(v) for wb in (layer.q, layer.k, layer.v)],
+                lin(layer.o),
+                lin(layer.ffn1),
+                lin(layer.ffn2),
+                [p[g] for g in layer.ln1],
+                [p[g] for g in layer.ln2],
+            )
+            for layer in layers
+        ]
+        return _encoder(x, blocks, heads, eps)
 
     return forward
 
 
 def bert_params(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Every initializer the hand-written encoder reads, by name."""
+    """Every initializer the hand-written float encoder reads, by name."""
     inits = _initializers(proto)
     layers, _, _ = bert_layers(proto)
     return {name: inits[name] for layer in layers for pair in layer for name in pair}
@@ -333,44 +374,6 @@ def bert_train_fns(proto: onnx.ModelProto):
 
 
 # --------------------------------------------------------------------------- int8 BERT encoder
-
-
-class QuantLinear(NamedTuple):
-    """One quantize_dynamic linear's initializers: int8 weight, its scale and zero point, float bias."""
-
-    w: str
-    scale: str
-    zero: str
-    bias: str
-
-
-def bert_int8_layers(proto: onnx.ModelProto) -> tuple[list[Layer], int, float]:
-    """``bert_layers`` for the encoder through ``nets.quantized``: each linear a :class:`QuantLinear`
-    (MatMulInteger -> Cast -> Mul by the two scales' product -> Add the bias)."""
-    inits = _initializers(proto)
-    users = _consumers(proto)
-    producer = {o: n for n in proto.graph.node for o in n.output}
-    linears, norms, heads, eps = [], [], None, None
-    for node in proto.graph.node:
-        if node.op_type == "MatMulInteger":
-            (cast,) = users[node.output[0]]
-            (mul,) = users[cast.output[0]]
-            scales = producer[next(n for n in mul.input if n != cast.output[0])]
-            (add,) = users[mul.output[0]]
-            w_scale = next(n for n in scales.input if n in inits)
-            linears.append(QuantLinear(node.input[1], w_scale, node.input[3], next(n for n in add.input if n in inits)))
-        elif node.op_type == "LayerNormalization":
-            norms.append(tuple(node.input[1:3]))
-            eps = _attrs(node).get("epsilon", 1e-5)
-        elif node.op_type == "Reshape" and heads is None and node.input[1] in inits:
-            heads = int(inits[node.input[1]][2])
-    if len(linears) != 6 * (len(norms) // 2) or any(inits[q.zero] != 0 for q in linears):
-        raise ValueError("not the nets.quantized encoder (6 linears a layer, symmetric int8 weights)")
-    layers = [
-        Layer(*linears[6 * i : 6 * i + 4], norms[2 * i], *linears[6 * i + 4 : 6 * i + 6], norms[2 * i + 1])
-        for i in range(len(norms) // 2)
-    ]
-    return layers, heads, eps
 
 
 def _dynamic_quantize(x):
@@ -392,7 +395,7 @@ def _bert_int8_body(proto: onnx.ModelProto):
     bfloat16 constants (exact), Q, K and V as one product, contractions over 1024 in chunks
     summed in int32 (so the integer products are exact, as MatMulInteger's)."""
     inits = _initializers(proto)
-    layers, heads, eps = bert_int8_layers(proto)
+    layers, heads, eps = bert_layers(proto)
 
     def linear(*qs: QuantLinear):
         w = np.concatenate([inits[q.w] for q in qs], axis=1)
@@ -411,27 +414,22 @@ def _bert_int8_body(proto: onnx.ModelProto):
 
         return apply
 
+    def qkv(layer: Layer):
+        fused = linear(layer.q, layer.k, layer.v)
+        return lambda v: jnp.split(fused(v), 3, axis=-1)
+
     blocks = [
-        (linear(layer.q, layer.k, layer.v), linear(layer.o), linear(layer.ffn1), linear(layer.ffn2), layer)
+        (
+            qkv(layer),
+            linear(layer.o),
+            linear(layer.ffn1),
+            linear(layer.ffn2),
+            [inits[g] for g in layer.ln1],
+            [inits[g] for g in layer.ln2],
+        )
         for layer in layers
     ]
-    norm = {name: inits[name] for layer in layers for name in (*layer.ln1, *layer.ln2)}
-
-    def forward(x):
-        n, s, h = x.shape
-        d = h // heads
-        for qkv, out, ffn1, ffn2, layer in blocks:
-            heads_qkv = qkv(x).reshape(n, s, 3, heads, d)
-            q, k, v = (heads_qkv[:, :, i] for i in range(3))
-            scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) / np.float32(np.sqrt(d))
-            ctx = jnp.einsum("nhqk,nkhd->nqhd", jax.nn.softmax(scores, axis=-1), v).reshape(n, s, h)
-            x = _layer_norm(out(ctx) + x, *(norm[g] for g in layer.ln1), eps)
-            f = ffn1(x)
-            f = f * (lax.erf(f / np.float32(np.sqrt(2.0))) + 1.0) * 0.5
-            x = _layer_norm(ffn2(f) + x, *(norm[g] for g in layer.ln2), eps)
-        return x
-
-    return forward
+    return lambda x: _encoder(x, blocks, heads, eps)
 
 
 # --------------------------------------------------------------------------- recurrent layers

@@ -157,8 +157,7 @@ def test_library_dots_for_counts_a_scan_body_per_step():
     shapes = [(3200, 128), (128, 1024), (1024, 1024)]
     assert jonnx._jit.library_dots_for(_jaxpr(lambda x, w, r: recurrent(x, w, r, 100), *shapes)) is True
     # Counted once, the step product would leave the projection 93% of the work.
-    one = [(3200, 128), (128, 1024), (1024, 1024)]
-    assert jonnx._jit.library_dots_for(_jaxpr(lambda x, w, r: (x @ w).sum() + (x[:32] @ w @ r).sum(), *one)) is False
+    assert jonnx._jit.library_dots_for(_jaxpr(lambda x, w, r: (x @ w).sum() + (x[:32] @ w @ r).sum(), *shapes)) is False
 
 
 @pytest.mark.parametrize("dtype", [jax.numpy.bfloat16, np.int8])
