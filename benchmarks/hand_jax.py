@@ -321,10 +321,26 @@ def _layer_norm(x, g, b, eps):
     return (x - mean) * lax.rsqrt(var + eps) * g + b
 
 
+def _blocks(layers: list[Layer], qkv, project, value) -> list[tuple]:
+    """What :func:`_encoder` runs per layer: ``qkv(layer)`` and ``project(linear)`` give the
+    projections as functions of their input, ``value(name)`` an initializer's array."""
+    return [
+        (
+            qkv(layer),
+            project(layer.o),
+            project(layer.ffn1),
+            project(layer.ffn2),
+            [value(g) for g in layer.ln1],
+            [value(g) for g in layer.ln2],
+        )
+        for layer in layers
+    ]
+
+
 def _encoder(x, blocks, heads: int, eps: float):
-    """The encoder's layers over ``x`` (N, seq, hidden). ``blocks``: per layer ``(qkv, out,
-    ffn1, ffn2, ln1, ln2)``, the projections functions of their input (``qkv`` giving Q, K and
-    V) and each LayerNorm's (gamma, beta)."""
+    """The encoder's layers over ``x`` (N, seq, hidden). ``blocks`` (:func:`_blocks`): per layer
+    ``(qkv, out, ffn1, ffn2, ln1, ln2)``, the projections functions of their input (``qkv``
+    giving Q, K and V) and each LayerNorm's (gamma, beta)."""
     n, s, h = x.shape
     d = h // heads
     for qkv, out, ffn1, ffn2, ln1, ln2 in blocks:
@@ -345,18 +361,10 @@ def _bert_body(proto: onnx.ModelProto):
         def lin(wb):
             return lambda v: v @ p[wb[0]] + p[wb[1]]
 
-        blocks = [
-            (
-                lambda v, layer=layer: [lin(wb)(v) for wb in (layer.q, layer.k, layer.v)],
-                lin(layer.o),
-                lin(layer.ffn1),
-                lin(layer.ffn2),
-                [p[g] for g in layer.ln1],
-                [p[g] for g in layer.ln2],
-            )
-            for layer in layers
-        ]
-        return _encoder(x, blocks, heads, eps)
+        def qkv(layer):  # three separate products, as a JAX user writes them
+            return lambda v: [lin(wb)(v) for wb in (layer.q, layer.k, layer.v)]
+
+        return _encoder(x, _blocks(layers, qkv, lin, p.__getitem__), heads, eps)
 
     return forward
 
@@ -414,21 +422,11 @@ def _bert_int8_body(proto: onnx.ModelProto):
 
         return apply
 
-    def qkv(layer: Layer):
+    def qkv(layer: Layer):  # one product
         fused = linear(layer.q, layer.k, layer.v)
         return lambda v: jnp.split(fused(v), 3, axis=-1)
 
-    blocks = [
-        (
-            qkv(layer),
-            linear(layer.o),
-            linear(layer.ffn1),
-            linear(layer.ffn2),
-            [inits[g] for g in layer.ln1],
-            [inits[g] for g in layer.ln2],
-        )
-        for layer in layers
-    ]
+    blocks = _blocks(layers, qkv, linear, inits.__getitem__)  # weights prepared once, here
     return lambda x: _encoder(x, blocks, heads, eps)
 
 
