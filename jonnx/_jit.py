@@ -66,6 +66,7 @@ import ctypes
 import functools
 import inspect
 import math
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -144,6 +145,11 @@ class DotChoosingJit:
       (the call then reuses that compilation);
     - else :data:`LIBRARY_DOTS`, what :func:`plain_jit` gives.
 
+    The :data:`XLA_DOTS` compilation traces ``fn`` again, with :func:`traced_for` saying so:
+    without YNNPACK in the module, some ops choose another lowering (Softmax's row maximum,
+    ops/activation.py). The others share the first trace, since which of them a signature
+    gets is known only once it is compiled.
+
     Off the CPU, or with a jaxlib without the YNNPACK option, it is :func:`plain_jit`
     (:attr:`default`).
     """
@@ -160,8 +166,9 @@ class DotChoosingJit:
         # The caller's own fusion option, or a jaxlib without one, leaves nothing to choose.
         if jax.default_backend() == "cpu" and _knows_ynn_fusions() and _YNN_FUSION_FLAG not in given:
             if xla_dots:
+                # Traced again, for XLA's emitter alone (traced_for), from the first call choosing it.
                 xla = {**given, _YNN_FUSION_FLAG: ""}
-                self._variants[XLA_DOTS] = plain_jit(fn, compiler_options=xla, **jit_kwargs)
+                self._variants[XLA_DOTS] = plain_jit(_tracing_for(XLA_DOTS, fn), compiler_options=xla, **jit_kwargs)
             if _knows_reduce_fusions():
                 reductions = {**given, _YNN_FUSION_FLAG: _DOTS_AND_REDUCTIONS}
                 self._variants[LIBRARY_REDUCTIONS] = plain_jit(fn, compiler_options=reductions, **jit_kwargs)
@@ -210,6 +217,39 @@ class DotChoosingJit:
         # Compiled here to be read; the call that follows finds this compilation in JAX's cache.
         compiled = reductions.trace(*args, **kwargs).lower().compile()
         return LIBRARY_REDUCTIONS if _hlo.ynn_fusions_suit(compiled.as_text()) else LIBRARY_DOTS
+
+
+class _Tracing(threading.local):
+    variant: str | None = None  # what DotChoosingJit is tracing this thread's function for
+
+
+_TRACING = _Tracing()
+
+
+def traced_for() -> str | None:
+    """Which of :class:`DotChoosingJit`'s compilations the function being traced is for:
+    :data:`XLA_DOTS`, or None where that is not known at trace time (the other choices share
+    one trace; a plain jit, a user's). Asked by ops while tracing.
+
+    A jit nested in the function may keep a trace made for another choice (JAX caches it by
+    its own arguments): that costs the lowering's speed, never its result.
+    """
+    return _TRACING.variant
+
+
+def _tracing_for(variant: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, with :func:`traced_for` giving ``variant`` while it runs: a function of its own,
+    so that JAX traces it apart from ``fn``."""
+
+    @functools.wraps(fn)  # the signature too, which jax.jit reads for static_argnames
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        outer, _TRACING.variant = _TRACING.variant, variant
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _TRACING.variant = outer
+
+    return traced
 
 
 def tracing_into_jaxpr() -> bool:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jonnx import _jit
 from jonnx._registry import OpContext
 from jonnx._tensors import np_dtype
 
@@ -30,6 +31,7 @@ __all__ = [
     "is_integer",
     "legacy_broadcast",
     "lowers_for_cpu",
+    "lowers_for_xla_emitter",
     "normalize_axes",
     "normalize_axis",
     "onnx_dtype",
@@ -53,6 +55,15 @@ def lowers_for_cpu() -> bool:
     in this one place, so that tests can take the other side on a CPU machine.
     """
     return jax.default_backend() == "cpu"
+
+
+def lowers_for_xla_emitter() -> bool:
+    """Whether the function being traced compiles for XLA CPU's own emitter alone, without
+    YNNPACK: the compilation :class:`jonnx._jit.DotChoosingJit` makes where large products
+    dominate (``Model(x)`` at batch 32). Where it is not known (every other compilation, which
+    may give YNNPACK the reductions and fuse them with the products before them), False.
+    Asked while tracing."""
+    return lowers_for_cpu() and _jit.traced_for() == _jit.XLA_DOTS
 
 
 def as_strings(values: Any) -> np.ndarray:

@@ -21,6 +21,7 @@ from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import compute_type, half_in_float32, onnx_dtype, widen_halves
+from jonnx.ops.activation import softmax
 
 # ---------------------------------------------------------------------------------------
 # Attention
@@ -142,7 +143,7 @@ def _attention(q, k, v, mask, past_k, past_v, nonpad, attrs, ctx, window=None):
     # zeroed before the softmax as well so that neither value nor gradient sees a NaN.
     dead = jnp.isneginf(jnp.max(bias, axis=-1, keepdims=True))
     logits = jnp.where(dead, jnp.zeros((), soft_dtype), scores.astype(soft_dtype))
-    probs = jnp.where(dead, jnp.zeros((), soft_dtype), jax.nn.softmax(logits, axis=-1)).astype(dtype)
+    probs = jnp.where(dead, jnp.zeros((), soft_dtype), softmax(logits, -1)).astype(dtype)
 
     mode = attrs["qk_matmul_output_mode"]
     if mode not in (0, 1, 2, 3):
@@ -416,7 +417,7 @@ def flex_attention(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     scores = jnp.reshape(scores, (batch, hq, q_len, kv_len)).astype(wide)
     if attrs["score_mod"] is not None:
         scores = _run_modifier(attrs["score_mod"], scores, ctx, wide)
-    probs = jax.nn.softmax(scores, axis=-1)
+    probs = softmax(scores, -1)
     if attrs["prob_mod"] is not None:
         probs = _run_modifier(attrs["prob_mod"], probs, ctx, wide)
     pg = jnp.reshape(probs, (batch, hkv, group, q_len, kv_len))

@@ -61,6 +61,24 @@ def reduce_max(x, axis, keepdims):
     return _chosen(x, tuple(axis), keepdims, True) if _is_float(x) else _extreme(x, axis, keepdims, True)
 
 
+def max_by_halves(x, axis: int):
+    """The maximum along ``axis`` (kept, of length 1), as the maximum of its two halves, of
+    theirs, and so on: elementwise maximums, which XLA CPU fuses into one loop, where its own
+    row reduction of a maximum is a reduce-window four times slower than a sum's (0.58 against
+    2.17 ms over BERT's 32 x 12 x 128 x 128 attention scores). Equal to ``jnp.max``, NaN
+    included; every output reads the whole axis in its loop, so keep the axis short."""
+    n = jnp.shape(x)[axis]
+    odd = None  # the elements left over by odd lengths, folded in at the end
+    while n > 1:
+        if n % 2:
+            last = lax.slice_in_dim(x, n - 1, n, axis=axis)
+            odd = last if odd is None else jnp.maximum(odd, last)
+            n -= 1
+        x = jnp.maximum(lax.slice_in_dim(x, 0, n // 2, axis=axis), lax.slice_in_dim(x, n // 2, n, axis=axis))
+        n //= 2
+    return x if odd is None else jnp.maximum(x, odd)
+
+
 def reduce_min(x, axis, keepdims):
     """``min`` over ``axis``, like :func:`reduce_max`."""
     return _chosen(x, tuple(axis), keepdims, False) if _is_float(x) else _extreme(x, axis, keepdims, False)

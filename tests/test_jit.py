@@ -520,3 +520,24 @@ def test_jonnx_jit_inside_other_transformations():
             ValueError, match=r"jonnx.jit\(loss\) was called under jax.grad.*jonnx.jit\(jax.grad\(f\)\)"
         ):
             jax.grad(f)(w, x)
+
+
+def test_the_xla_dots_compilation_is_traced_for_it():
+    # The compilation for XLA's emitter alone is traced again, with traced_for saying so (ops
+    # choose lowerings by it); the other choices share the first trace, which says nothing.
+    seen = []
+
+    def fn(x):
+        seen.append(jonnx._jit.traced_for())
+        return (x @ x.T).sum(axis=1)
+
+    chooser = jonnx._jit.DotChoosingJit(fn, lambda x: jonnx._jit.signature(x))
+    rng = np.random.default_rng(7)
+    for rows in (16, 2048):
+        x = rng.random((rows, 8), np.float32)
+        np.testing.assert_allclose(np.asarray(chooser(x)), (x @ x.T).sum(axis=1), rtol=1e-5)
+        xla = chooser.chooses and chooser.choices[jonnx._jit.signature(x)] == jonnx._jit.XLA_DOTS
+        assert xla == (chooser.chooses and rows == 2048)
+        assert seen == [None, jonnx._jit.XLA_DOTS] if xla else seen == [None]
+        seen.clear()
+    assert jonnx._jit.traced_for() is None

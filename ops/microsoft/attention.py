@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
 from jonnx.ops._util import compute_type, dtype_of
+from jonnx.ops.activation import softmax
 from jonnx.ops.attention import rotary_embedding, split_heads
 from jonnx.ops.microsoft._common import DOMAIN, reject_inputs, reject_unsupported
 from jonnx.ops.quantize import integer_matmul
@@ -67,13 +67,13 @@ def _grouped_attention(q, k, v, bias, scale, ctx, *, softcap=0.0, valid=None, si
         keep = valid | ~jnp.any(valid, axis=-1, keepdims=True)
         scores = jnp.where(keep, scores, -jnp.inf)
     if sink is None:
-        probs = jax.nn.softmax(scores, axis=-1)
+        probs = softmax(scores, -1)
     else:
         sink = jnp.broadcast_to(
             jnp.reshape(jnp.asarray(sink).astype(wide), (1, -1, 1, 1)),
             (batch, heads, q_len, 1),
         )
-        probs = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :kv_len]
+        probs = softmax(jnp.concatenate([scores, sink], axis=-1), -1)[..., :kv_len]
     pg = jnp.reshape(probs, (batch, kv_heads, group, q_len, kv_len))
     y = jnp.einsum("bhgqk,bhkd->bhgqd", pg, v.astype(wide), precision=ctx.precision)
     return jnp.reshape(y, (batch, heads, q_len, -1)).astype(dtype)

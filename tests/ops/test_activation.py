@@ -292,6 +292,28 @@ def test_softmax_grads(op, opset):
     check_op_grads(op, {"x": RNG.standard_normal((2, 3, 2))}, opset=opset, axis=1)
 
 
+@pytest.mark.parametrize(("shape", "axis"), [((4, 128), -1), ((2, 7, 3), 1), ((3, 1), 1), ((5, 33), 1)])
+def test_softmax_for_the_xla_emitter_alone(shape, axis):
+    # Compiled for XLA's emitter alone (DotChoosingJit's XLA_DOTS), Softmax takes its row
+    # maximum as a tree of elementwise maximums: the same results as jax.nn.softmax, bit for
+    # bit (a maximum is exact), NaN and infinite rows included, and the same derivative.
+    x = _x(shape)
+    x[0] = np.nan if shape[axis] > 1 else x[0]
+    x[-1] = -np.inf
+    m = jonnx.load(node_model("Softmax", {"x": x}, opset=13, axis=axis))
+    for_xla = jonnx._jit._tracing_for(jonnx._jit.XLA_DOTS, lambda v: m.apply(m.params, v)[0])
+    jaxpr = str(jax.make_jaxpr(for_xla)(x))
+    want = jax.jit(lambda v: jax.nn.softmax(v, axis=axis))(x)
+    np.testing.assert_array_equal(np.asarray(jax.jit(for_xla)(x)), np.asarray(want))
+    if jax.default_backend() == "cpu" and shape[axis] > 1:
+        assert "reduce_max" not in jaxpr and "max" in jaxpr
+    finite = _x(shape)
+    weights = RNG.standard_normal(shape).astype(np.float32)
+    grad = jax.grad(lambda v: jnp.sum(for_xla(v) * weights))(finite)
+    want_grad = jax.grad(lambda v: jnp.sum(jax.nn.softmax(v, axis=axis) * weights))(finite)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-7)
+
+
 def test_logsoftmax_stable_for_large_inputs():
     x = np.array([[1000.0, 0.0, -1000.0]], np.float32)
     got = assert_matches_reference(

@@ -213,6 +213,22 @@ def test_attention_errors(inputs, attrs, opset, match):
         run_jonnx(model, inputs)
 
 
+@pytest.mark.parametrize("opset", [23, 24])
+def test_attention_for_the_xla_emitter_alone(opset):
+    # Compiled for XLA's emitter alone, the softmax takes its row maximum by halves: the same
+    # results bit for bit, a row with every key masked (zero) included.
+    mask = np.ones((4, 5), bool)
+    mask[1] = False
+    inputs = {"q": _rand(2, 3, 4, 8), "k": _rand(2, 3, 5, 8), "v": _rand(2, 3, 5, 8), "m": mask}
+    m = jonnx.load(node_model("Attention", inputs, opset=opset))
+    args = list(inputs.values())
+    default = jax.jit(lambda *a: m.apply(m.params, *a)[0])
+    for_xla = jax.jit(jonnx._jit._tracing_for(jonnx._jit.XLA_DOTS, lambda *a: m.apply(m.params, *a)[0]))
+    want = np.asarray(default(*args))
+    assert np.all(want[:, :, 1] == 0) and np.all(np.isfinite(want))
+    np.testing.assert_array_equal(np.asarray(for_xla(*args)), want)
+
+
 # ---------------------------------------------------------------------------------------
 # RotaryEmbedding
 # ---------------------------------------------------------------------------------------

@@ -309,3 +309,16 @@ def test_half_precision_cumulative_sums_round_once(exclusive, reverse, dtype):
     inputs = {"x": x, "axis": np.array(1, np.int64)}
     model = node_model("CumSum", inputs, opset=14, exclusive=exclusive, reverse=reverse, initializers=["axis"])
     assert_rounded_once(run_jonnx(model, {"x": x})[0], exact, dtype, most_off=0.02)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_max_by_halves_is_the_maximum(axis):
+    # Every length up to 33 (odd ones fold their leftovers in), with NaN, infinities and ties.
+    from jonnx.ops.reduce import max_by_halves
+
+    for n in range(1, 34):
+        x = RNG.standard_normal((n, n + 1, 3)).astype(np.float32)
+        x[0, 0, 0], x[-1, -1, -1] = np.nan, np.inf
+        x[..., 1] = -np.inf
+        want = np.max(x, axis=axis, keepdims=True)
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: max_by_halves(v, axis))(x)), want)
