@@ -136,7 +136,7 @@ class DotChoosingJit:
 
     ``signature_of(*args)`` gives what the compiled shapes depend on (shapes, dtypes, static
     values; :func:`signature` for a tree of arrays), asked only where there is a choice. The
-    first call with a signature traces ``fn`` (the trace the compilations then reuse) and
+    first call with a signature traces ``fn`` (the trace the library compilations reuse) and
     picks, recording it in :attr:`choices`:
 
     - :data:`XLA_DOTS` where :func:`library_dots_for` says so (and ``xla_dots`` allows it);

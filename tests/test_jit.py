@@ -538,6 +538,6 @@ def test_the_xla_dots_compilation_is_traced_for_it():
         np.testing.assert_allclose(np.asarray(chooser(x)), (x @ x.T).sum(axis=1), rtol=1e-5)
         xla = chooser.chooses and chooser.choices[jonnx._jit.signature(x)] == jonnx._jit.XLA_DOTS
         assert xla == (chooser.chooses and rows == 2048)
-        assert seen == [None, jonnx._jit.XLA_DOTS] if xla else seen == [None]
+        assert seen == ([None, jonnx._jit.XLA_DOTS] if xla else [None])
         seen.clear()
     assert jonnx._jit.traced_for() is None

@@ -298,7 +298,8 @@ def test_softmax_for_the_xla_emitter_alone(shape, axis):
     # maximum as a tree of elementwise maximums: the same results as jax.nn.softmax, bit for
     # bit (a maximum is exact), NaN and infinite rows included, and the same derivative.
     x = _x(shape)
-    x[0] = np.nan if shape[axis] > 1 else x[0]
+    if shape[axis] > 1:  # a NaN row where the tree runs (length 1 keeps jax.nn.softmax)
+        x[0] = np.nan
     x[-1] = -np.inf
     m = jonnx.load(node_model("Softmax", {"x": x}, opset=13, axis=axis))
     for_xla = jonnx._jit._tracing_for(jonnx._jit.XLA_DOTS, lambda v: m.apply(m.params, v)[0])
