@@ -18,6 +18,9 @@ the ONNX op computes on NC(D)HW data, except that
   it carries ``legacy`` (1 for opsets 1-10, whose text splits an odd padding of an explicit
   ``output_shape`` the other way);
 * MaxPool has no Indices output (the pass leaves MaxPool nodes whose Indices are read alone);
+* MaxPool and AveragePool carry ``after_tap_loop`` (1 where their input is a multiply-add loop
+  over a convolution's taps, through elementwise ops: ops/pool.py reads such windows with a
+  reduce-window rather than strided slices);
 * BatchNormalization carries, instead of its opset's mode attributes, ``training_mode``
   (whether it trains when the run leaves the choice to the graph) and ``legacy`` (1 for the
   five outputs of opsets 1-9).
@@ -72,13 +75,21 @@ def conv_transpose(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return (conv_ops.transpose_convolve(x, w, b, attrs, ctx, legacy=bool(attrs["legacy"]), channels_last=True),)
 
 
-@register("MaxPool", since=VERSION, domain=DOMAIN, attributes=_attributes("MaxPool"), n_inputs=1)
+@register(
+    "MaxPool", since=VERSION, domain=DOMAIN, attributes={**_attributes("MaxPool"), "after_tap_loop": 0}, n_inputs=1
+)
 def max_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``MaxPool`` (Y only) on N(D)HWC activations."""
     return pool.max_pool_core(inputs[0], attrs, ctx, with_indices=False, channels_last=True)
 
 
-@register("AveragePool", since=VERSION, domain=DOMAIN, attributes=_attributes("AveragePool"), n_inputs=1)
+@register(
+    "AveragePool",
+    since=VERSION,
+    domain=DOMAIN,
+    attributes={**_attributes("AveragePool"), "after_tap_loop": 0},
+    n_inputs=1,
+)
 def average_pool(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``AveragePool`` on N(D)HWC activations."""
     return (pool.average_pool_core(inputs[0], attrs, ctx, channels_last=True),)

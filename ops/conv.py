@@ -223,7 +223,7 @@ def conv_lowering(
             # 0.40, the dot wins).
             return "channel_taps"
         return "matmul"
-    if group == c_in and group > 1 and w_in == 1 and m == c_in:
+    if _is_depthwise(c_in, m, w_in, group):
         return "depthwise"
     # A symbolic size (jax.export) counts as large.
     spatial = x_shape[1:-1] if channels_last else x_shape[2:]
@@ -254,7 +254,7 @@ def conv_lowering(
     # training step went from 700 to 528 ms and ResNet-50 batch 32 from 4476 to 3479 ms (first
     # call 8.2 to 5.3 s) when im2col was narrowed to tiny outputs (docs/performance.md).
     batched = batch > 1
-    if channels_last and c_in <= 3 and group == 1 and c_in * taps <= 75:
+    if channels_last and _is_tap_stem(c_in, taps, group):
         # A small image stem (3x3 or 5x5 over RGB): one fused loop of broadcast multiply-adds
         # beats XLA's channels-last convolution 2-4x (MobileNetV2's 3x3/2 3->32 at 224: batch
         # 1 0.25 against 1.01 ms, batch 32 23 against 64; a 5x5/2 3->32 1.2 against 2.6 and 51
@@ -274,6 +274,32 @@ def conv_lowering(
             # stem against 2.2x with im2col, before channels-last).
             return "im2col"
     return "xla"
+
+
+def _is_depthwise(c_in: int, m: int, w_in: int, group: int) -> bool:
+    """One kernel per channel, one output per channel: "depthwise" in any layout."""
+    return group == c_in and group > 1 and w_in == 1 and m == c_in
+
+
+def _is_tap_stem(c_in: int, taps: int, group: int) -> bool:
+    """A small image stem (RGB or grey, at most 75 weights per output channel): channels-last,
+    "channel_taps"."""
+    return group == 1 and 1 < taps and c_in <= 3 and c_in * taps <= 75
+
+
+def runs_as_tap_loop(w_shape, group: int, dtype) -> bool:
+    """Whether a channels-last Conv with these OI(D)HW weights runs as a loop of multiply-adds
+    over its taps that XLA fuses into whatever reads it (a depthwise convolution, a small image
+    stem: :func:`conv_lowering` on CPU, whatever the input's size).
+
+    A pool that reads its windows as strided slices takes that loop into its own, which XLA
+    vectorizes poorly: the layout pass marks such pools (``after_tap_loop``, ops/pool.py)."""
+    if CONV_LOWERING != "auto" or not lowers_for_cpu() or len(w_shape) < 3:
+        return False
+    if np.dtype(dtype) not in (np.float32, np.float64):
+        return False
+    m, w_in, taps = w_shape[0], w_shape[1], math.prod(w_shape[2:])
+    return _is_depthwise(group * w_in, m, w_in, group) or _is_tap_stem(group * w_in, taps, group)
 
 
 def _conv_matmul(x, w, strides, dilations, lo, hi, precision, channels_last, layout):

@@ -3,6 +3,15 @@
 Each pool is one ``lax.reduce_window`` (or, for small max windows on CPU, one fused loop over
 the window's positions), so XLA sees whole windows, never per-position Python. The helpers
 take ``channels_last`` (ops/_window.py says how the layouts and the padding rules go).
+
+Windows that do not overlap are read as strided slices, one fused loop with whatever made the
+input (a BatchNorm and ReLU after a convolution), except where the channels-last pass marks the
+pool ``after_tap_loop``: its input is a loop of multiply-adds over a convolution's taps (an
+image stem, a depthwise convolution: ``jonnx.ops.conv.runs_as_tap_loop``), which XLA would
+take into the slices' loop and run poorly vectorized; a reduce-window reads it there instead
+(an MNIST-size 1->8 5x5 stem, ReLU and 2x2 pool at batch 64: 1.15 against 0.35 ms; a 3->32
+3x3 stem with BatchNorm at batch 16 on 28x28 1.10 against 0.38; docs/performance.md, "Pools
+after multiply-add loops").
 """
 
 from __future__ import annotations
@@ -193,7 +202,7 @@ def _column_major(idx, shape):
     return base + col
 
 
-def _max_window(x, kernel, strides, lo, hi, extra, channels_last: bool = False):
+def _max_window(x, kernel, strides, lo, hi, extra, channels_last: bool = False, slices: bool = True):
     """The window maxima (dilation 1, static shape), with a derivative XLA CPU runs fast.
 
     JAX differentiates ``reduce_window(max)`` through select-and-scatter, which XLA CPU expands
@@ -204,6 +213,7 @@ def _max_window(x, kernel, strides, lo, hi, extra, channels_last: bool = False):
     finds each window's first maximal position (row-major, as select-and-scatter and the
     Indices output pick it) in one fused pass over the shifted windows, then gathers the
     tangent there from the flattened tensor; its transpose, the gradient, is one scatter-add.
+    ``slices=False`` keeps the reduce-window for windows that do not overlap too (``after_tap_loop``).
     A (32, 64, 32, 32) 3x3/2 pool's forward + backward: ~5 ms against ~100 ms (isolated,
     loaded machine); the same gradients bit for bit.
     """
@@ -213,14 +223,18 @@ def _max_window(x, kernel, strides, lo, hi, extra, channels_last: bool = False):
 
     @jax.custom_jvp
     def window_max(v):
-        # XLA CPU's reduce-window is a slow loop, and what made ``v`` (a BatchNorm and ReLU, a
-        # stem's multiply-adds) fuses into it: windows that do not overlap, which read each
-        # cell once, take the maximum of their taps in one vectorized loop instead (a 3->8 stem,
-        # BatchNorm, ReLU and 2x2/2 pool on 16x16: batch 2 0.14 -> 0.09 ms, batch 32 0.56 ->
-        # 0.30). Overlapping ones would recompute that producer per window (a 3x3 stem into a
-        # 3x3/2 pool: 3-5x slower) and keep the reduce-window, one pass per axis.
+        # XLA CPU's reduce-window is a slow loop, and what made ``v`` (a BatchNorm and ReLU)
+        # fuses into it: windows that do not overlap, which read each cell once, take the
+        # maximum of their taps in one loop with that producer instead (after XLA's convolution
+        # 8->8 and 16->16: 1.03-1.22x faster than the reduce-window, 2026-12-06). After a stem's
+        # or a depthwise convolution's multiply-adds it is the fused loop that is slow (1.1-3x:
+        # module docstring), reversed since it was measured on 2026-11-29 (small_cnn's 3->8 stem
+        # at batch 32: slices 0.30 against 0.56 ms then, 0.49 against 0.27 on 2026-12-06), so
+        # marked pools pass ``slices=False`` (``after_tap_loop``). Overlapping windows would
+        # recompute their producer per window (a 3x3 stem into a 3x3/2 pool: 3-5x slower) and
+        # keep the reduce-window, one pass per axis.
         edge = None
-        if all(s >= k for s, k in zip(strides, kernel)):
+        if slices and all(s >= k for s, k in zip(strides, kernel)):
             edge = _edge_windows(v, kernel, strides, lo, hi, extra, channels_last)
         if edge is not None:
             return functools.reduce(lax.max, edge)
@@ -294,7 +308,7 @@ def max_pool_core(x, attrs, ctx, with_indices: bool, channels_last: bool = False
         # maxima through their indices: a gather, differentiable in both modes.
         y = take(jnp.reshape(x, (-1,)), idx, mode="clip")
     elif _taps_fit(x, kernel):
-        y = _max_window(x, kernel, strides, lo, hi, extra, channels_last)
+        y = _max_window(x, kernel, strides, lo, hi, extra, channels_last, slices=not attrs.get("after_tap_loop"))
     else:
         # Integer inputs, a symbolic dimension (jax.export) or int64-sized tensors, large windows.
         y = _reduce_window(x, _lowest(jnp.result_type(x)), lax.max, *window, channels_last, row_major_ties=True)
@@ -348,6 +362,7 @@ def average_pool_core(x, attrs, ctx, channels_last: bool = False):
     kernel, strides, dilations, lo, hi, extra = window
     if (
         _taps_fit(x, kernel)
+        and not attrs.get("after_tap_loop")
         and not any(lo + hi + extra)
         and all(d == 1 for d in dilations)
         and all(s >= k for s, k in zip(strides, kernel))

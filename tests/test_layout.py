@@ -226,6 +226,24 @@ def decoder():
     return _model(nodes, *_io((2, 3, 5, 6)), inits), {"x": rand(2, 3, 5, 6)}
 
 
+def small_cnn_pools():
+    """Non-overlapping pools after multiply-add loops (a 3->8 stem with BatchNorm and ReLU, a
+    depthwise convolution) and after XLA's convolution, LeNet/MNIST style."""
+    inits = {"stem": rand(8, 3, 3, 3), "dw": rand(8, 1, 3, 3), "w": rand(8, 8, 3, 3), "b": rand(8)}
+    nodes = [
+        oh.make_node("Conv", ["x", "stem"], ["c0"], pads=[1, 1, 1, 1]),
+        oh.make_node("BatchNormalization", ["c0", *_bn("bn", 8, inits)], ["b0"]),
+        oh.make_node("Relu", ["b0"], ["r0"]),
+        oh.make_node("MaxPool", ["r0"], ["p0"], kernel_shape=[2, 2], strides=[2, 2]),
+        oh.make_node("Conv", ["p0", "dw"], ["d"], group=8, pads=[1, 1, 1, 1]),
+        oh.make_node("AveragePool", ["d"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        oh.make_node("Conv", ["p1", "w", "b"], ["c2"], pads=[1, 1, 1, 1]),
+        oh.make_node("Relu", ["c2"], ["r2"]),
+        oh.make_node("MaxPool", ["r2"], ["out"], kernel_shape=[2, 2], strides=[2, 2]),
+    ]
+    return _model(nodes, *_io((3, 3, 16, 16)), inits), {"x": rand(3, 3, 16, 16)}
+
+
 BUILT = {
     "resnet_block": resnet_block,
     "mobilenet_block": mobilenet_block,
@@ -237,6 +255,7 @@ BUILT = {
     "bottleneck": bottleneck,
     "wide_3x3": wide_3x3,
     "decoder": decoder,
+    "small_cnn_pools": small_cnn_pools,
 }
 # (graph, how many activation transposes the rewritten graph may hold)
 TRANSPOSES = {
@@ -250,6 +269,7 @@ TRANSPOSES = {
     "bottleneck": 2,
     "wide_3x3": 2,
     "decoder": 2,  # the input, the output
+    "small_cnn_pools": 2,
 }
 
 
@@ -560,6 +580,31 @@ def test_channels_last_pools(case):
     proto = _model([node], [oh.make_tensor_value_info("x", F, xs)], [oh.make_tensor_value_info("y", F, None)], {})
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(_first(got), session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_pools_after_tap_loops_read_whole_windows(lowering):
+    # A pool reading a stem's or a depthwise convolution's multiply-add loop through strided
+    # slices takes that loop into its own, which XLA CPU vectorizes poorly (MNIST-size stem at
+    # batch 64: 1.15 against 0.35 ms): the pass marks it, and it keeps the reduce-window. After
+    # XLA's own convolution the slices stay. (Values: test_layout_on_equals_off_and_onnxruntime.)
+    proto, feeds = small_cnn_pools()
+    model = jonnx.load(proto)
+    pools = [n for n in model._call_graph.nodes if n.domain == DOMAIN and n.op_type.endswith("Pool")]
+    after_loop = lowering == "cpu"  # elsewhere every Conv is XLA's
+    assert [(n.op_type, n.attrs["after_tap_loop"]) for n in pools] == [
+        ("MaxPool", int(after_loop)),
+        ("AveragePool", int(after_loop)),
+        ("MaxPool", 0),
+    ]
+
+    def pooled(op, after_tap_loop):
+        x = np.moveaxis(rand(2, 8, 16, 16), 1, -1)
+        window = {"kernel_shape": [2, 2], "strides": [2, 2], "after_tap_loop": after_tap_loop}
+        return str(jax.make_jaxpr(lambda x: jonnx.ops.call(op, x, domain=DOMAIN, **window))(x))
+
+    for op in ("MaxPool", "AveragePool"):
+        assert "reduce_window" in pooled(op, 1)
+        assert ("reduce_window" in pooled(op, 0)) == (lowering != "cpu")
 
 
 def test_one_image_global_average_pool_is_a_product():

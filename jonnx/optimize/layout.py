@@ -18,7 +18,10 @@ it, so that whole chains run channels-last:
 * ConvTranspose: the input is brought to channels-last, the weights are read as stored, the
   output is channels-last;
 * pooling (Max/Average/Global*), BatchNormalization (inference and training: running statistics
-  are per-channel vectors, unchanged), InstanceNormalization: their channels-last forms;
+  are per-channel vectors, unchanged), InstanceNormalization: their channels-last forms; a
+  Max/AveragePool whose input is a Conv that runs as a loop of multiply-adds over its taps
+  (``conv.runs_as_tap_loop``), through elementwise ops and inference BatchNorms, is marked
+  ``after_tap_loop`` (ops/pool.py);
 * elementwise ops (unary ones, and Add/Mul/... whose other operands are channels-last too or
   constants): a constant operand of shape (C, 1, 1), (1, C, 1, 1), ... gets a weight-only
   Reshape/Transpose to the channels-last broadcast shape;
@@ -105,6 +108,7 @@ class _Rewrite:
         self.rank: dict[str, int] = {}  # channels-last value -> rank
         self.missing: set[str] = set()  # NC(D)HW names no node produces (yet)
         self.relayouts: dict[tuple[str, int | str], str] = {}  # (constant, rank) or (weight, layout)
+        self.tap_loops: set[str] = set()  # channels-last values XLA computes in a Conv's tap loop
         self.nodes: list[Node] = []
         for node in graph.nodes:
             if node.op_type == "Constant" and node.domain == "" and node.attrs.get("value") is not None:
@@ -231,10 +235,11 @@ class _Rewrite:
         if rank is None or rank < 3:
             return None
         w_value, attrs = self._static(w), dict(node.attrs)
-        layout = "HWIO"
+        layout, tap_loop = "HWIO", False
         if w_value is not None:
             strides = attrs.get("strides") or (1,) * (rank - 2)
             layout = conv.kernel_layout_for(w_value.shape, attrs.get("group", 1), strides)
+            tap_loop = conv.runs_as_tap_loop(w_value.shape, attrs.get("group", 1), w_value.dtype)
         attrs["kernel_layout"] = layout
         if layout == "OIHW":
             weights = w
@@ -245,7 +250,10 @@ class _Rewrite:
                 self.relayouts[key] = self._emit("Transpose", [w], f"{w}/{layout.lower()}", perm=perm)
             weights = self.relayouts[key]
         inputs = [self._last(x, rank), weights, *node.inputs[2:3]]
-        return self._internal(node, inputs, [self._new_output(node.outputs[0], rank)], attrs)
+        out = self._new_output(node.outputs[0], rank)
+        if tap_loop:
+            self.tap_loops.add(out)
+        return self._internal(node, inputs, [out], attrs)
 
     def _conv_transpose(self, node: Node) -> bool | None:
         if len(node.inputs) < 2 or not node.inputs[0] or not node.inputs[1] or len(node.outputs) != 1:
@@ -269,7 +277,12 @@ class _Rewrite:
                 return None  # opset < 9's per-activation statistics
             # The mode the node's own version gives it (training_mode, is_test or its outputs).
             attrs.update(training_mode=int(node.trains(None)), legacy=int(node.opset < 14))
+        tap_loop = self.last[x] in self.tap_loops
+        if op in ("MaxPool", "AveragePool"):
+            attrs["after_tap_loop"] = int(tap_loop)
         outputs = [self._new_output(node.outputs[0], rank), *node.outputs[1:]]
+        if tap_loop and op == "BatchNormalization" and not attrs["training_mode"]:
+            self.tap_loops.add(outputs[0])  # a multiply-add per element, fused into the loop
         return self._internal(node, [self.last[x], *node.inputs[1:]], outputs, attrs)
 
     def _elementwise(self, node: Node) -> bool | None:
@@ -298,11 +311,14 @@ class _Rewrite:
         attrs = dict(node.attrs)
         if node.op_type == "Concat":
             attrs["axis"] = _axis_last(int(attrs["axis"]) % rank, rank)
+        out = self._new_output(node.outputs[0], rank)
+        if node.op_type != "Concat" and self.tap_loops.intersection(inputs):
+            self.tap_loops.add(out)  # elementwise: XLA fuses it into the same loop
         self.nodes.append(
             dataclasses.replace(
                 node,
                 inputs=tuple(inputs),
-                outputs=(self._new_output(node.outputs[0], rank),),
+                outputs=(out,),
                 attrs=types.MappingProxyType(attrs),
             )
         )
