@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import pathlib
 import subprocess
@@ -225,7 +226,42 @@ def test_bench_reports_both_runtimes_per_batch():
     for b in report["batches"]:
         assert set(b["steady"]) == {"jonnx", "onnxruntime"} and b["steady"]["jonnx"]["calls"] == 3
         assert b["first_call"]["jonnx"] > 0 and b["steady"]["onnxruntime"]["median"] > 0
+        if sys.platform == "linux":
+            assert all(isinstance(s["page_faults"], int) for s in b["steady"].values())
     assert set(report["load"]) == {"jonnx", "onnxruntime"}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="counts glibc's fresh mappings")
+def test_bench_counts_the_page_faults_of_each_call():
+    from jonnx.cli import _bench
+
+    def fresh_memory():  # as XLA's large temporaries are: 16 MiB mapped anew, each page touched
+        with mmap.mmap(-1, 16 << 20) as pages:
+            pages.madvise(mmap.MADV_NOHUGEPAGE)  # 4 KiB pages, whatever the kernel's THP mode
+            np.frombuffer(pages, np.uint8)[:: mmap.PAGESIZE] = 1
+
+    steady = _bench._steady({"fresh": fresh_memory, "reused": lambda: None}, repeat=3)
+    assert steady["fresh"]["page_faults"] >= (16 << 20) // mmap.PAGESIZE
+    assert steady["reused"]["page_faults"] < 64
+
+
+def test_bench_advises_the_tunable_only_where_calls_fault(monkeypatch):
+    from jonnx.cli import _bench
+
+    def report(faults):
+        steady = {"jonnx": {"median": 0.1, "page_faults": faults}, "onnxruntime": {"median": 0.05, "page_faults": 0}}
+        return {"batches": [{"batch": 32, "shapes": {}, "first_call": {}, "steady": steady}]}
+
+    monkeypatch.setattr(_bench, "_tunable_applies", lambda: True)
+    assert "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" in _bench._fault_hint(report(48_403))
+    assert _bench._fault_hint(report(_bench.FAULT_HINT_MIN - 1)) == ""
+    assert _bench._fault_hint(report(None)) == ""  # not counted (Windows)
+    monkeypatch.setattr(_bench, "_tunable_applies", lambda: False)  # set already, or not glibc
+    assert _bench._fault_hint(report(48_403)) == ""
+
+    monkeypatch.undo()
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
+    assert not _bench._tunable_applies()
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,16 @@
 
 What is timed is the default call (``jonnx.load`` then ``Model(*inputs)``), as the project's
 benchmarks do. Steady-state calls of the two runtimes alternate in one process, so a change in
-machine load hits both; the figures are medians.
+machine load hits both; the figures are medians. On Unix it also counts each call's minor page
+faults: XLA's CPU runtime maps a call's temporaries afresh when they are large, and first
+touching that memory can cost more than the computation it holds (see :data:`FAULT_HINT_MIN`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -24,9 +28,21 @@ from jonnx.cli._common import (
     table,
 )
 
+try:
+    import resource  # Unix only
+except ImportError:  # pragma: no cover - Windows
+    resource = None
+
 #: Steady-state calls stop after about this long per batch size (within the bounds below).
 BUDGET_SECONDS = 2.0
 MIN_CALLS, MAX_CALLS = 5, 200
+#: A jonnx call taking at least this many minor page faults (8 MiB of fresh 4 KiB pages) gets the
+#: hint on glibc's tunable: XLA maps temporaries above glibc's mmap threshold (32 MiB at most)
+#: anew on every call, and in a VM each first touch of a page costs 1-2 us (MobileNetV2 at batch
+#: 32 on a Zen 5: 49,000 faults and 70 ms of system time a call, 150 -> 98 ms with the tunable;
+#: docs/performance.md, "Large batches").
+FAULT_HINT_MIN = 2048
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 
 
 def run(args: argparse.Namespace) -> tuple[dict, int]:
@@ -98,22 +114,36 @@ def _time(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def _minor_faults() -> int | None:
+    """The process's minor page faults so far (every thread's), or None where unknown."""
+    return None if resource is None else resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _steady(runners: dict[str, Callable[[], Any]], repeat: int) -> dict[str, dict]:
     times: dict[str, list[float]] = {name: [] for name in runners}
+    faults: dict[str, list[int]] = {name: [] for name in runners}
     deadline = time.perf_counter() + BUDGET_SECONDS
     calls = 0
     while True:
-        for (
-            name,
-            fn,
-        ) in runners.items():  # alternating: a change in load hits every runtime
+        for name, fn in runners.items():  # alternating: a change in load hits every runtime
+            before = _minor_faults()
             times[name].append(_time(fn))
+            if before is not None:
+                faults[name].append(_minor_faults() - before)
         calls += 1
         if repeat and calls >= repeat:
             break
         if not repeat and (calls >= MAX_CALLS or (calls >= MIN_CALLS and time.perf_counter() > deadline)):
             break
-    return {name: {"median": statistics.median(t), "min": min(t), "calls": len(t)} for name, t in times.items()}
+    return {
+        name: {
+            "median": statistics.median(t),
+            "min": min(t),
+            "calls": len(t),
+            "page_faults": round(statistics.median(faults[name])) if faults[name] else None,
+        }
+        for name, t in times.items()
+    }
 
 
 def _ms(seconds: float) -> str:
@@ -140,8 +170,37 @@ def render(report: dict, out: TextIO) -> None:
         headers.append("jonnx / onnxruntime")
         for row, (_, t) in zip(rows, timed):
             row.append(f"{t['jonnx'] / t['onnxruntime']:.2f}x")
+    for b in report["batches"]:
+        counted = {r: s.get("page_faults") for r, s in b["steady"].items()}
+        if all(n is not None for n in counted.values()):
+            row = [f"batch {b['batch']}: page faults a call", *(f"{counted[r]:,}" for r in runtimes)]
+            rows.append(row + [""] * (len(headers) - len(row)))
     table(rows, headers, out)
     out.write(
         "  load: jonnx.load; onnxruntime's InferenceSession.\n"
         "  first call: jonnx traces and compiles (once per input shape); onnxruntime's first run.\n"
+    )
+    hint = _fault_hint(report)
+    if hint:
+        out.write(hint)
+
+
+def _fault_hint(report: dict) -> str:
+    """Advice on glibc's huge-page tunable where jonnx's calls fault on fresh memory, or ''."""
+    worst = max((b["steady"]["jonnx"].get("page_faults") or 0 for b in report["batches"]), default=0)
+    if worst < FAULT_HINT_MIN or not _tunable_applies():
+        return ""
+    return (
+        f"  page faults: up to {worst:,} a jonnx call, the first touches of memory that XLA's CPU runtime\n"
+        "  maps anew on every call for large temporaries. Starting Python with\n"
+        f'  GLIBC_TUNABLES={HUGE_PAGES_TUNABLE} avoids most of them (docs/performance.md, "Large batches").\n'
+    )
+
+
+def _tunable_applies() -> bool:
+    """Linux with glibc, and the huge-page tunable not set already."""
+    return (
+        platform.system() == "Linux"
+        and platform.libc_ver()[0] == "glibc"
+        and HUGE_PAGES_TUNABLE not in os.environ.get("GLIBC_TUNABLES", "")
     )
