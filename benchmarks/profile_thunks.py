@@ -46,7 +46,8 @@ def _parse_args() -> argparse.Namespace:
     # affinity and XLA_FLAGS set in main().
     what.add_argument("--model", choices=["resnet50", "mobilenet_v2", "efficientnet_b0", "bert", "bert_int8"])
     what.add_argument("--train", choices=["resnet18", "mobilenet_v2", "bert"])
-    parser.add_argument("--batch", type=int, default=1, help="inference batch size (with --model)")
+    what.add_argument("--onnx", metavar="PATH", help="any ONNX file, on random inputs (symbolic dimensions 1)")
+    parser.add_argument("--batch", type=int, default=1, help="inference batch size (with --model or --onnx)")
     parser.add_argument("--hand", action="store_true", help="profile the hand-written JAX step (with --train)")
     parser.add_argument("--one-core", action="store_true", help="pin to one CPU: thunks run one at a time")
     parser.add_argument("--calls", type=int, default=3, help="calls recorded (after 3 warm ones)")
@@ -71,6 +72,16 @@ def _computation(args: argparse.Namespace):
             jax.block_until_ready(model(x))
 
         return run, f"{args.model} batch {args.batch}, the default call"
+    if args.onnx:
+        from jonnx.cli._common import random_inputs
+
+        model = jonnx.load(args.onnx)
+        inputs = random_inputs(model.graph, {}, np.random.default_rng(0), model.input_names, batch=args.batch)
+
+        def run():
+            jax.block_until_ready(model(**inputs))
+
+        return run, f"{args.onnx} batch {args.batch}, the default call"
     if args.train == "bert":
         steps, x, labels = bench_acceptance.bert_steps()[:3]
     else:
