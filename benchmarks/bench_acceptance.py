@@ -96,6 +96,8 @@ def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
             f"{r['err']:>9.1e}{hand_err}",
             flush=True,
         )
+        if r["faults"] >= 2048:  # 8 MiB of fresh 4 KiB pages a call: worth knowing beside the time
+            print(f"  jonnx's call at batch {batch}: {r['faults']:,.0f} minor page faults", flush=True)
     return rows
 
 
@@ -125,7 +127,17 @@ def _bench_batch(proto, session, hand, x, repeats: int) -> dict:
         out["hand_err"] = _rel_err(hand(x), want)
         calls["hand"] = lambda: hand(x).block_until_ready()
     out["median"] = _alternate(calls, repeats)
+    out["faults"] = _page_faults(calls["jonnx"])
     return out
+
+
+def _page_faults(call, n: int = 3) -> float:
+    """Minor page faults per call: the first touches of the memory XLA maps afresh for each
+    call's temporaries when they are large (docs/performance.md, "Large batches")."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n):
+        call()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / n
 
 
 _BLOCK = 3  # timed calls per engine per round, after one untimed call
@@ -410,7 +422,9 @@ LEGEND = (
     "load = jonnx.load(proto) s, 1st = jonnx's first call (trace + compile) s, hand1st = the hand-written "
     "network's first call s; jonnx = default call (all optimizations), plain = optimize=False, hand = "
     "hand-written NHWC JAX with constant weights (benchmarks/hand_jax.py); vs ort = jonnx / onnxruntime, "
-    "plain = plain / onnxruntime, vs hand = jonnx / hand; rel err = max |y - ort| / max |ort|"
+    "plain = plain / onnxruntime, vs hand = jonnx / hand; rel err = max |y - ort| / max |ort|; page faults: "
+    "what XLA's freshly mapped temporaries cost each call (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 avoids "
+    "most: docs/performance.md, 'Large batches')"
 )
 
 
