@@ -59,10 +59,11 @@ MODELS = {
     "efficientnet_b0": (nets.efficientnet_b0, (3, 224, 224)),
     "bert": (nets.bert_encoder, (128, 768)),
     "bert_int8": (lambda: nets.quantized(nets.bert_encoder()), (128, 768)),
+    "mnist": (nets.mnist, (1, 28, 28)),
 }
 
 
-NO_HAND = ("efficientnet_b0",)
+NO_HAND = ("efficientnet_b0", "mnist")
 
 
 def _timed(fn) -> float:
@@ -77,7 +78,7 @@ def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
     build, shape = MODELS[name]
     proto = build()
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    # There is no hand-written EfficientNet (not a target).
+    # There is no hand-written EfficientNet or MNIST network (not targets).
     hand = None if name in NO_HAND else hand_jax.inference(proto)
     rows = []
     for batch in batches:

@@ -3,7 +3,7 @@
 ResNet-50, MobileNetV2 and EfficientNet-B0 are NCHW with Conv (no bias) -> BatchNormalization
 -> Relu/Clip/SiLU, as ``torch.onnx.export`` writes them in eval mode without constant folding
 (EfficientNet-B0 is not an acceptance target: it is there for SiLU and squeeze-and-excitation,
-which the others lack); the BERT-base-width
+which the others lack; ``mnist`` is the model zoo's small CNN, also not a target); the BERT-base-width
 encoder is MatMul + Add projections, Reshape/Transpose heads, Softmax attention,
 LayerNormalization and an Erf GELU. ``recurrent`` stacks ONNX LSTM, GRU or RNN layers as
 ``torch.onnx.export`` writes an ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (time-major, one node per layer,
@@ -18,7 +18,7 @@ import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as onh
 
-__all__ = ["bert_encoder", "efficientnet_b0", "mobilenet_v2", "recurrent", "resnet18", "resnet50"]
+__all__ = ["bert_encoder", "efficientnet_b0", "mnist", "mobilenet_v2", "recurrent", "resnet18", "resnet50"]
 
 
 class _Builder:
@@ -225,6 +225,26 @@ def efficientnet_b0(seed: int = 0) -> onnx.ModelProto:
             x = b.node("Add", [x, y]) if stride == 1 and c_in == c else y
             c_in = c
     return _mobile_head(b, x, c_in, "Silu")
+
+
+def mnist(seed: int = 0) -> onnx.ModelProto:
+    """The ONNX model zoo's MNIST CNN (mnist-8 and later), 28x28 grey images, 10 classes: 5x5
+    Convs 1->8 and 8->16 with biases and "same" pads, each with a ReLU and a max pool (2x2, then
+    3x3 of stride 3), flattened by a Reshape into a 256 -> 10 product. Not an acceptance target:
+    a small stem into a pool (docs/performance.md, "Pools after multiply-add loops")."""
+    b = _Builder(seed)
+    x = "Input3"
+    for c_in, c_out, pool in ((1, 8, 2), (8, 16, 3)):
+        w = b.rng.standard_normal((c_out, c_in, 5, 5)).astype(np.float32) * np.sqrt(2.0 / (c_in * 25))
+        bias = (0.01 * b.rng.standard_normal(c_out)).astype(np.float32)
+        x = b.node("Conv", [x, b.init("conv.weight", w), b.init("conv.bias", bias)], kernel_shape=[5, 5], pads=[2] * 4)
+        x = b.node("MaxPool", [b.node("Relu", [x])], kernel_shape=[pool, pool], strides=[pool, pool])
+    x = b.node("Reshape", [x, b.init("shape", np.array([-1, 256], np.int64))])
+    out = b.linear(x, 256, 10)
+    return b.model(
+        [oh.make_tensor_value_info("Input3", onnx.TensorProto.FLOAT, ["N", 1, 28, 28])],
+        [oh.make_tensor_value_info(out, onnx.TensorProto.FLOAT, ["N", 10])],
+    )
 
 
 def bert_encoder(layers: int = 4, hidden: int = 768, heads: int = 12, seq: int = 128, seed: int = 0) -> onnx.ModelProto:

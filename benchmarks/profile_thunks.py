@@ -44,7 +44,7 @@ def _parse_args() -> argparse.Namespace:
     what = parser.add_mutually_exclusive_group(required=True)
     # bench_acceptance.MODELS's names: that module imports JAX, which must wait for the
     # affinity and XLA_FLAGS set in main().
-    what.add_argument("--model", choices=["resnet50", "mobilenet_v2", "efficientnet_b0", "bert", "bert_int8"])
+    what.add_argument("--model", choices=["resnet50", "mobilenet_v2", "efficientnet_b0", "bert", "bert_int8", "mnist"])
     what.add_argument("--train", choices=["resnet18", "mobilenet_v2", "bert"])
     what.add_argument("--onnx", metavar="PATH", help="any ONNX file, on random inputs (symbolic dimensions 1)")
     parser.add_argument("--batch", type=int, default=1, help="inference batch size (with --model or --onnx)")
