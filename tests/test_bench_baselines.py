@@ -131,17 +131,22 @@ def test_dot_floor_counts_each_float32_product_of_a_computation():
     assert found == {"6 x 4 x 4": (2, 2 * 6 * 4 * 4), "2 x 3 x 8 x 3": (1, 2 * 2 * 3 * 3 * 8)}
 
 
-def test_efficientnet_is_a_valid_model_jonnx_computes():
-    # bench_acceptance.py times it against onnxruntime only (no hand-written network).
+@pytest.mark.parametrize(
+    "build, x_shape",
+    [(nets.efficientnet_b0, (1, 3, 224, 224)), (nets.mnist, (4, 1, 28, 28))],
+    ids=["efficientnet", "mnist"],
+)
+def test_network_without_a_hand_written_twin_is_valid_and_jonnx_computes_it(build, x_shape):
+    # bench_acceptance.py times these against onnxruntime only (no hand-written network).
     import onnx
 
     import jonnx
 
-    proto = nets.efficientnet_b0()
+    proto = build()
     onnx.checker.check_model(proto, full_check=True)
-    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    want = session.run(None, {"input": x})[0]
+    want = session.run(None, {proto.graph.input[0].name: x})[0]
     np.testing.assert_allclose(np.asarray(jonnx.load(proto)(x)[0]), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
