@@ -52,6 +52,7 @@ import nets
 from _order import balanced_orders
 
 import jonnx
+from jonnx.cli._bench import FAULT_HINT_MIN
 
 MODELS = {
     "resnet50": (nets.resnet50, (3, 224, 224)),
@@ -97,7 +98,7 @@ def bench_inference(name: str, batches: list[int], repeats: int) -> list[tuple]:
             f"{r['err']:>9.1e}{hand_err}",
             flush=True,
         )
-        if r["faults"] >= 2048:  # 8 MiB of fresh 4 KiB pages a call: worth knowing beside the time
+        if r["faults"] >= FAULT_HINT_MIN:  # as many as make `jonnx bench` advise the tunable
             print(f"  jonnx's call at batch {batch}: {r['faults']:,.0f} minor page faults", flush=True)
     return rows
 

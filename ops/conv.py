@@ -205,10 +205,7 @@ def conv_lowering(
 
     Shapes are NC(D)HW / OI(D)HW, or N(D)HWC / (D)HWIO with ``channels_last`` whatever the
     weights' ``kernel_layout``."""
-    if CONV_LOWERING != "auto" or not lowers_for_cpu():
-        return "xla"
-    # Half precision stays with XLA, which accumulates its convolutions in float32.
-    if dtype not in (jnp.float32, jnp.float64) or len(x_shape) < 3:
+    if not _cpu_lowerings_apply(dtype) or len(x_shape) < 3:
         return "xla"
     if channels_last:
         c_in, m, w_in, kernel = x_shape[-1], w_shape[-1], w_shape[-2], tuple(w_shape[:-2])
@@ -276,6 +273,13 @@ def conv_lowering(
     return "xla"
 
 
+def _cpu_lowerings_apply(dtype) -> bool:
+    """Whether :func:`conv_lowering` and :func:`conv_transpose_lowering` may choose other than
+    XLA's convolution: on CPU, in float32 or float64 (half precision stays with XLA, which
+    accumulates its convolutions in float32), unless ``CONV_LOWERING`` forces XLA's."""
+    return CONV_LOWERING == "auto" and lowers_for_cpu() and np.dtype(dtype) in (np.float32, np.float64)
+
+
 def _is_depthwise(c_in: int, m: int, w_in: int, group: int) -> bool:
     """One kernel per channel, one output per channel: "depthwise" in any layout."""
     return group == c_in and group > 1 and w_in == 1 and m == c_in
@@ -294,9 +298,7 @@ def runs_as_tap_loop(w_shape, group: int, dtype) -> bool:
 
     A pool that reads its windows as strided slices takes that loop into its own, which XLA
     vectorizes poorly: the layout pass marks such pools (``after_tap_loop``, ops/pool.py)."""
-    if CONV_LOWERING != "auto" or not lowers_for_cpu() or len(w_shape) < 3:
-        return False
-    if np.dtype(dtype) not in (np.float32, np.float64):
+    if not _cpu_lowerings_apply(dtype) or len(w_shape) < 3:
         return False
     m, w_in, taps = w_shape[0], w_shape[1], math.prod(w_shape[2:])
     return _is_depthwise(group * w_in, m, w_in, group) or _is_tap_stem(group * w_in, taps, group)
@@ -734,9 +736,7 @@ def conv_transpose_lowering(x_shape, w_shape, strides, dtype, channels_last: boo
     channels on 56x56, NCHW, took 4.2 ms forward and 107 ms with both gradients at batch 1,
     2.4 s at batch 8, against 2.2, 5.4 and 73 ms by phases (benchmarks/bench_conv_transpose.py,
     docs/performance.md). Unstrided, it is an ordinary convolution, which XLA runs well."""
-    if CONV_LOWERING != "auto" or not lowers_for_cpu():
-        return "xla"
-    if dtype not in (jnp.float32, jnp.float64) or all(s == 1 for s in strides):
+    if not _cpu_lowerings_apply(dtype) or all(s == 1 for s in strides):
         return "xla"
     if not static_sizes(geo.spatial(x_shape, channels_last)):
         return "xla"
