@@ -2,7 +2,8 @@
 
 Each direction is one ``jax.lax.scan`` over the time axis. The input projection
 ``X @ W^T + Wb`` of every step is one matmul before the scan, cut into one scanned array per
-gate; only ``H @ R^T`` runs inside it.
+gate; only ``H @ R^T`` runs inside it, and R's gradient is one product after the backward
+scan (``_recurrence``; except for GRU without ``linear_before_reset``, scanned as written).
 
 ``sequence_lens`` may be traced: steps past a sequence's length are masked (the state is
 carried unchanged and ``Y`` is zero there), so ``Y_h``/``Y_c`` hold the state at each
@@ -12,15 +13,17 @@ length*, through a per-batch index permutation (the identity on the padding).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import activation
-from jonnx.ops._util import widen_halves
+from jonnx.ops._util import stored_transpose, widen_halves
 
 # name (lower case) -> (function of x, alpha, beta; default alpha; default beta). The defaults
 # are onnxruntime's and Keras's; an activation consumes an alpha/beta only if it takes one.
@@ -84,68 +87,162 @@ def _reverse_within_lengths(x: jax.Array, lengths: jax.Array | None) -> jax.Arra
     return jnp.take_along_axis(x, idx, axis=0)
 
 
-def _cell(kind: str, acts: Sequence[_Act], r, rb, p, clip, linear_before_reset, input_forget):
-    """One direction's step ``(state, (gate inputs_t, mask_t)) -> (state, h_t)``, the gate
-    inputs being the step's projected input cut into one array per gate.
+def _cell(kind: str, acts: Sequence[_Act], clip, input_forget):
+    """One direction's update ``(products, gate inputs_t, state, mask_t, peepholes) -> (state,
+    h_t)`` of RNN, LSTM and GRU with ``linear_before_reset``: the step's one product ``h @ R^T +
+    Rb`` comes in cut into one part per gate (:func:`_recurrence` computes it), as do the
+    step's projected inputs.
 
-    Each gate's input is a scanned array of its own: XLA CPU does not vectorize a loop that
-    reads several windows of one dynamic slice (docs/known_issues.md), which the cell's loop,
-    reading every gate with its sigmoid and tanh, did when the gates were windows of one
-    scanned input (an LSTM step over 32 x 256 states: 78 against about 5 microseconds).
-    Blocks of the weights are cut here, before the scan, not in the step: the derivative of a
-    slice taken in the step pads its cotangent to the whole array on every step (a GRU's
-    gradient at batch 1 took 3.7x the hand-written one's time). Each step multiplies by R once
-    where it can (RNN, LSTM, GRU with ``linear_before_reset``) and splits the product."""
-    hidden = r.shape[-1]
+    Each gate's input is an array of its own: XLA CPU does not vectorize a loop that reads
+    several windows of one dynamic slice (docs/known_issues.md), which the cell's loop, reading
+    every gate with its sigmoid and tanh, did when the gates were windows of one scanned input
+    (an LSTM step over 32 x 256 states: 78 against about 5 microseconds). The peepholes come
+    cut too: the derivative of a slice taken in the step pads its cotangent to the whole array
+    on every step. The first ``_FOLDED[kind]`` products enter only as ``gate input + product``,
+    which :func:`_recurrence`'s derivative relies on."""
 
     def clipped(v):
         return v if clip is None else jnp.clip(v, -clip, clip)
 
-    def recurrent(h, weights, bias, parts):
-        product = lax.dot_general(h, weights, (((1,), (1,)), ((), ()))) + bias  # h @ weights.T + bias
-        return jnp.split(product, parts, axis=-1)  # derivative: one concatenation, not a pad per part
-
-    if kind == "GRU" and not linear_before_reset:
-        r_zr, rb_zr, r_h, rb_h = r[: 2 * hidden], rb[: 2 * hidden], r[2 * hidden :], rb[2 * hidden :]
-    if kind == "LSTM":
-        p_i, p_o, p_f = p[:hidden], p[hidden : 2 * hidden], p[2 * hidden :]
-
-    def step(state, xs):
-        xg, mask = xs
+    def update(prod, xg, state, mask, peep):
         h = state[0]
         if kind == "RNN":
-            (hr,) = recurrent(h, r, rb, 1)
-            new = (acts[0](clipped(xg[0] + hr)),)
-        elif kind == "GRU":
+            new = (acts[0](clipped(xg[0] + prod[0])),)
+        elif kind == "GRU":  # linear_before_reset
             f, g = acts
-            if linear_before_reset:
-                hz, hreset, hh = recurrent(h, r, rb, 3)
-            else:
-                hz, hreset = recurrent(h, r_zr, rb_zr, 2)
+            hz, hreset, hh = prod
             z = f(clipped(xg[0] + hz))
             rg = f(clipped(xg[1] + hreset))
-            if linear_before_reset:
-                pre = xg[2] + rg * hh
-            else:
-                pre = xg[2] + recurrent(rg * h, r_h, rb_h, 1)[0]
-            ht = g(clipped(pre))
+            ht = g(clipped(xg[2] + rg * hh))
             new = ((1 - z) * ht + z * h,)
         else:  # LSTM, gates in order i, o, f, c; peepholes in order i, o, f
             f, g, hact = acts
             c = state[1]
-            gi, go, gf, gc = (x + y for x, y in zip(xg, recurrent(h, r, rb, 4)))
+            p_i, p_o, p_f = peep
+            gi, go, gf, gc = (x + y for x, y in zip(xg, prod))
             i = f(clipped(gi + p_i * c))
-            if input_forget:
-                fg = 1 - i
-            else:
-                fg = f(clipped(gf + p_f * c))
+            fg = 1 - i if input_forget else f(clipped(gf + p_f * c))
             c_new = fg * c + i * g(clipped(gc))
             o = f(clipped(go + p_o * c_new))
             new = (o * hact(c_new), c_new)
-        if mask is not None:
-            new = tuple(jnp.where(mask, n, s) for n, s in zip(new, state))
-            return new, jnp.where(mask, new[0], jnp.zeros_like(new[0]))
+        return _masked(new, state, mask)
+
+    return update
+
+
+# How many leading products each update adds to its gate input and uses only in that sum.
+_FOLDED = {"RNN": 1, "LSTM": 4, "GRU": 2}
+
+
+def _masked(new: tuple, state: tuple, mask) -> tuple:
+    """``(state, h_t)``: past a sequence's length the state stays and ``Y`` is zero."""
+    if mask is None:
         return new, new[0]
+    new = tuple(jnp.where(mask, n, s) for n, s in zip(new, state))
+    return new, jnp.where(mask, new[0], jnp.zeros_like(new[0]))
+
+
+def _products(h, r, rb, parts: int) -> tuple:
+    """``h @ r.T + rb`` (``rb`` None: no bias) cut into ``parts`` (its derivative: one
+    concatenation, not a pad per part)."""
+    product = lax.dot_general(h, r, (((1,), (1,)), ((), ())))
+    return tuple(jnp.split(product if rb is None else product + rb, parts, axis=-1))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def _recurrence(update, parts: int, folded: int, r, rb, peep, init, xg, mask):
+    """``lax.scan`` of ``update(_products(h, r, rb), xg_t, state, mask_t, peep)`` over the
+    steps: the final state and the stacked ``h_t``.
+
+    The derivative in ``r`` is taken out of the scan. Differentiated as written, each step adds
+    its share of ``r``'s gradient (the outer product of the step's state and its gates'
+    cotangent) into an accumulator carried through the backward scan: at batch 1 a 1024 x 256
+    add per step, most of an LSTM gradient's time. Here the JVP's forward scan linearizes each
+    step's update (``jax.linearize``: what the tangent needs is saved, nothing is computed
+    twice) and keeps the states; ``r``'s term ``H_{t-1} @ dr^T`` of every step is then one
+    product, added to the products' tangent before the tangent scan, which applies the saved
+    linear maps. The first ``folded`` products enter ``update`` only as ``gate input +
+    product``, so those gate inputs' tangents join that sum instead of being scanned beside it.
+    Transposed, ``r``'s gradient is one product after the backward scan. Gradient steps, one
+    process alternating (AMD Zen 5, docs/performance.md "Recurrent layers"): LSTM 0.85 of the
+    time at batch 1, 0.64 at batch 8, 0.98 at batch 32. Forward mode, vmap and higher
+    derivatives follow from plain JAX (tests/ops/test_rnn.py checks them against finite
+    differences)."""
+
+    def step(state, xs):
+        return update(_products(state[0], r, rb, parts), xs[0], state, xs[1], peep)
+
+    return lax.scan(step, init, (xg, mask))
+
+
+def _recurrence_jvp(update, parts, folded, primals, tangents):
+    r, rb, peep, init, xg, mask = primals
+    t_r, t_rb, t_peep, t_init, t_xg, _ = tangents
+    hidden = r.shape[-1]
+
+    def step(state, xs):
+        x, mask_t = xs
+
+        def stepped(prod, rest, state, peep):
+            return update(prod, (*x[:folded], *rest), state, mask_t, peep)
+
+        prod = _products(state[0], r, rb, parts)
+        (new, y), linear = jax.linearize(stepped, prod, x[folded:], state, peep)
+        return new, (y, state[0], linear)
+
+    final, (ys, hs, linears) = lax.scan(step, init, (xg, mask))
+
+    # Each product part's tangent from r and rb, for every step at once; then the folded gate
+    # inputs' tangents join them.
+    rows = hs.reshape(hs.shape[0] * hs.shape[1], hidden)
+    t_prods = [None] * parts
+    for g in range(parts):
+        terms = []
+        if not isinstance(t_r, SymbolicZero):
+            # dr_g @ H^T copied to (rows, hidden): its transpose, r's gradient, is then a plain
+            # product (ops/products.py, weight_product), not XLA's dot over both operands' rows.
+            term = stored_transpose(lax.dot_general(t_r[g * hidden : (g + 1) * hidden], rows, (((1,), (1,)), ((), ()))))
+            terms.append(term.reshape(hs.shape))
+        if not isinstance(t_rb, SymbolicZero):
+            terms.append(t_rb[g * hidden : (g + 1) * hidden])
+        if g < folded and not isinstance(t_xg[g], SymbolicZero):
+            terms.append(t_xg[g])
+        t_prods[g] = jnp.broadcast_to(functools.reduce(jnp.add, terms), hs.shape) if terms else jnp.zeros_like(hs)
+    t_rest = tuple(jnp.zeros_like(x) if isinstance(t, SymbolicZero) else t for x, t in zip(xg[folded:], t_xg[folded:]))
+    t_peep = tuple(jnp.zeros_like(p) if isinstance(t, SymbolicZero) else t for p, t in zip(peep, t_peep))
+    t_init = tuple(jnp.zeros_like(s) if isinstance(t, SymbolicZero) else t for s, t in zip(init, t_init))
+
+    def tangent_step(t_state, xs):
+        linear, t_prod, t_x = xs
+        t_prod = tuple(a + b for a, b in zip(_products(t_state[0], r, None, parts), t_prod))
+        return linear(t_prod, t_x, t_state, t_peep)
+
+    t_final, t_ys = lax.scan(tangent_step, t_init, (linears, tuple(t_prods), t_rest))
+    return (final, ys), (t_final, t_ys)
+
+
+_recurrence.defjvp(_recurrence_jvp, symbolic_zeros=True)
+
+
+def _gru_step(acts: Sequence[_Act], r, rb, clip):
+    """A GRU step without ``linear_before_reset`` (its second product multiplies the reset
+    state, so it is scanned as written): ``(state, (gate inputs_t, mask_t)) -> (state, h_t)``.
+    The blocks of R are cut before the scan (see :func:`_cell`)."""
+    hidden = r.shape[-1]
+    r_zr, rb_zr, r_h, rb_h = r[: 2 * hidden], rb[: 2 * hidden], r[2 * hidden :], rb[2 * hidden :]
+    f, g = acts
+
+    def clipped(v):
+        return v if clip is None else jnp.clip(v, -clip, clip)
+
+    def step(state, xs):
+        xg, mask = xs
+        h = state[0]
+        hz, hreset = _products(h, r_zr, rb_zr, 2)
+        z = f(clipped(xg[0] + hz))
+        rg = f(clipped(xg[1] + hreset))
+        ht = g(clipped(xg[2] + _products(rg * h, r_h, rb_h, 1)[0]))
+        return _masked(((1 - z) * ht + z * h,), state, mask)
 
     return step
 
@@ -198,18 +295,15 @@ def _recurrent(kind: str, inputs, attrs, ctx):
         reverse = direction == "reverse" or d == 1
         xd = _reverse_within_lengths(x, lens) if reverse else x
         xw = jnp.einsum("tbi,gi->tbg", xd, w[d]) + b[d, : gates * hidden]
-        step = _cell(
-            kind,
-            acts[d],
-            r[d],
-            b[d, gates * hidden :],
-            p[d] if p is not None else None,
-            clip,
-            attrs.get("linear_before_reset"),
-            attrs.get("input_forget"),
-        )
         init = (h0[d], c0[d]) if kind == "LSTM" else (h0[d],)
-        state, y = lax.scan(step, init, (tuple(jnp.split(xw, gates, axis=-1)), mask))
+        xg = tuple(jnp.split(xw, gates, axis=-1))
+        r_d, rb_d = r[d], b[d, gates * hidden :]
+        if kind == "GRU" and not attrs.get("linear_before_reset"):
+            state, y = lax.scan(_gru_step(acts[d], r_d, rb_d, clip), init, (xg, mask))
+        else:
+            peep = tuple(jnp.split(p[d], 3)) if kind == "LSTM" else ()
+            update = _cell(kind, acts[d], clip, attrs.get("input_forget"))
+            state, y = _recurrence(update, gates, _FOLDED[kind], r_d, rb_d, peep, init, xg, mask)
         ys.append(_reverse_within_lengths(y, lens) if reverse else y)
         hs.append(state[0])
         if kind == "LSTM":

@@ -84,6 +84,10 @@ alpha``); the ReferenceEvaluator ignores ``clip``, ``sequence_lens``, ``input_fo
 between Transposes (``time_major_twin``; the graph fuzz had reported a GRU in layout 1 with
 sequence lengths, where the ReferenceEvaluator was the only reference and ignored them), so
 float32 cases draw either layout with every feature: 800 cases (seeds 520 and 522), all agree.
+On 2026-12-06, after R's gradient was taken out of the scan (ops/rnn.py ``_recurrence``),
+``--grad`` found a GRU with ``linear_before_reset`` and a constant R whose candidate product's
+tangent was the bias's alone, not broadcast over the steps (fixed); 400 ``--grad``, 300 ``--grad
+--half``, 300 ``--vmap`` and 600 plain cases after the fix agree.
 
 The ``ml`` family draws ai.onnx.ml's TreeEnsembleRegressor, TreeEnsembleClassifier,
 LinearRegressor and LinearClassifier; its first runs (2026-12-02, 1,200 cases of its final

@@ -208,17 +208,42 @@ def test_no_bias_no_initial_state_float64_and_float16(kind):
 
 
 @pytest.mark.parametrize(
-    "kind,direction,output",
+    "kind,direction,output,attrs",
     [
-        ("RNN", "bidirectional", 0),
-        ("GRU", "forward", 1),
-        ("LSTM", "reverse", 2),
+        ("RNN", "bidirectional", 0, {}),
+        ("GRU", "forward", 1, {}),
+        ("GRU", "reverse", 0, {"linear_before_reset": 1}),
+        ("LSTM", "reverse", 2, {}),
+        ("LSTM", "forward", 0, {"input_forget": 1, "clip": 1.5}),
     ],
 )
-def test_gradients_through_scan(kind, direction, output):
+def test_gradients_through_scan(kind, direction, output, attrs):
+    # RNN, LSTM and GRU with linear_before_reset take R's derivative out of the scan
+    # (ops/rnn.py, _recurrence); GRU without it is differentiated as written.
     num_dir = 2 if direction == "bidirectional" else 1
     ins = _inputs(kind, seq=3, batch=2, size=2, num_dir=num_dir, lens=[3, 2], peep=True)
-    check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=output, hidden_size=2, direction=direction)
+    check_op_grads(
+        kind, ins, opset=14, n_outputs=N_OUT[kind], output=output, hidden_size=2, direction=direction, **attrs
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "wrt"),
+    [("LSTM", ["X"]), ("LSTM", ["R"]), ("LSTM", ["B", "initial_c"]), ("LSTM", ["P"]), ("GRU", ["B"]), ("GRU", ["R"])],
+)
+def test_gradients_with_respect_to_some_inputs(kind, wrt):
+    # The recurrence's derivative skips the terms of inputs not differentiated (symbolic zeros);
+    # a GRU's third product (the candidate's) is not folded into its gate input, so with only B
+    # differentiated its tangent is the bias's alone (found by the fuzz: it was not broadcast).
+    ins = _inputs(kind, seq=4, batch=2, size=3, lens=[4, 3], peep=True)
+    attrs = {"linear_before_reset": 1} if kind == "GRU" else {}
+    check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=0, wrt=wrt, hidden_size=2, **attrs)
+
+
+@pytest.mark.parametrize(("kind", "attrs"), [("LSTM", {}), ("GRU", {"linear_before_reset": 1})])
+def test_second_derivatives_through_scan(kind, attrs):
+    ins = _inputs(kind, seq=3, batch=2, size=2, lens=[3, 2], peep=True)
+    check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=1, order=2, hidden_size=2, **attrs)
 
 
 def test_traced_sequence_lens_under_jit():
