@@ -87,6 +87,11 @@ def _reverse_within_lengths(x: jax.Array, lengths: jax.Array | None) -> jax.Arra
     return jnp.take_along_axis(x, idx, axis=0)
 
 
+def _clipper(clip: float | None) -> _Act:
+    """The cell's ``clip`` attribute as a function: gate inputs bounded to [-clip, clip]."""
+    return (lambda v: v) if clip is None else (lambda v: jnp.clip(v, -clip, clip))
+
+
 def _cell(kind: str, acts: Sequence[_Act], clip, input_forget):
     """One direction's update ``(products, gate inputs_t, state, mask_t, peepholes) -> (state,
     h_t)`` of RNN, LSTM and GRU with ``linear_before_reset``: the step's one product ``h @ R^T +
@@ -101,8 +106,7 @@ def _cell(kind: str, acts: Sequence[_Act], clip, input_forget):
     on every step. The first ``_FOLDED[kind]`` products enter only as ``gate input + product``,
     which :func:`_recurrence`'s derivative relies on."""
 
-    def clipped(v):
-        return v if clip is None else jnp.clip(v, -clip, clip)
+    clipped = _clipper(clip)
 
     def update(prod, xg, state, mask, peep):
         h = state[0]
@@ -232,8 +236,7 @@ def _gru_step(acts: Sequence[_Act], r, rb, clip):
     r_zr, rb_zr, r_h, rb_h = r[: 2 * hidden], rb[: 2 * hidden], r[2 * hidden :], rb[2 * hidden :]
     f, g = acts
 
-    def clipped(v):
-        return v if clip is None else jnp.clip(v, -clip, clip)
+    clipped = _clipper(clip)
 
     def step(state, xs):
         xg, mask = xs
