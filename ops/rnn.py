@@ -163,7 +163,8 @@ def _step_weights(r, rows: int) -> tuple:
     XLA's own dot, which reads R as stored faster (1.04-1.06x). The tangent scan keeps R as
     stored: its transpose, the backward scan's ``cotangent @ R``, then reads it without a
     copy (with the (K, N) copy there LSTM gradient steps took 1.2-1.3x the time)."""
-    return (r.T, 0) if rows >= 2 else (r, 1)
+    one_row = isinstance(rows, int) and rows == 1  # a symbolic batch (jax.export) takes the copy
+    return (r, 1) if one_row else (r.T, 0)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))

@@ -332,3 +332,25 @@ def test_ensemble_gradients_and_forward_mode(kind, attrs):
         tangents = jax.vmap(lambda p, t: jax.jvp(loss, (p,), (t,))[1])(stacked, ones)
         directional = [sum(float(jnp.sum(g)) for g in w.values()) for w in want]
         np.testing.assert_allclose(tangents, directional, rtol=1e-10)
+
+
+def test_exports_with_a_symbolic_batch():
+    # The step products' layout is chosen by the batch size (ops/rnn.py _step_weights); a
+    # symbolic batch must not need a concrete one.
+    import jax
+    from jax import export
+
+    ins = _inputs("LSTM", seq=4, batch=3, size=5, peep=True)
+    model = node_model("LSTM", ins, 3, opset=14, hidden_size=2, initializers=["W", "R", "B", "P"])
+    for value in model.graph.input:  # X, initial_h, initial_c: the batch is axis 1
+        value.type.tensor_type.shape.dim[1].dim_param = "N"
+    m = jonnx.load(model)
+    feeds = {k: v for k, v in ins.items() if v is not None and k in m.input_names}
+    (b,) = export.symbolic_shape("b")
+    specs = {k: jax.ShapeDtypeStruct((v.shape[0], b, v.shape[-1]), v.dtype) for k, v in feeds.items()}
+    exported = export.export(jax.jit(lambda p, kw: m.apply(p, **kw)))(m.params, specs)
+    for batch in (1, 3):
+        part = {k: v[:, :batch] for k, v in feeds.items()}
+        want = m.apply(m.params, **part)
+        for g, w in zip(exported.call(m.params, part), want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
