@@ -303,7 +303,8 @@ def test_half_precision_carries_float32_states(op):
 
 
 @pytest.mark.parametrize(
-    ("kind", "attrs"), [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("RNN", {"direction": "bidirectional"})]
+    ("kind", "attrs"),
+    [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {}), ("RNN", {"direction": "bidirectional"})],
 )
 def test_ensemble_gradients_and_forward_mode(kind, attrs):
     # vmap over stacked weights (an ensemble) of the recurrence's custom derivative equals each
@@ -334,14 +335,16 @@ def test_ensemble_gradients_and_forward_mode(kind, attrs):
         np.testing.assert_allclose(tangents, directional, rtol=1e-10)
 
 
-def test_exports_with_a_symbolic_batch():
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_exports_with_a_symbolic_batch(kind):
     # The step products' layout is chosen by the batch size (ops/rnn.py _step_weights); a
     # symbolic batch must not need a concrete one.
     import jax
     from jax import export
 
-    ins = _inputs("LSTM", seq=4, batch=3, size=5, peep=True)
-    model = node_model("LSTM", ins, 3, opset=14, hidden_size=2, initializers=["W", "R", "B", "P"])
+    ins = _inputs(kind, seq=4, batch=3, size=5, peep=True)
+    weights = ["W", "R", "B", "P"] if kind == "LSTM" else ["W", "R", "B"]
+    model = node_model(kind, ins, N_OUT[kind], opset=14, hidden_size=2, initializers=weights)
     for value in model.graph.input:  # X, initial_h, initial_c: the batch is axis 1
         value.type.tensor_type.shape.dim[1].dim_param = "N"
     m = jonnx.load(model)
