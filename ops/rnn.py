@@ -214,23 +214,22 @@ def _recurrence_jvp(update, parts, folded, primals, tangents):
 
     # Each product part's tangent from r and rb, for every step at once; then the folded gate
     # inputs' tangents join them.
-    rows = hs.reshape(hs.shape[0] * hs.shape[1], hidden)
-    t_prods = [None] * parts
-    for g in range(parts):
-        terms = []
-        if not isinstance(t_r, SymbolicZero):
-            # dr_g @ H^T copied to (rows, hidden): its transpose, r's gradient, is then a plain
-            # product (ops/products.py, weight_product), not XLA's dot over both operands' rows.
-            term = stored_transpose(lax.dot_general(t_r[g * hidden : (g + 1) * hidden], rows, (((1,), (1,)), ((), ()))))
-            terms.append(term.reshape(hs.shape))
-        if not isinstance(t_rb, SymbolicZero):
-            terms.append(t_rb[g * hidden : (g + 1) * hidden])
-        if g < folded and not isinstance(t_xg[g], SymbolicZero):
-            terms.append(t_xg[g])
-        t_prods[g] = jnp.broadcast_to(functools.reduce(jnp.add, terms), hs.shape) if terms else jnp.zeros_like(hs)
-    t_rest = tuple(jnp.zeros_like(x) if isinstance(t, SymbolicZero) else t for x, t in zip(xg[folded:], t_xg[folded:]))
-    t_peep = tuple(jnp.zeros_like(p) if isinstance(t, SymbolicZero) else t for p, t in zip(peep, t_peep))
-    t_init = tuple(jnp.zeros_like(s) if isinstance(t, SymbolicZero) else t for s, t in zip(init, t_init))
+    from_r = [None] * parts
+    if not isinstance(t_r, SymbolicZero):
+        # dr @ H^T copied to (rows, gates x hidden): its transpose, r's gradient, is then a plain
+        # product (ops/products.py, weight_product), not XLA's dot over both operands' rows.
+        rows = hs.reshape(hs.shape[0] * hs.shape[1], hidden)
+        term = stored_transpose(lax.dot_general(t_r, rows, (((1,), (1,)), ((), ()))))
+        from_r = jnp.split(term.reshape(*hs.shape[:2], parts * hidden), parts, axis=-1)
+    t_biases = [None] * parts if isinstance(t_rb, SymbolicZero) else jnp.split(t_rb, parts)
+    t_gates = [None if isinstance(t, SymbolicZero) else t for t in t_xg[:folded]] + [None] * (parts - folded)
+    t_prods = []
+    for terms in zip(from_r, t_biases, t_gates):
+        terms = [t for t in terms if t is not None]
+        t_prods.append(jnp.broadcast_to(functools.reduce(jnp.add, terms), hs.shape) if terms else jnp.zeros_like(hs))
+    t_rest = _dense(xg[folded:], t_xg[folded:])
+    t_peep = _dense(peep, t_peep)
+    t_init = _dense(init, t_init)
 
     def tangent_step(t_state, xs):
         linear, t_prod, t_x = xs
@@ -242,6 +241,11 @@ def _recurrence_jvp(update, parts, folded, primals, tangents):
 
 
 _recurrence.defjvp(_recurrence_jvp, symbolic_zeros=True)
+
+
+def _dense(primals: tuple, tangents: tuple) -> tuple:
+    """The tangents with symbolic zeros made arrays."""
+    return tuple(jnp.zeros_like(p) if isinstance(t, SymbolicZero) else t for p, t in zip(primals, tangents))
 
 
 def _gru_step(acts: Sequence[_Act], r, rb, clip, rows: int):
