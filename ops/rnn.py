@@ -3,7 +3,7 @@
 Each direction is one ``jax.lax.scan`` over the time axis. The input projection
 ``X @ W^T + Wb`` of every step is one matmul before the scan, cut into one scanned array per
 gate; only ``H @ R^T`` runs inside it, and R's gradient is one product after the backward
-scan (``_recurrence``; except for GRU without ``linear_before_reset``, scanned as written).
+scan (``_recurrence``; for GRU without ``linear_before_reset``, two: ``_gru_scan``).
 
 ``sequence_lens`` may be traced: steps past a sequence's length are masked (the state is
 carried unchanged and ``Y`` is zero there), so ``Y_h``/``Y_c`` hold the state at each
@@ -197,7 +197,6 @@ def _recurrence(update, parts: int, folded: int, r, rb, peep, init, xg, mask):
 def _recurrence_jvp(update, parts, folded, primals, tangents):
     r, rb, peep, init, xg, mask = primals
     t_r, t_rb, t_peep, t_init, t_xg, _ = tangents
-    hidden = r.shape[-1]
 
     def step(state, xs):
         x, mask_t = xs
@@ -214,19 +213,8 @@ def _recurrence_jvp(update, parts, folded, primals, tangents):
 
     # Each product part's tangent from r and rb, for every step at once; then the folded gate
     # inputs' tangents join them.
-    from_r = [None] * parts
-    if not isinstance(t_r, SymbolicZero):
-        # dr @ H^T copied to (rows, gates x hidden): its transpose, r's gradient, is then a plain
-        # product (ops/products.py, weight_product), not XLA's dot over both operands' rows.
-        rows = hs.reshape(hs.shape[0] * hs.shape[1], hidden)
-        term = stored_transpose(lax.dot_general(t_r, rows, (((1,), (1,)), ((), ()))))
-        from_r = jnp.split(term.reshape(*hs.shape[:2], parts * hidden), parts, axis=-1)
-    t_biases = [None] * parts if isinstance(t_rb, SymbolicZero) else jnp.split(t_rb, parts)
-    t_gates = [None if isinstance(t, SymbolicZero) else t for t in t_xg[:folded]] + [None] * (parts - folded)
-    t_prods = []
-    for terms in zip(from_r, t_biases, t_gates):
-        terms = [t for t in terms if t is not None]
-        t_prods.append(jnp.broadcast_to(functools.reduce(jnp.add, terms), hs.shape) if terms else jnp.zeros_like(hs))
+    t_gates = [*t_xg[:folded], *[None] * (parts - folded)]
+    t_prods = _stacked_tangents(t_r, t_rb, t_gates, hs, parts)
     t_rest = _dense(xg[folded:], t_xg[folded:])
     t_peep = _dense(peep, t_peep)
     t_init = _dense(init, t_init)
@@ -243,53 +231,127 @@ def _recurrence_jvp(update, parts, folded, primals, tangents):
 _recurrence.defjvp(_recurrence_jvp, symbolic_zeros=True)
 
 
+def _stacked_tangents(t_r, t_rb, t_gates: Sequence, hs, parts: int) -> list:
+    """The tangents of a recurrence's step products ``hs_t @ r^T + rb`` at every step at once,
+    cut into ``parts``, each with its gate input's tangent added (``t_gates``; None or a
+    symbolic zero where there is none): ``r``'s term ``hs @ t_r^T`` of all steps is one
+    product, which is what takes ``r``'s gradient out of the backward scan. ``hs`` (steps,
+    batch, hidden) are the states the step products multiply; every part is as wide."""
+    from_r = [None] * parts
+    if not isinstance(t_r, SymbolicZero):
+        # dr @ H^T copied to (rows, gates x hidden): its transpose, r's gradient, is then a plain
+        # product (ops/products.py, weight_product), not XLA's dot over both operands' rows.
+        rows = hs.reshape(hs.shape[0] * hs.shape[1], hs.shape[2])
+        term = stored_transpose(lax.dot_general(t_r, rows, (((1,), (1,)), ((), ()))))
+        from_r = jnp.split(term.reshape(*hs.shape[:2], parts * hs.shape[2]), parts, axis=-1)
+    t_biases = [None] * parts if isinstance(t_rb, SymbolicZero) else jnp.split(t_rb, parts)
+    t_gates = [None if isinstance(t, SymbolicZero) else t for t in t_gates]
+    tangents = []
+    for terms in zip(from_r, t_biases, t_gates):
+        terms = [t for t in terms if t is not None]
+        tangents.append(jnp.broadcast_to(functools.reduce(jnp.add, terms), hs.shape) if terms else jnp.zeros_like(hs))
+    return tangents
+
+
 def _dense(primals: tuple, tangents: tuple) -> tuple:
     """The tangents with symbolic zeros made arrays."""
     return tuple(jnp.zeros_like(p) if isinstance(t, SymbolicZero) else t for p, t in zip(primals, tangents))
 
 
+def _gru_halves(acts: Sequence[_Act], clip):
+    """A GRU step without ``linear_before_reset`` in two halves around its second product
+    (the candidate's, which multiplies the reset state): ``reset(gate inputs of z and r, h) ->
+    (z, r * h)``, then ``blend(candidate's input, z, state, mask_t) -> (state, h_t)``. Gate
+    inputs come with their products added (biases included)."""
+    f, g = acts
+    clipped = _clipper(clip)
+
+    def reset(pre_zr, h):
+        z = f(clipped(pre_zr[0]))
+        return z, f(clipped(pre_zr[1])) * h
+
+    def blend(pre_h, z, state, mask):
+        return _masked(((1 - z) * g(clipped(pre_h)) + z * state[0],), state, mask)
+
+    return reset, blend
+
+
 def _gru_step(acts: Sequence[_Act], r, rb, clip, rows: int):
-    """A GRU step without ``linear_before_reset`` (its second product multiplies the reset
-    state, so it is scanned as written): ``(state, (gate inputs_t, mask_t)) -> (state, h_t)``.
-    The blocks of R are cut before the scan (see :func:`_cell`), and copied to (K, N) as
-    :func:`_step_weights` says for ``rows``."""
+    """A GRU step without ``linear_before_reset``: ``(state, (gate inputs_t, mask_t)) ->
+    (state, h_t)``. The blocks of R are cut before the scan (see :func:`_cell`), and copied to
+    (K, N) as :func:`_step_weights` says for ``rows``."""
     hidden = r.shape[-1]
     r_zr, k_zr = _step_weights(r[: 2 * hidden], rows)
     r_h, k_h = _step_weights(r[2 * hidden :], rows)
     rb_zr, rb_h = rb[: 2 * hidden], rb[2 * hidden :]
-    f, g = acts
-
-    clipped = _clipper(clip)
+    reset, blend = _gru_halves(acts, clip)
 
     def step(state, xs):
         xg, mask = xs
-        h = state[0]
-        hz, hreset = _products(h, r_zr, rb_zr, 2, k_zr)
-        z = f(clipped(xg[0] + hz))
-        rg = f(clipped(xg[1] + hreset))
-        ht = g(clipped(xg[2] + _products(rg * h, r_h, rb_h, 1, k_h)[0]))
-        return _masked(((1 - z) * ht + z * h,), state, mask)
+        hz, hr = _products(state[0], r_zr, rb_zr, 2, k_zr)
+        z, reset_h = reset((xg[0] + hz, xg[1] + hr), state[0])
+        return blend(xg[2] + _products(reset_h, r_h, rb_h, 1, k_h)[0], z, state, mask)
 
     return step
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
 def _gru_scan(acts: Sequence[_Act], clip, r, rb, init, xg, mask):
-    """The scan of :func:`_gru_step`: R transposed for the step products (as
-    :func:`_step_weights` says), while its derivative differentiates the scan with R as
-    stored, whose backward products then read R without a copy (with the copy there, a
-    gradient as written took 1.2-1.3x the time)."""
+    """The scan of :func:`_gru_step` (a GRU without ``linear_before_reset``): the final state
+    and the stacked ``h_t``.
+
+    Its derivative takes R out of the scan as :func:`_recurrence`'s does, in two stages per
+    step, since the candidate's product multiplies the reset state ``r_t * h_{t-1}``, not the
+    state: the JVP's forward scan linearizes the two halves of :func:`_gru_halves` apart and
+    keeps the states and the reset states; R's terms of every step are then two products (the
+    states by the gates' block, the reset states by the candidate's) before the tangent scan,
+    whose step runs the first linear map, the candidate's product of its tangent with R as
+    stored, and the second map. Linearizing the whole step instead would stack the
+    candidate's block of R among the residuals of every step (3.2x slower at batch 1)."""
     return lax.scan(_gru_step(acts, r, rb, clip, init[0].shape[0]), init, (xg, mask))
 
 
-@_gru_scan.defjvp
 def _gru_scan_jvp(acts, clip, primals, tangents):
     r, rb, init, xg, mask = primals
+    t_r, t_rb, t_init, t_xg, _ = tangents
+    hidden = r.shape[-1]
+    reset, blend = _gru_halves(acts, clip)
+    rows = init[0].shape[0]
+    r_zr, k_zr = _step_weights(r[: 2 * hidden], rows)
+    r_h, k_h = _step_weights(r[2 * hidden :], rows)
+    rb_zr, rb_h = rb[: 2 * hidden], rb[2 * hidden :]
 
-    def as_stored(r, rb, init, xg):
-        return lax.scan(_gru_step(acts, r, rb, clip, rows=1), init, (xg, mask))  # 1: R as stored
+    def step(state, xs):
+        x, mask_t = xs
+        h = state[0]
+        hz, hr = _products(h, r_zr, rb_zr, 2, k_zr)
+        (z, reset_h), reset_linear = jax.linearize(reset, (x[0] + hz, x[1] + hr), h)
+        pre_h = x[2] + _products(reset_h, r_h, rb_h, 1, k_h)[0]
+        (new, y), blend_linear = jax.linearize(lambda p, z, s: blend(p, z, s, mask_t), pre_h, z, state)
+        return new, (y, h, reset_h, reset_linear, blend_linear)
 
-    return jax.jvp(as_stored, (r, rb, init, xg), tangents[:4])
+    final, (ys, hs, reset_hs, reset_linears, blend_linears) = lax.scan(step, init, (xg, mask))
+
+    zero = SymbolicZero(None)
+    t_r_zr, t_r_h = (zero, zero) if isinstance(t_r, SymbolicZero) else (t_r[: 2 * hidden], t_r[2 * hidden :])
+    t_rb_zr, t_rb_h = (zero, zero) if isinstance(t_rb, SymbolicZero) else (t_rb[: 2 * hidden], t_rb[2 * hidden :])
+    t_zr = _stacked_tangents(t_r_zr, t_rb_zr, t_xg[:2], hs, 2)
+    (t_pre_h,) = _stacked_tangents(t_r_h, t_rb_h, t_xg[2:], reset_hs, 1)
+    r_zr, r_h = r[: 2 * hidden], r[2 * hidden :]  # as stored: the backward products read them so
+
+    def tangent_step(t_state, xs):
+        reset_linear, blend_linear, t_zr, t_pre_h = xs
+        t_hz, t_hr = _products(t_state[0], r_zr, None, 2)
+        t_z, t_reset_h = reset_linear((t_zr[0] + t_hz, t_zr[1] + t_hr), t_state[0])
+        t_pre_h = t_pre_h + _products(t_reset_h, r_h, None, 1)[0]
+        return blend_linear(t_pre_h, t_z, t_state)
+
+    xs = (reset_linears, blend_linears, tuple(t_zr), t_pre_h)
+    t_final, t_ys = lax.scan(tangent_step, _dense(init, t_init), xs)
+    return (final, ys), (t_final, t_ys)
+
+
+_gru_scan.defjvp(_gru_scan_jvp, symbolic_zeros=True)
 
 
 def _recurrent(kind: str, inputs, attrs, ctx):

@@ -216,12 +216,13 @@ def test_no_bias_no_initial_state_float64_and_float16(kind):
         ("LSTM", "reverse", 2, {}, 2),
         ("LSTM", "forward", 0, {"input_forget": 1, "clip": 1.5}, 2),
         ("LSTM", "forward", 0, {}, 1),
+        ("GRU", "reverse", 0, {"clip": 0.8}, 1),
     ],
 )
 def test_gradients_through_scan(kind, direction, output, attrs, batch):
-    # RNN, LSTM and GRU with linear_before_reset take R's derivative out of the scan
-    # (ops/rnn.py, _recurrence), their step products reading R transposed from two rows
-    # (_step_weights); GRU without it is differentiated as written.
+    # The recurrences take R's derivative out of the scan (ops/rnn.py, _recurrence; a GRU
+    # without linear_before_reset in two stages, _gru_scan), their step products reading R
+    # transposed from two rows (_step_weights) and as stored at one.
     num_dir = 2 if direction == "bidirectional" else 1
     lens = [3, 2][:batch]
     ins = _inputs(kind, seq=3, batch=batch, size=2, num_dir=num_dir, lens=lens, peep=True)
@@ -230,20 +231,32 @@ def test_gradients_through_scan(kind, direction, output, attrs, batch):
     )
 
 
+_LBR = {"linear_before_reset": 1}
+
+
 @pytest.mark.parametrize(
-    ("kind", "wrt"),
-    [("LSTM", ["X"]), ("LSTM", ["R"]), ("LSTM", ["B", "initial_c"]), ("LSTM", ["P"]), ("GRU", ["B"]), ("GRU", ["R"])],
+    ("kind", "wrt", "attrs"),
+    [
+        ("LSTM", ["X"], {}),
+        ("LSTM", ["R"], {}),
+        ("LSTM", ["B", "initial_c"], {}),
+        ("LSTM", ["P"], {}),
+        ("GRU", ["B"], _LBR),
+        ("GRU", ["R"], _LBR),
+        ("GRU", ["B"], {}),
+        ("GRU", ["R"], {}),
+        ("GRU", ["X", "initial_h"], {}),
+    ],
 )
-def test_gradients_with_respect_to_some_inputs(kind, wrt):
+def test_gradients_with_respect_to_some_inputs(kind, wrt, attrs):
     # The recurrence's derivative skips the terms of inputs not differentiated (symbolic zeros);
     # a GRU's third product (the candidate's) is not folded into its gate input, so with only B
     # differentiated its tangent is the bias's alone (found by the fuzz: it was not broadcast).
     ins = _inputs(kind, seq=4, batch=2, size=3, lens=[4, 3], peep=True)
-    attrs = {"linear_before_reset": 1} if kind == "GRU" else {}
     check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=0, wrt=wrt, hidden_size=2, **attrs)
 
 
-@pytest.mark.parametrize(("kind", "attrs"), [("LSTM", {}), ("GRU", {"linear_before_reset": 1})])
+@pytest.mark.parametrize(("kind", "attrs"), [("LSTM", {}), ("GRU", _LBR), ("GRU", {})])
 def test_second_derivatives_through_scan(kind, attrs):
     ins = _inputs(kind, seq=3, batch=2, size=2, lens=[3, 2], peep=True)
     check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=1, order=2, hidden_size=2, **attrs)
