@@ -356,13 +356,13 @@ def _gru_scan_jvp(acts, clip, primals, tangents):
     t_rb_zr, t_rb_h = (zero, zero) if isinstance(t_rb, SymbolicZero) else (t_rb[: 2 * hidden], t_rb[2 * hidden :])
     t_zr = _stacked_tangents(t_r_zr, t_rb_zr, t_xg[:2], hs, 2)
     (t_pre_h,) = _stacked_tangents(t_r_h, t_rb_h, t_xg[2:], reset_hs, 1)
-    r_zr, r_h = r[: 2 * hidden], r[2 * hidden :]  # as stored: the backward products read them so
+    stored_zr, stored_h = r[: 2 * hidden], r[2 * hidden :]  # the backward products read them so
 
     def tangent_step(t_state, xs):
         reset_linear, blend_linear, t_zr, t_pre_h = xs
-        t_hz, t_hr = _products(t_state[0], r_zr, None, 2)
+        t_hz, t_hr = _products(t_state[0], stored_zr, None, 2)
         t_z, t_reset_h = reset_linear((t_zr[0] + t_hz, t_zr[1] + t_hr), t_state[0])
-        t_pre_h = t_pre_h + _products(t_reset_h, r_h, None, 1)[0]
+        t_pre_h = t_pre_h + _products(t_reset_h, stored_h, None, 1)[0]
         return blend_linear(t_pre_h, t_z, t_state)
 
     xs = (reset_linears, blend_linears, tuple(t_zr), t_pre_h)
