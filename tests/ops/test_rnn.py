@@ -256,6 +256,14 @@ def test_gradients_with_respect_to_some_inputs(kind, wrt, attrs):
     check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=0, wrt=wrt, hidden_size=2, **attrs)
 
 
+@pytest.mark.parametrize(("kind", "attrs"), [("LSTM", {}), ("GRU", _LBR), ("GRU", {}), ("RNN", {})])
+def test_gradients_without_sequence_lens(kind, attrs):
+    # Unmasked, the derivative takes the state before each step from the previous output
+    # (ops/rnn.py _states_before) instead of stacking it.
+    ins = _inputs(kind, seq=3, batch=2, size=2, peep=True)
+    check_op_grads(kind, ins, opset=14, n_outputs=N_OUT[kind], output=0, hidden_size=2, **attrs)
+
+
 @pytest.mark.parametrize(("kind", "attrs"), [("LSTM", {}), ("GRU", {})])
 def test_gradients_of_an_empty_sequence(kind, attrs):
     # No steps: Y_h is initial_h (the recurrence's derivative builds the states before each step
