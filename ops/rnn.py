@@ -384,9 +384,14 @@ def _gru_scan_jvp(acts, clip, primals, tangents):
 _gru_scan.defjvp(_gru_scan_jvp, symbolic_zeros=True)
 
 
-def _recurrent(kind: str, inputs, attrs, ctx):
+def _recurrent(kind: str, inputs, attrs, ctx, quantized: _Quantized | None = None):
+    """The ONNX recurrent layers; with ``quantized``, DynamicQuantizeLSTM's 8-bit W (input,
+    4 x hidden) and R (hidden, 4 x hidden) per direction and their scales and zero points."""
     # RNN and GRU stop at initial_h; LSTM adds initial_c and the peepholes P.
     x, w, r, b, lens, h0, c0, p = (*inputs, None, None) if kind != "LSTM" else inputs
+    w_shape, r_shape = tuple(w.shape), tuple(r.shape)
+    if quantized is not None:  # stored (num_directions, K, gates x hidden): as the float layer's
+        w_shape, r_shape = (w_shape[0], *w_shape[:0:-1]), (r_shape[0], *r_shape[:0:-1])
     layout = attrs.get("layout") or 0
     direction = _text(attrs["direction"])
     if direction == "foward":  # opset 1's schema default has this typo
@@ -395,10 +400,10 @@ def _recurrent(kind: str, inputs, attrs, ctx):
         raise ctx.error(f"direction must be forward, reverse or bidirectional, got {direction!r}")
     num_dir = 2 if direction == "bidirectional" else 1
     gates = _KINDS[kind][0]
-    hidden = r.shape[-1]
+    hidden = r_shape[-1]
     if attrs["hidden_size"] is not None and attrs["hidden_size"] != hidden:
         raise ctx.error(f"hidden_size={attrs['hidden_size']} but R has shape {tuple(r.shape)}")
-    if tuple(w.shape[:2]) != (num_dir, gates * hidden) or tuple(r.shape) != (num_dir, gates * hidden, hidden):
+    if w_shape[:2] != (num_dir, gates * hidden) or r_shape != (num_dir, gates * hidden, hidden):
         raise ctx.error(
             f"W {tuple(w.shape)} / R {tuple(r.shape)} do not fit direction={direction!r} with "
             f"hidden size {hidden} ({gates} gate(s))"
@@ -431,16 +436,22 @@ def _recurrent(kind: str, inputs, attrs, ctx):
     for d in range(num_dir):
         reverse = direction == "reverse" or d == 1
         xd = _reverse_within_lengths(x, lens) if reverse else x
-        xw = jnp.einsum("tbi,gi->tbg", xd, w[d]) + b[d, : gates * hidden]
+        if quantized is None:
+            xw = jnp.einsum("tbi,gi->tbg", xd, w[d]) + b[d, : gates * hidden]
+        else:
+            xw = quantized.project(d, xd, lens) + b[d, : gates * hidden]
         init = (h0[d], c0[d]) if kind == "LSTM" else (h0[d],)
         xg = tuple(jnp.split(xw, gates, axis=-1))
-        r_d, rb_d = r[d], b[d, gates * hidden :]
+        rb_d = b[d, gates * hidden :]
         if kind == "GRU" and not attrs.get("linear_before_reset"):
-            state, y = _gru_scan(acts[d], clip, r_d, rb_d, init, xg, mask)
+            state, y = _gru_scan(acts[d], clip, r[d], rb_d, init, xg, mask)
         else:
             peep = tuple(jnp.split(p[d], 3)) if kind == "LSTM" else ()
             update = _cell(kind, acts[d], clip, attrs.get("input_forget"))
-            state, y = _recurrence(update, gates, _FOLDED[kind], r_d, rb_d, peep, init, xg, mask)
+            if quantized is None:
+                state, y = _recurrence(update, gates, _FOLDED[kind], r[d], rb_d, peep, init, xg, mask)
+            else:
+                state, y = quantized.scan(d, update, rb_d, peep, init, xg, mask)
         ys.append(_reverse_within_lengths(y, lens) if reverse else y)
         hs.append(state[0])
         if kind == "LSTM":
@@ -451,6 +462,64 @@ def _recurrent(kind: str, inputs, attrs, ctx):
         y = jnp.transpose(y, (2, 0, 1, 3))
         finals = [jnp.swapaxes(f, 0, 1) for f in finals]
     return (y, *finals)
+
+
+class _Quantized:
+    """DynamicQuantizeLSTM's products, as onnxruntime computes them (its uni_directional_lstm
+    with 8-bit weights): every product's float left operand is quantized to uint8 over the whole
+    operand as DynamicQuantizeLinear does (range widened to hold 0, scale and zero point
+    rounded the same way), multiplied by the weights in int32 and scaled back by the operand's
+    scale times the weights' (per column or per direction). The input projection quantizes
+    the first ``max(sequence_lens)`` steps of every sequence at once; each step the state, with
+    rows past their sequence's length as zeros (the outputs onnxruntime multiplies there).
+
+    As one onnxruntime thread does: with more, onnxruntime quantizes the state per chunk of
+    the batch its threads split it into, so its result depends on its thread count (up to
+    2e-3 apart with two threads on a batch of 3, tests/ops/test_microsoft.py). Where the node
+    does not ask for Y, onnxruntime multiplies ended sequences' last states instead of zeros
+    (jonnx multiplies zeros either way), and after a sequence of length 0 its Y_h and Y_c are
+    zeros (jonnx's are the initial states, as its float LSTM's)."""
+
+    def __init__(self, w, r, w_scale, w_zero, r_scale, r_zero, matmul: Callable):
+        self._matmul = matmul
+        self.w, self.r = w, r
+        self.w_scale, self.w_zero, self.r_scale, self.r_zero = w_scale, w_zero, r_scale, r_zero
+
+    def project(self, d: int, x, lens):
+        """``x`` (steps, batch, input) times direction ``d``'s W, quantized as one operand."""
+        steps, batch, size = x.shape
+        if lens is not None:  # steps past the longest sequence are not quantized (zeros do not count)
+            x = jnp.where((jnp.arange(steps) < jnp.max(lens))[:, None, None], x, jnp.zeros((), x.dtype))
+        rows = self._matmul(x.reshape(steps * batch, size), self.w[d], self.w_scale[d], _zero(self.w_zero, d))
+        return rows.reshape(steps, batch, -1)
+
+    def scan(self, d: int, update, rb, peep, init, xg, mask):
+        """The LSTM's scan with each step's product quantized (see the class)."""
+        r, scale, zero = self.r[d], self.r_scale[d], _zero(self.r_zero, d)
+
+        def step(state, xs):
+            xg_t, mask_t, mask_before = xs
+            h = state[0] if mask_before is None else jnp.where(mask_before, state[0], jnp.zeros((), state[0].dtype))
+            prod = tuple(jnp.split(self._matmul(h, r, scale, zero) + rb, 4, axis=-1))
+            return update(prod, xg_t, state, mask_t, peep)
+
+        # The state a step multiplies is the previous step's output: zero past a sequence's end.
+        before = None if mask is None else jnp.concatenate([jnp.ones_like(mask[:1]), mask[:-1]])
+        return lax.scan(step, init, (xg, mask, before))
+
+
+def _zero(zero_point, d: int):
+    return None if zero_point is None else zero_point[d]
+
+
+def quantized_lstm(inputs: Inputs, attrs: Attrs, ctx: OpContext, matmul: Callable) -> Outputs:
+    """com.microsoft ``DynamicQuantizeLSTM`` (ops/microsoft/quantize.py registers it): the
+    LSTM with 8-bit W (num_directions, input, 4 x hidden) and R (num_directions, hidden, 4 x
+    hidden), scales and zero points per direction or per column, every product as
+    :class:`_Quantized` says. ``matmul(a, b, b_scale, b_zero)`` is DynamicQuantizeMatMul's."""
+    x, w, r, b, lens, h0, c0, p, w_scale, w_zero, r_scale, r_zero = inputs
+    quantized = _Quantized(w, r, w_scale, w_zero, r_scale, r_zero, matmul)
+    return _recurrent("LSTM", (x, w, r, b, lens, h0, c0, p), attrs, ctx, quantized)
 
 
 @register("RNN", since=(1, 7, 14, 22))

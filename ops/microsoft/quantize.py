@@ -32,6 +32,7 @@ from jonnx.ops.quantize import (
     qlinear_conv as _qlinear_conv,
     quantize_linear,
 )
+from jonnx.ops.rnn import quantized_lstm
 
 
 def _xp(x):
@@ -201,6 +202,28 @@ def dynamic_quantize_matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Out
     a_q, a_scale, a_zero = dynamic_quantize_linear((a,), {}, ctx)
     acc = integer_matmul(a_q, b, a_zero, b_zero)
     return (_scaled(acc, a_scale * jnp.asarray(b_scale).astype(jnp.float32), bias, dtype_of(a)),)
+
+
+_LSTM_ATTRS = {
+    "activation_alpha": None,
+    "activation_beta": None,
+    "activations": None,
+    "clip": None,
+    "direction": "forward",
+    "hidden_size": None,
+    "input_forget": 0,
+}
+
+
+@register("DynamicQuantizeLSTM", since=1, domain=DOMAIN, attributes=_LSTM_ATTRS, n_inputs=12)
+def dynamic_quantize_lstm(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """com.microsoft ``DynamicQuantizeLSTM`` (what onnxruntime's ``quantize_dynamic`` makes of
+    an LSTM): ops/rnn.py ``quantized_lstm``, each product as :func:`dynamic_quantize_matmul`."""
+
+    def matmul(a, b, b_scale, b_zero):
+        return dynamic_quantize_matmul((a, b, b_scale, b_zero, None), {}, ctx)[0]
+
+    return quantized_lstm(inputs, attrs, ctx, matmul)
 
 
 @register("MatMulIntegerToFloat", since=1, domain=DOMAIN, attributes={}, n_inputs=7)

@@ -1415,3 +1415,123 @@ def test_group_query_attention_padding_rows_stay_finite(dtype):
     _check_gqa(inputs, lengths, s, attrs, dtype)
     model = node_model("GroupQueryAttention", inputs, 3, opset=1, domain=MS, **attrs)
     assert np.isfinite(run_jonnx(model, inputs)[0].astype(np.float32)).all()
+
+
+def _dynamic_quantize_lstm(*, seq, batch, size, hidden, direction, w_type, per_column, lens, peepholes):
+    """A DynamicQuantizeLSTM node as quantize_dynamic writes one, its feeds, and the same model
+    for onnxruntime with int8 weights stored as uint8 (+128, zero points too; what it multiplies
+    exactly on every CPU, tests/_exact_onnxruntime.py)."""
+    dirs = 2 if direction == "bidirectional" else 1
+    scales = (dirs, 4 * hidden) if per_column else (dirs,)
+    lo, hi, zero = (-128, 128, 0) if w_type == np.int8 else (0, 256, 131)
+    weights = {
+        "W": RNG.integers(lo, hi, (dirs, size, 4 * hidden)).astype(w_type),
+        "R": RNG.integers(lo, hi, (dirs, hidden, 4 * hidden)).astype(w_type),
+        "B": rand(dirs, 8 * hidden) * 0.3,
+        "P": rand(dirs, 3 * hidden) * 0.3 if peepholes else None,
+        "W_scale": (RNG.random(scales) * 0.01 + 0.002).astype(np.float32),
+        "W_zero_point": np.full(scales, zero, w_type),
+        "R_scale": (RNG.random(scales) * 0.01 + 0.002).astype(np.float32),
+        "R_zero_point": np.full(scales, zero, w_type),
+    }
+    feeds = {
+        "X": rand(seq, batch, size),
+        "sequence_lens": None if lens is None else np.asarray(lens, np.int32),
+        "initial_h": rand(dirs, batch, hidden) * 0.5,
+        "initial_c": rand(dirs, batch, hidden),
+    }
+    if lens is not None:  # padding past the longest sequence, which must not widen X's range
+        feeds["X"][max(lens) :] *= 10
+    order = ["X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"]
+    order += ["W_scale", "W_zero_point", "R_scale", "R_zero_point"]
+    inputs = {k: {**weights, **feeds}[k] for k in order}
+    model = node_model(
+        "DynamicQuantizeLSTM",
+        inputs,
+        3,
+        opset=1,
+        domain=MS,
+        initializers=tuple(weights),
+        hidden_size=hidden,
+        direction=direction,
+    )
+    return model, {k: v for k, v in feeds.items() if v is not None}
+
+
+def _lstm_reference(model, feeds):
+    """onnxruntime's outputs of a DynamicQuantizeLSTM model on one thread, its int8 weights and
+    zero points stored as uint8 (+128): what it multiplies exactly on every CPU
+    (tests/_exact_onnxruntime.py)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    node = model.graph.node[0]
+    weights = {node.input[i] for i in (1, 2, 9, 11) if len(node.input) > i}
+    for t in model.graph.initializer:
+        if t.name in weights and t.data_type == onnx.TensorProto.INT8:
+            shifted = (onnx.numpy_helper.to_array(t).astype(np.int16) + 128).astype(np.uint8)
+            t.CopyFrom(onnx.numpy_helper.from_array(shifted, t.name))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize(
+    "direction,w_type,per_column,lens,peepholes",
+    [
+        ("forward", np.int8, False, None, True),
+        ("reverse", np.uint8, True, None, False),
+        ("bidirectional", np.int8, True, [6, 2, 4], True),
+        ("bidirectional", np.uint8, False, [5, 4, 1], True),
+    ],
+)
+def test_dynamic_quantize_lstm(direction, w_type, per_column, lens, peepholes):
+    # onnxruntime quantizes each product's float operand as a whole: all of X (up to the
+    # longest sequence) for the input projection, each step's state with ended sequences' rows
+    # as zeros. With more than one thread it quantizes the state per chunk of the batch its
+    # threads split it into, so its result depends on its thread count; jonnx's is one
+    # thread's, the reference here (with two threads it read up to 2e-3 away).
+    model, feeds = _dynamic_quantize_lstm(
+        seq=6,
+        batch=3,
+        size=5,
+        hidden=3,
+        direction=direction,
+        w_type=w_type,
+        per_column=per_column,
+        lens=lens,
+        peepholes=peepholes,
+    )
+    got = run_jonnx(model, feeds, jit=True)
+    for g, w in zip(got, _lstm_reference(model, feeds)):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6)
+
+
+def test_quantize_dynamic_of_an_lstm(tmp_path):
+    # What onnxruntime's quantize_dynamic writes for a float LSTM runs as onnxruntime runs it.
+    from onnxruntime.quantization import quantize_dynamic
+
+    seq, batch, size, hidden = 7, 3, 8, 16
+    inputs = {
+        "X": rand(seq, batch, size),
+        "W": rand(2, 4 * hidden, size) * 0.3,
+        "R": rand(2, 4 * hidden, hidden) * 0.3,
+        "B": rand(2, 8 * hidden) * 0.1,
+    }
+    model = node_model(
+        "LSTM",
+        inputs,
+        3,
+        opset=17,
+        domain="",
+        initializers=("W", "R", "B"),
+        hidden_size=hidden,
+        direction="bidirectional",
+    )
+    onnx.save(model, tmp_path / "float.onnx")
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "int8.onnx")
+    quantized = onnx.load(tmp_path / "int8.onnx")
+    assert [n.op_type for n in quantized.graph.node] == ["DynamicQuantizeLSTM"]
+    feeds = {"X": inputs["X"]}
+    got = jonnx.load(quantized)(**feeds)
+    for g, w in zip(got, _lstm_reference(quantized, feeds)):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6)
