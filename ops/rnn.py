@@ -518,6 +518,13 @@ def quantized_lstm(inputs: Inputs, attrs: Attrs, ctx: OpContext, matmul: Callabl
     hidden), scales and zero points per direction or per column, every product as
     :class:`_Quantized` says. ``matmul(a, b, b_scale, b_zero)`` is DynamicQuantizeMatMul's."""
     x, w, r, b, lens, h0, c0, p, w_scale, w_zero, r_scale, r_zero = inputs
+    dirs, gates_hidden = r.shape[0], r.shape[-1]
+    for name, value in (("W_scale", w_scale), ("W_zero_point", w_zero), ("R_scale", r_scale), ("R_zero_point", r_zero)):
+        if value is not None and tuple(jnp.shape(value)) not in ((dirs,), (dirs, gates_hidden)):
+            raise ctx.error(
+                f"{name} must have shape ({dirs},) (per direction) or ({dirs}, {gates_hidden}) (per column), "
+                f"got {tuple(jnp.shape(value))}"
+            )
     quantized = _Quantized(w, r, w_scale, w_zero, r_scale, r_zero, matmul)
     return _recurrent("LSTM", (x, w, r, b, lens, h0, c0, p), attrs, ctx, quantized)
 

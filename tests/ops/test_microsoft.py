@@ -1535,3 +1535,22 @@ def test_quantize_dynamic_of_an_lstm(tmp_path):
     got = jonnx.load(quantized)(**feeds)
     for g, w in zip(got, _lstm_reference(quantized, feeds)):
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6)
+
+
+def test_dynamic_quantize_lstm_scale_shape_error():
+    model, feeds = _dynamic_quantize_lstm(
+        seq=2,
+        batch=1,
+        size=3,
+        hidden=2,
+        direction="forward",
+        w_type=np.int8,
+        per_column=False,
+        lens=None,
+        peepholes=False,
+    )
+    for t in model.graph.initializer:
+        if t.name == "R_scale":
+            t.CopyFrom(onnx.numpy_helper.from_array(np.ones((1, 3), np.float32), "R_scale"))
+    with pytest.raises(jonnx.errors.NodeError, match=r"R_scale must have shape \(1,\) .* got \(1, 3\)"):
+        jonnx.load(model)(**feeds)
