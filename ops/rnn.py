@@ -304,14 +304,19 @@ def _gru_halves(acts: Sequence[_Act], clip):
     return reset, blend
 
 
+def _gru_blocks(v) -> tuple:
+    """``v`` (a GRU's R or its recurrent bias, or their tangents) cut along its first axis into
+    the update and reset gates' block and the candidate's."""
+    cut = 2 * (v.shape[0] // 3)
+    return v[:cut], v[cut:]
+
+
 def _gru_step(acts: Sequence[_Act], r, rb, clip, rows: int):
     """A GRU step without ``linear_before_reset``: ``(state, (gate inputs_t, mask_t)) ->
     (state, h_t)``. The blocks of R are cut before the scan (see :func:`_cell`), and copied to
     (K, N) as :func:`_step_weights` says for ``rows``."""
-    hidden = r.shape[-1]
-    r_zr, k_zr = _step_weights(r[: 2 * hidden], rows)
-    r_h, k_h = _step_weights(r[2 * hidden :], rows)
-    rb_zr, rb_h = rb[: 2 * hidden], rb[2 * hidden :]
+    (r_zr, k_zr), (r_h, k_h) = (_step_weights(block, rows) for block in _gru_blocks(r))
+    rb_zr, rb_h = _gru_blocks(rb)
     reset, blend = _gru_halves(acts, clip)
 
     def step(state, xs):
@@ -342,12 +347,10 @@ def _gru_scan(acts: Sequence[_Act], clip, r, rb, init, xg, mask):
 def _gru_scan_jvp(acts, clip, primals, tangents):
     r, rb, init, xg, mask = primals
     t_r, t_rb, t_init, t_xg, _ = tangents
-    hidden = r.shape[-1]
     reset, blend = _gru_halves(acts, clip)
-    rows = init[0].shape[0]
-    r_zr, k_zr = _step_weights(r[: 2 * hidden], rows)
-    r_h, k_h = _step_weights(r[2 * hidden :], rows)
-    rb_zr, rb_h = rb[: 2 * hidden], rb[2 * hidden :]
+    stored_zr, stored_h = _gru_blocks(r)  # the tangent scan's products read them as stored
+    (r_zr, k_zr), (r_h, k_h) = (_step_weights(block, init[0].shape[0]) for block in (stored_zr, stored_h))
+    rb_zr, rb_h = _gru_blocks(rb)
 
     def step(state, xs):
         x, mask_t = xs
@@ -363,11 +366,10 @@ def _gru_scan_jvp(acts, clip, primals, tangents):
         hs = _states_before(init, ys)
 
     zero = SymbolicZero(None)
-    t_r_zr, t_r_h = (zero, zero) if isinstance(t_r, SymbolicZero) else (t_r[: 2 * hidden], t_r[2 * hidden :])
-    t_rb_zr, t_rb_h = (zero, zero) if isinstance(t_rb, SymbolicZero) else (t_rb[: 2 * hidden], t_rb[2 * hidden :])
+    t_r_zr, t_r_h = (zero, zero) if isinstance(t_r, SymbolicZero) else _gru_blocks(t_r)
+    t_rb_zr, t_rb_h = (zero, zero) if isinstance(t_rb, SymbolicZero) else _gru_blocks(t_rb)
     t_zr = _stacked_tangents(t_r_zr, t_rb_zr, t_xg[:2], hs, 2)
     (t_pre_h,) = _stacked_tangents(t_r_h, t_rb_h, t_xg[2:], reset_hs, 1)
-    stored_zr, stored_h = r[: 2 * hidden], r[2 * hidden :]  # the backward products read them so
 
     def tangent_step(t_state, xs):
         reset_linear, blend_linear, t_zr, t_pre_h = xs
