@@ -179,10 +179,14 @@ class DotChoosingJit:
         key = self._signature_of(*args, **kwargs) if self.chooses else None
         if key is None:
             return self._call_default(args, kwargs)
-        choice = self.choices.get(key)
-        if choice is None:
-            choice = self.choices[key] = self._choose(args, kwargs)
-        return self._variants[choice](*args, **kwargs)
+        return self._variants[self._choice(key, args, kwargs)](*args, **kwargs)
+
+    def compiled(self, *args: Any, **kwargs: Any) -> Any:
+        """The compilation a call with these arguments runs (the choice made first where there
+        is one), without running it; the call that follows finds it in JAX's cache."""
+        key = self._signature_of(*args, **kwargs) if self.chooses else None
+        variant = self.default if key is None else self._variants[self._choice(key, args, kwargs)]
+        return variant.trace(*args, **kwargs).lower().compile()
 
     def __getattr__(self, name: str) -> Any:
         # lower, trace, eval_shape, __wrapped__...: the single-dot jax.jit function's.
@@ -207,6 +211,12 @@ class DotChoosingJit:
                 "backend from a fusion that miscompiles (docs/known_issues.md): put the "
                 "transformation inside, jonnx.jit(jax.grad(f)), or differentiate the function itself"
             ) from None
+
+    def _choice(self, key: Any, args: tuple, kwargs: dict) -> str:
+        choice = self.choices.get(key)
+        if choice is None:
+            choice = self.choices[key] = self._choose(args, kwargs)
+        return choice
 
     def _choose(self, args: tuple, kwargs: dict) -> str:
         if XLA_DOTS in self._variants and not library_dots_for(self.default.trace(*args, **kwargs).jaxpr):

@@ -52,6 +52,8 @@ class Stage:
             arguments (one compilation per distinct value; shapes, counts, axes). String
             values are always passed that way too.
         exports: values the segment computes that later stages or the graph outputs read.
+        chunks: how many chunks of rows the segment runs its batch in (``jonnx._chunks``);
+            the plan's stages have 1, ``Model.__call__`` makes a copy for a large batch.
     """
 
     host_nodes: tuple[int, ...]
@@ -59,6 +61,7 @@ class Stage:
     reads: tuple[str, ...]
     static: frozenset[str]
     exports: tuple[str, ...]
+    chunks: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from jonnx._chunks import lowering_batch
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import _window as geo
 from jonnx.ops._tap_weights import tap_weight_term
@@ -227,7 +228,9 @@ def conv_lowering(
     out_cells = math.prod(
         -(-d // st) if isinstance(d, (int, np.integer)) else 1 << 30 for d, st in zip(spatial, strides)
     )
-    batch = x_shape[0] if isinstance(x_shape[0], (int, np.integer)) else 1 << 30
+    # The images it will run on: a chunk's while a large batch is traced to run in chunks
+    # (jonnx/_chunks.py), whose jaxpr, traced at the whole batch, runs on that many.
+    batch = lowering_batch(x_shape[0]) if isinstance(x_shape[0], (int, np.integer)) else 1 << 30
     cells = batch * out_cells
     product_bytes = cells * taps * m * np.dtype(dtype).itemsize
     if (

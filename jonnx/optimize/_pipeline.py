@@ -21,13 +21,16 @@ PASSES: Mapping[str, Callable[[Graph, bool | None], Graph]] = {
     "string_labels": string_labels.run,
 }
 
-# Switches of the same option that act on how ``Model(*inputs)`` compiles, not on the graph;
-# off unless named. ``constant_weights``: the model's own weights enter the compiled function
-# as constants (folded at trace time, and XLA specializes on them) instead of as arguments.
-# Off by default: on the shared 2-core machine it measured within noise of weights as
+# Switches of the same option that act on how ``Model(*inputs)`` compiles and runs, not on the
+# graph, with their defaults. ``constant_weights``: the model's own weights enter the compiled
+# function as constants (folded at trace time, and XLA specializes on them) instead of as
+# arguments. Off by default: on the shared 2-core machine it measured within noise of weights as
 # arguments, while it doubled compile time and made ResNet-50's first call hold several
-# copies of the weights (docs/performance.md).
-CALL_OPTIONS = ("constant_weights",)
+# copies of the weights (docs/performance.md). ``batch_chunks``: a segment whose temporaries
+# XLA would map afresh on every call runs its batch in chunks of rows where that gives the
+# same values (jonnx/_chunks.py; BERT, MobileNetV2 and ResNet-50 at batch 32 0.59-0.95 of the
+# time).
+CALL_OPTIONS = {"constant_weights": False, "batch_chunks": True}
 
 # Passes that pay only when the weights are constants. With the weights as arguments each
 # makes a second copy of the weights it rewrites (the default call computes it once and keeps
@@ -68,7 +71,7 @@ def resolve(option: bool | Mapping[str, bool], *, call: bool = True) -> dict[str
     for name, on in option.items():
         if not isinstance(on, bool):
             raise TypeError(f"optimize[{name!r}] must be a bool, not {on!r}")
-    switches = {name: bool(option.get(name, name not in CALL_OPTIONS)) for name in names}
+    switches = {name: bool(option.get(name, CALL_OPTIONS.get(name, True))) for name in names}
     for name in CONSTANT_ONLY:
         switches[name] = bool(option.get(name, switches["constant_weights"]))
     if not call:
