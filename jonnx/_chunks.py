@@ -34,7 +34,7 @@ import jax.extend.core as jax_core
 import numpy as np
 from jax import lax
 
-__all__ = ["chunk_count", "lowering_batch", "row_local", "run_in_chunks"]
+__all__ = ["batch_of", "chunk_count", "lowering_batch", "row_local", "run_in_chunks"]
 
 #: Temporaries above this many bytes are mapped afresh on every call (glibc's largest
 #: dynamic ``mmap`` threshold); a segment with more is run in chunks where it can be.
@@ -140,7 +140,7 @@ def _traced(fn: Callable[[Any], Any], args: Any, chunks: int) -> tuple | None:
     """``fn``'s jaxpr at the whole batch, traced with lowerings chosen for a chunk's rows, its
     output shapes and the batch; None where it cannot run in ``chunks`` chunks."""
     leaves, tree = jax.tree.flatten(args)
-    batch = _batch(leaves)
+    batch = batch_of(leaves)
     if chunks < 2 or batch is None or batch % chunks:
         return None
     with _tracing(batch // chunks):
@@ -148,8 +148,10 @@ def _traced(fn: Callable[[Any], Any], args: Any, chunks: int) -> tuple | None:
     return (closed, shapes, batch) if _outputs_by_row(closed.jaxpr, batch) else None
 
 
-def _batch(leaves: Sequence[Any]) -> int | None:
-    sizes = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
+def batch_of(args: Any) -> int | None:
+    """The batch ``args`` hold: the leading size every array in them shares, where it is at
+    least 2; else None (a scalar among them, sizes that differ, a batch of one)."""
+    sizes = {np.shape(x)[0] if np.ndim(x) else None for x in jax.tree.leaves(args)}
     return sizes.pop() if len(sizes) == 1 and None not in sizes and min(sizes) >= 2 else None
 
 

@@ -106,8 +106,8 @@ def load(
             compiles the model's own weights in as constants; ``apply`` always takes them as
             arguments) and ``batch_chunks`` (``Model(*inputs)`` runs a large batch in chunks
             of rows where XLA would map its temporaries afresh on every call and the rows
-            stay apart, ``jonnx._chunks``). Switches left out are on, except ``constant_weights`` (on only when
-            named), ``fold_batchnorm`` and ``fuse_matmuls`` (on when ``constant_weights`` is,
+            stay apart, ``jonnx._chunks``). Switches left out are on, except
+            ``constant_weights`` (on only when named), ``fold_batchnorm`` and ``fuse_matmuls`` (on when ``constant_weights`` is,
             unless named: with weights as arguments they would keep a second copy of the
             weights they rewrite, for no speed) and, in ``apply``, ``channels_last`` (on only
             when named). Nodes that only transform weights (channels-last kernels, folded
@@ -845,10 +845,10 @@ class Model:
         run = self._run_stages.get(signature)
         if run is None:
             run = stage
-            batch = {getattr(v, "shape", (None,))[:1] for v in dynamic.values()}
-            if len(batch) == 1 and (rows := next(iter(batch))) and rows[0] and rows[0] >= 2:
-                compiled = self._compiled_segment(stage, params, dynamic, static, key)
-                chunks = _chunks.chunk_count(rows[0], compiled.memory_analysis().temp_size_in_bytes)
+            batch = _chunks.batch_of(dynamic)
+            if batch is not None:
+                analysis = self._compiled_segment(stage, params, dynamic, static, key).memory_analysis()
+                chunks = _chunks.chunk_count(batch, getattr(analysis, "temp_size_in_bytes", 0))
                 if chunks > 1 and _chunks.row_local(
                     lambda d: self._segment_impl(stage, params, d, static, key), dynamic, chunks
                 ):

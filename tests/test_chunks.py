@@ -93,6 +93,9 @@ def test_chunks_need_equal_batches_that_divide():
     assert not _chunks.row_local(lambda a: a * 2, x, 5)  # 5 does not divide 12
     assert not _chunks.row_local(lambda d: d["a"] + d["b"].sum(), {"a": x, "b": np.ones((3, 4), np.float32)}, 3)
     assert not _chunks.row_local(lambda a: a * 2, np.ones((1, 4), np.float32), 1)
+    assert _chunks.batch_of({"a": x, "b": x[:, :1]}) == 12
+    assert _chunks.batch_of({"a": x, "b": np.float32(1)}) is None
+    assert _chunks.batch_of(np.ones((1, 4))) is None
 
 
 def test_chunk_count_brings_each_chunk_under_the_limit():
