@@ -269,6 +269,9 @@ def _rule(eqn: Any, states: Sequence[State], batch: int) -> tuple[list[State], d
 
     if prim in _ELEMENTWISE or prim == "concatenate":
         unless(prim == "concatenate" and p["dimension"] == axis)
+        # XLA CPU converts a float rounding to -0 into float8 *fnuz (no negative zero) as NaN
+        # where the conversion is fused into the loop's update of its output (docs/known_issues.md).
+        unless(prim == "convert_element_type" and np.dtype(p["new_dtype"]).name.endswith("fnuz"))
         cut = {}
         for i, (s, shape) in enumerate(zip(states, shapes)):
             if isinstance(s, frozenset) and shape and shape[axis] != 1:

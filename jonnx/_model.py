@@ -684,6 +684,11 @@ class Model:
         ``key`` feeds random ops, as in :meth:`apply`. String outputs (numpy object arrays)
         and ZipMap's lists of dicts are returned as host values.
 
+        On the CPU a large batch whose compiled temporaries would be mapped afresh on every
+        call (over 32 MiB) runs in chunks of rows where every row of the results depends on
+        the same row of the inputs alone (``optimize`` switch ``batch_chunks``,
+        ``jonnx._chunks``): its first call compiles the segment twice.
+
         ``params`` (names left out keep the model's own values) makes the call differentiable:
         ``jax.grad(lambda p: loss(model(x, params=p)))`` works, outside ``jax.jit`` also for a
         segmented model. Each segment is differentiated as a compiled function; a host node
