@@ -854,8 +854,12 @@ class Model:
             if batch is not None:
                 analysis = self._compiled_segment(stage, params, dynamic, static, key).memory_analysis()
                 chunks = _chunks.chunk_count(batch, getattr(analysis, "temp_size_in_bytes", 0))
-                if chunks > 1 and _chunks.row_local(
-                    lambda d: self._segment_impl(stage, params, d, static, key), dynamic, chunks
+                # Strings the segment makes at trace time are outside its jaxpr: run it whole.
+                strings = _segment_signature(stage, static, dynamic) in self._segment_host_values
+                if (
+                    chunks > 1
+                    and not strings
+                    and _chunks.row_local(lambda d: self._segment_impl(stage, params, d, static, key), dynamic, chunks)
                 ):
                     run = dataclasses.replace(stage, chunks=chunks)
             self._run_stages[signature] = run
