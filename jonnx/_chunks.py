@@ -25,6 +25,7 @@ segment's temporaries, on the CPU only: on a GPU the allocator keeps its memory.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -286,9 +287,13 @@ def _rule(eqn: Any, states: Sequence[State], batch: int) -> tuple[list[State], d
         return [out], {"shape": lambda rows: _with(p["shape"], out, rows)}, {}
     if prim == "reshape":
         unless(p.get("dimensions") is not None)
-        before = _prod(shapes[0][:axis])
+        before = math.prod(shapes[0][:axis])
         out = next(
-            (i for i in range(len(out_shapes[0])) if _prod(out_shapes[0][:i]) == before and out_shapes[0][i] == batch),
+            (
+                i
+                for i in range(len(out_shapes[0]))
+                if math.prod(out_shapes[0][:i]) == before and out_shapes[0][i] == batch
+            ),
             None,
         )
         unless(out is None)
@@ -372,10 +377,3 @@ def _gather_axis(states: Sequence[State], shapes: Sequence[tuple], out_shape: tu
     if isinstance(operand, int) or numbers.operand_batching_dims or indices == len(shapes[1]) - 1:
         raise _NotRowLocal("gather: a gather across rows")
     return [d for d in range(len(out_shape)) if d not in numbers.offset_dims][indices]
-
-
-def _prod(shape: Sequence[int]) -> int:
-    out = 1
-    for n in shape:
-        out *= n
-    return out

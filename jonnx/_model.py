@@ -842,9 +842,7 @@ class Model:
         compiled to read its temporaries' size (the call then finds that compilation in JAX's
         cache) and, where it chunks, traced and compiled again as chunks (BERT at batch 32
         0.3 s more on its first call, MobileNetV2 1.5 s)."""
-        if not self.optimize["batch_chunks"] or self.checked or self.mesh is not None or not dynamic:
-            return stage
-        if jax.default_backend() != "cpu":
+        if not self.optimize["batch_chunks"] or self.checked or self.mesh is not None or jax.default_backend() != "cpu":
             return stage
         signature = (own, _segment_signature(stage, static, dynamic))
         run = self._run_stages.get(signature)
