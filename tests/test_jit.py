@@ -224,16 +224,20 @@ def test_call_chooses_the_dot_library_per_input_shape(constant_weights):
         assert _choices(chooser, rows) == ([library] if chooser.chooses else [])
 
 
-def test_predict_chooses_the_dot_library_per_input_shape():
+@pytest.mark.parametrize("precision", [None, jax.lax.Precision.HIGHEST])
+def test_predict_chooses_the_dot_library_per_input_shape(precision):
     proto = _constant_weight_classifier()
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     model = jonnx.load(proto)
     x = np.random.default_rng(2).random((2048, 64), np.float32)
     (expected,) = session.run(None, {"x": x})
     for batch_size in (None, 1024):
-        (probs,) = jonnx.training.predict(model, None, x, batch_size=batch_size)
+        (probs,) = jonnx.training.predict(model, None, x, batch_size=batch_size, precision=precision)
         np.testing.assert_allclose(np.asarray(probs), expected, rtol=1e-5, atol=1e-7)
-    (chooser,) = jonnx.training._inference._COMPILED[model].values()
+    if precision is None:  # the model's own call, its segments choosing
+        chooser = model._segments_params
+    else:  # apply under predict's own jit
+        (chooser,) = jonnx.training._inference._COMPILED[model].values()
     # One choice per compiled shape: the whole set, then its chunks.
     assert _choices(chooser, 2048) == _choices(chooser, 1024) == ([False] if chooser.chooses else [])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pathlib
 
 import jax
@@ -196,6 +197,41 @@ def test_call_under_the_callers_jit(optimize):
     assert set(traced) == set(want)
     for name in want:
         np.testing.assert_allclose(np.asarray(traced[name]), np.asarray(want[name]), rtol=1e-4, atol=1e-5)
+
+
+def _session_holding(path: pathlib.Path, values: dict) -> ort.InferenceSession:
+    """onnxruntime on the model at ``path`` with these initializers' values replaced."""
+    proto = onnx.load(path)
+    for tensor in proto.graph.initializer:
+        if tensor.name in values:
+            tensor.CopyFrom(onnx.numpy_helper.from_array(np.asarray(values[tensor.name]), tensor.name))
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_call_with_given_params_and_state_against_onnxruntime():
+    """``Model(x, params=, state=)`` runs the call's segments on those values. The kernels'
+    relayouts (the layout pass's weight-only nodes) are kept for the next call with the same
+    arrays, never served to other arrays, and dropped with the arrays."""
+    path = MODELS / "small_cnn.onnx"
+    model = jonnx.load(path)
+    assert model._prepared_exports  # the premise: relayouts prepared per set of weights
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    params = {k: v * (0.5 + rng.random(v.shape, np.float32)) for k, v in model.params.items()}
+    doubled = {k: 2 * v for k, v in params.items()}
+    state = {
+        k: v * (0.5 + rng.random(v.shape, np.float32)) + (0.0 if "var" in k else 0.3) for k, v in model.state.items()
+    }
+    for given, statistics in [(params, None), (params, state), (doubled, state), (params, state), (None, state)]:
+        want = _session_holding(path, {**(given or {}), **(statistics or {})}).run(None, {"image": x})[0]
+        (got,) = model(x, params=given, state=statistics)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+    assert model._prepared_given  # the last arrays' relayouts
+    del params, doubled, state, given, statistics
+    gc.collect()
+    assert not model._prepared_given
+    with pytest.raises(errors.InputError, match="not state values"):
+        model(x, state={"block1.weight": model.params["block1.weight"]})
 
 
 def test_grad_matches_finite_differences():

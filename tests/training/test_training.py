@@ -375,6 +375,51 @@ def test_evaluate_weights_batches_by_size():
     )
 
 
+def test_predict_and_evaluate_take_the_models_own_call_where_the_graph_infers():
+    """Where the graph as written runs in inference mode, predict and evaluate run the model's
+    own call (its segments: layout pass, chunks, host nodes) with the given variables; where a
+    node would train by the graph's word they run apply(train=False) under their own jit."""
+    model, _ = bn_model()
+    state = {"mean": jnp.array([0.1, 0.2, 0.3]), "var": jnp.array([2.0, 3.0, 4.0])}
+    ts = training.TrainState(jnp.zeros((), jnp.int32), model.params, state, None)
+    x = f32(6, 3, 4, 4)
+    (y,) = training.predict(model, ts, x)
+    assert model._run_stages and model not in training._inference._COMPILED
+    np.testing.assert_allclose(y, model.apply(ts.params, x, state=state, train=False)[0], rtol=1e-6, atol=1e-6)
+
+    # A model with a node on the host (NonZero's count decides a shape), which apply under
+    # one jit cannot run: predict and evaluate can, through the call.
+    nodes = [
+        oh.make_node("NonZero", ["x"], ["where"]),
+        oh.make_node("Shape", ["where"], ["shape"]),
+        oh.make_node("Cast", ["shape"], ["count"], to=F),
+    ]
+    graph = oh.make_graph(
+        nodes, "g", [oh.make_tensor_value_info("x", F, ["N", 3])], [oh.make_tensor_value_info("count", F, [2])]
+    )
+    counting = jonnx.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    xs = np.array([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]], np.float32)
+    (count,) = training.predict(counting, None, xs)
+    np.testing.assert_array_equal(count, [2.0, 3.0])  # two axes, three non-zeros
+    metrics = training.evaluate(counting, None, [{"x": xs}], lambda outputs, batch: {"nonzero": outputs[0][1]})
+    assert metrics == {"nonzero": 3.0}
+
+
+@pytest.mark.parametrize("training_mode", [True, False])
+def test_predict_runs_a_dropout_with_a_training_mode_input_as_the_identity(training_mode):
+    """Dropout-12's training_mode input would make the graph's own mode train: predict then
+    runs apply(train=False), where Dropout is the identity, whatever the input says."""
+    inits = {"ratio": np.array(0.5, np.float32), "mode": np.array(training_mode)}
+    node = oh.make_node("Dropout", ["x", "ratio", "mode"], ["y"])
+    model = make_model(
+        [node], [oh.make_tensor_value_info("x", F, ["N", 4])], [oh.make_tensor_value_info("y", F, ["N", 4])], inits
+    )
+    x = f32(8, 4) + 3.0
+    (y,) = training.predict(model, None, x)
+    np.testing.assert_array_equal(y, x)
+    assert model in training._inference._COMPILED
+
+
 # -- JAX transformations of Model.apply -----------------------------------------------------------
 
 
