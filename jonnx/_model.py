@@ -456,6 +456,7 @@ class Model:
         # Per segment signature, the stage as it runs: in chunks of rows where its
         # temporaries would be mapped afresh on every call (_chunked).
         self._run_stages: dict[Any, Stage] = {}
+        self._inference_stages: dict[Stage, Stage] = {}  # per plan stage, its train=False copy
         # Under jax.grad (outside jit) a segment is a custom_vjp whose forward is the compiled
         # segment above, run on the tracers' concrete values, and whose backward is this
         # (compiled per shape too; it recomputes the forward rather than keep its residuals).
@@ -675,6 +676,7 @@ class Model:
         key: jax.Array | None = None,
         params: Mapping[str, jax.Array] | None = None,
         state: Mapping[str, jax.Array] | None = None,
+        train: bool | None = None,
         **named_inputs: Any,
     ) -> tuple[Any, ...]:
         """Run the model jit-compiled with its own params: compiled once per input *shape*.
@@ -705,6 +707,11 @@ class Model:
         call reads (a :class:`jonnx.training.TrainState`'s), as :meth:`apply` takes them; the
         call never returns new ones (:meth:`apply_with_state` does).
 
+        ``train=None`` runs each node as the graph says; ``train=False`` runs inference
+        everywhere, as ``apply(..., train=False)`` does (BatchNormalization on its running
+        statistics and Dropout the identity in a model exported in training mode), compiled
+        apart. Training runs are :meth:`apply`'s, which returns the new statistics.
+
         A Loop found, while compiling, to stack a data-dependent number of iterations (scan
         outputs with an exit condition computed from runtime data), or an If, Loop or Scan
         whose body needs values known at trace time (a NonZero in a branch), is moved to the
@@ -718,10 +725,16 @@ class Model:
             jonnx.errors.StaticValueError: called on traced inputs (under ``jax.vmap`` or
                 ``jax.jit``) when the model runs nodes on the host or needs static inputs:
                 use ``Model.apply`` there (see docs/dynamic_shapes.md).
+            ValueError: ``train=True``.
         """
+        if train is not None and train is not False:
+            raise ValueError(
+                f"Model(...) takes train=None (each node as the graph says) or False (inference), not {train!r}: "
+                "train with Model.apply or apply_with_state, which return the new running statistics"
+            )
         while True:
             try:
-                return self._call(inputs, named_inputs, key, params, state)
+                return self._call(inputs, named_inputs, key, params, state, train)
             except errors.StaticValueError as e:
                 if not self._move_to_host(e):
                     raise
@@ -748,6 +761,19 @@ class Model:
         """A new segment plan with what calls have found: nodes that must run on the host,
         and values that hold strings."""
         self.segment_plan = self._plan(forced_host=self._forced_host, host_values=self._host_values)
+        self._inference_stages.clear()
+
+    def _inference_stage(self, stage: Stage) -> Stage:
+        """``stage`` run in inference mode (``train=False``): one copy per plan stage, since
+        stages are compared by identity and key the compiled segments.
+
+        The call graph's passes ran for the graph's own mode (train=None) and stay right in
+        inference mode: BatchNormalization folding takes only nodes whose attributes already
+        say inference, and every other mode-dependent op reads the run's flag."""
+        copy = self._inference_stages.get(stage)
+        if copy is None:
+            copy = self._inference_stages[stage] = dataclasses.replace(stage, train=False)
+        return copy
 
     def _call(
         self,
@@ -756,12 +782,11 @@ class Model:
         key: jax.Array | None,
         params: Mapping[str, Any] | None,
         state: Mapping[str, Any] | None,
+        train: bool | None,
     ) -> tuple[Any, ...]:
         values = self.bind(*inputs, **named_inputs)
         _check_inputs(self.graph.inputs, list(values.values()))
         segments = self._segments
-        # The model's own params are concrete arrays: only given ones need looking into for
-        # tracers (a few microseconds per call on a model of hundreds of weights).
         if params is None and not state:
             given = None
             params = self._params
@@ -780,14 +805,20 @@ class Model:
             # where they take the place of the model's own.
             given = {**(params or {}), **(state or {})}
             params = {**self._params, **given}
-        self._refuse_traced(values if given is None else {**values, **params})
-        prepared = self._prepared_weights(params)
+        # The model's own params are concrete arrays: only given ones need looking into for
+        # tracers, once per call (a hundred weights looked into per check cost 0.15 ms).
+        traced_params = given is not None and any(
+            isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(given)
+        )
+        self._refuse_traced({**values, **given} if traced_params else values)
+        prepared = self._prepared_weights(params, traced_params)
         params = {**params, **prepared}
         # Inputs go to the compiled segments as given: jit takes numpy arrays without the
         # per-shape compilation jnp.asarray costs.
         env: dict[str, Any] = {**values, **prepared}
         options = (
             RunOptions(
+                train=train,
                 key=key,
                 state=frozenset(self._state),
                 memory_limit=self.memory_limit,
@@ -799,6 +830,7 @@ class Model:
         )
         staged: bool | None = None  # whether the call is traced into the caller's jit, once known
         for stage in self.segment_plan.stages:
+            stage = stage if train is None else self._inference_stage(stage)
             if stage.host_nodes:
                 self._run_host(stage.host_nodes, env, params, options)
             if not stage.nodes:
@@ -814,10 +846,7 @@ class Model:
             new = [n for n, s in static if _is_host_value(s.value) and n not in self._host_values]
             if new:
                 raise _NewHostValues(new)
-            if any(
-                isinstance(x, jax.core.Tracer)
-                for x in jax.tree_util.tree_leaves(dynamic if given is None else (given, dynamic))
-            ):
+            if traced_params or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(dynamic)):
                 # Under the caller's jit (or scan, checkpoint) the segment is traced into it: a
                 # jit with compiler options cannot be nested. The caller's jit then decides the
                 # options (jonnx.jit gives jonnx's) and, in checked mode, the checks are the
@@ -937,7 +966,7 @@ class Model:
             run_nodes(self._call_graph, local, options, (position,))
             env.update({o: local[o] for o in node.outputs if o})
 
-    def _prepared_weights(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def _prepared_weights(self, params: Mapping[str, Any], traced: bool) -> dict[str, Any]:
         """The outputs of the weight-only nodes for these params (see ``_prepared_nodes``).
 
         With the model's own weights they are computed once and kept; other params (a
@@ -957,7 +986,7 @@ class Model:
                 with jax.ensure_compile_time_eval():
                     self._prepared = self._relayouts_on_host(params) or self._prepare(params)
             return self._prepared
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(params)):
+        if traced:  # some of params are tracers
             return self._prepare_impl(params)
         kept = self._prepared_given
         if kept.get("names") == tuple(params) and all(r() is v for r, v in zip(kept["arrays"], params.values())):
@@ -1017,7 +1046,11 @@ class Model:
         # The graph's own mode (train=None); statistics a training-mode graph computes are
         # not kept: the model's own values never change (use apply_with_state for them).
         options = RunOptions(
-            key=key, state=frozenset(self._state), memory_limit=self.memory_limit, checked=self.checked
+            train=stage.train,
+            key=key,
+            state=frozenset(self._state),
+            memory_limit=self.memory_limit,
+            checked=self.checked,
         )
         run_main_nodes(self._call_graph, env, options, stage.nodes, stage.exports)
         results = {n: env[n] for n in stage.exports}

@@ -54,6 +54,9 @@ class Stage:
         exports: values the segment computes that later stages or the graph outputs read.
         chunks: how many chunks of rows the segment runs its batch in (``jonnx._chunks``);
             the plan's stages have 1, ``Model.__call__`` makes a copy for a large batch.
+        train: the run's mode (``RunOptions.train``): None, each node as the graph says (the
+            plan's stages), or False, inference everywhere (``Model(..., train=False)`` runs
+            a copy).
     """
 
     host_nodes: tuple[int, ...]
@@ -62,6 +65,7 @@ class Stage:
     static: frozenset[str]
     exports: tuple[str, ...]
     chunks: int = 1
+    train: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -234,6 +234,49 @@ def test_call_with_given_params_and_state_against_onnxruntime():
         model(x, state={"block1.weight": model.params["block1.weight"]})
 
 
+def _conv_bn(training_mode: int) -> onnx.ModelProto:
+    """Conv -> BatchNormalization-15 with this training_mode -> Relu, NCHW."""
+    rng = np.random.default_rng(4)
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+        *(onnx.numpy_helper.from_array(rng.random(4).astype(np.float32) + 0.5, n) for n in ("scale", "var")),
+        *(onnx.numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), n) for n in ("bias", "mean")),
+    ]
+    nodes = [
+        oh.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        oh.make_node(
+            "BatchNormalization",
+            ["c", "scale", "bias", "mean", "var"],
+            ["b", "new_mean", "new_var"] if training_mode else ["b"],
+            training_mode=training_mode,
+        ),
+        oh.make_node("Relu", ["b"], ["y"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4, 8, 8])],
+        inits,
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 15)])
+
+
+def test_call_in_inference_mode_on_a_graph_exported_in_training_mode():
+    """``Model(x, train=False)`` runs inference everywhere (BatchNormalization on its running
+    statistics), ``Model(x)`` the graph's own mode (batch statistics): each against
+    onnxruntime on the graph in that mode."""
+    model = jonnx.load(_conv_bn(training_mode=1))
+    assert model.trains_by_default
+    x = np.random.default_rng(5).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    for training_mode, train in [(0, False), (1, None), (0, False)]:
+        session = ort.InferenceSession(_conv_bn(training_mode).SerializeToString(), providers=["CPUExecutionProvider"])
+        (want,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(np.asarray(model(x, train=train)[0]), want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="train=None .* or False"):
+        model(x, train=True)
+
+
 def test_grad_matches_finite_differences():
     m = jonnx.load(_flatten_by_shape())
     x = np.random.default_rng(1).standard_normal((3, 2, 3)).astype(np.float64)

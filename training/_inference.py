@@ -43,39 +43,18 @@ def _variables(model: Model, train_state: TrainState | Mapping[str, Any] | None)
     raise TypeError(f"expected a TrainState, a params dict or None, not {type(train_state).__name__}")
 
 
-def _graph_infers(model: Model) -> bool:
-    """Whether the graph as written runs in inference mode everywhere, so that the model's own
-    call (``Model(*inputs)``, the graph's mode) computes what ``apply(train=False)`` does: no
-    stateful node trains by its attributes and no Dropout can be told to drop (``is_test``
-    false, opsets 1-6; a ``training_mode`` input, 12 on)."""
-
-    def infers(graph: Any) -> bool:
-        for node in graph.nodes:
-            if node.op.state_updates and node.trains(None):
-                return False
-            if node.op_type == "Dropout" and (
-                node.attrs.get("is_test", 1) == 0 or (len(node.inputs) > 2 and node.inputs[2])
-            ):
-                return False
-            if not all(infers(g) for g in node.subgraphs):
-                return False
-        return True
-
-    return infers(model.graph)
-
-
 def _inference_call(model: Model, train_state: Any, precision: Any) -> Callable[..., tuple] | None:
-    """The model's own call with these variables, ``call(*inputs)``, where it computes what
-    inference mode does: the segments ``Model(*inputs)`` compiles, with its layout pass and
-    weight relayouts, large batches in chunks, host nodes. Running ``apply`` under one jit
-    instead measured 2.3x (MobileNetV2, batch 1) to 3.0x (batch 32) slower. None where the
-    graph trains by its own attributes (or a precision is asked for): ``apply`` then."""
-    if precision is not None or not _graph_infers(model):
+    """The model's own call in inference mode with these variables, ``call(*inputs)``: the
+    segments ``Model(*inputs)`` compiles, with its layout pass and kept weight relayouts,
+    large batches in chunks, host nodes. ``apply`` under one jit instead measured 1.15-3.2x
+    slower on CNNs (docs/performance.md, "predict and evaluate"). None where a precision is
+    asked for, which only ``apply`` takes."""
+    if precision is not None:
         return None
     if train_state is None:
-        return model
+        return lambda *inputs: model(*inputs, train=False)
     params, state = _variables(model, train_state)
-    return lambda *inputs: model(*inputs, params=params, state=state)
+    return lambda *inputs: model(*inputs, params=params, state=state, train=False)
 
 
 def _apply_eval(model: Model, precision: Any) -> Callable:
@@ -98,10 +77,9 @@ def predict(
     Inference mode everywhere (``train=False``): BatchNormalization uses the running
     statistics, Dropout is the identity, whatever mode the graph was exported in.
 
-    Where the graph as written already infers (no node trains by its attributes or inputs),
-    this is the model's own call with these variables, ``Model(*inputs, params=, state=)``:
-    its segments, layout pass, large batches in chunks, nodes on the host. Otherwise (or with
-    ``precision``) ``Model.apply(..., train=False)`` compiled under one jit.
+    This is the model's own call with these variables, ``Model(*inputs, params=, state=,
+    train=False)``: its segments, layout pass, large batches in chunks, nodes on the host.
+    With ``precision``, ``Model.apply(..., train=False)`` compiled under one jit.
 
     Args:
         model: the model.
@@ -188,8 +166,8 @@ def evaluate(
 ) -> dict[str, float]:
     """Average metrics over batches, running the model in inference mode (jit-compiled).
 
-    The model runs as in :func:`predict` (its own call where the graph infers as written),
-    ``metric_fn`` under its own jit.
+    The model runs as in :func:`predict` (its own call in inference mode), ``metric_fn``
+    under its own jit.
 
     Args:
         model: the model.

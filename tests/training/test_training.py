@@ -375,20 +375,47 @@ def test_evaluate_weights_batches_by_size():
     )
 
 
-def test_predict_and_evaluate_take_the_models_own_call_where_the_graph_infers():
-    """Where the graph as written runs in inference mode, predict and evaluate run the model's
-    own call (its segments: layout pass, chunks, host nodes) with the given variables; where a
-    node would train by the graph's word they run apply(train=False) under their own jit."""
-    model, _ = bn_model()
+def _bn_reference(x, scale, bias, mean, var):
+    shape = (1, -1, 1, 1)
+    normalized = (x - np.reshape(mean, shape)) / np.sqrt(np.reshape(var, shape) + EPS)
+    return normalized * np.reshape(scale, shape) + np.reshape(bias, shape)
+
+
+@pytest.mark.parametrize("training_mode", [0, 1])
+def test_predict_and_evaluate_run_the_models_own_call_in_inference_mode(training_mode):
+    """predict and evaluate run the model's own call (its segments: layout pass, chunks, host
+    nodes) with the given variables, in inference mode also for a graph exported in training
+    mode; with a precision, apply(train=False) under their own jit."""
+    inits = {
+        "scale": np.array([1.0, 0.5, 2.0], np.float32),
+        "bias": np.array([0.1, -0.2, 0.3], np.float32),
+        "mean": np.array([0.5, -1.0, 0.0], np.float32),
+        "var": np.array([1.0, 2.0, 0.5], np.float32),
+    }
+    node = oh.make_node(
+        "BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"], epsilon=EPS, training_mode=training_mode
+    )
+    info = oh.make_tensor_value_info
+    model = make_model([node], [info("x", F, ["N", 3, 4, 4])], [info("y", F, ["N", 3, 4, 4])], inits, opset=15)
+    assert model.trains_by_default == bool(training_mode)
     state = {"mean": jnp.array([0.1, 0.2, 0.3]), "var": jnp.array([2.0, 3.0, 4.0])}
     ts = training.TrainState(jnp.zeros((), jnp.int32), model.params, state, None)
     x = f32(6, 3, 4, 4)
+    want = _bn_reference(x, inits["scale"], inits["bias"], state["mean"], state["var"])
     (y,) = training.predict(model, ts, x)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
     assert model._run_stages and model not in training._inference._COMPILED
-    np.testing.assert_allclose(y, model.apply(ts.params, x, state=state, train=False)[0], rtol=1e-6, atol=1e-6)
+    (y,) = training.predict(model, ts, x, precision=jax.lax.Precision.HIGHEST)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    assert model in training._inference._COMPILED
+    # The model's own statistics when no train state is given.
+    (y,) = training.predict(model, None, x)
+    np.testing.assert_allclose(y, _bn_reference(x, *inits.values()), rtol=1e-5, atol=1e-5)
 
-    # A model with a node on the host (NonZero's count decides a shape), which apply under
-    # one jit cannot run: predict and evaluate can, through the call.
+
+def test_predict_and_evaluate_run_host_nodes():
+    """A model with a node on the host (NonZero's count decides a shape), which apply under
+    one jit cannot run: predict and evaluate can, through the model's call."""
     nodes = [
         oh.make_node("NonZero", ["x"], ["where"]),
         oh.make_node("Shape", ["where"], ["shape"]),
@@ -407,8 +434,8 @@ def test_predict_and_evaluate_take_the_models_own_call_where_the_graph_infers():
 
 @pytest.mark.parametrize("training_mode", [True, False])
 def test_predict_runs_a_dropout_with_a_training_mode_input_as_the_identity(training_mode):
-    """Dropout-12's training_mode input would make the graph's own mode train: predict then
-    runs apply(train=False), where Dropout is the identity, whatever the input says."""
+    """Dropout-12's training_mode input says whether the graph's own mode drops: predict runs
+    the call in inference mode, where Dropout is the identity (no key needed) either way."""
     inits = {"ratio": np.array(0.5, np.float32), "mode": np.array(training_mode)}
     node = oh.make_node("Dropout", ["x", "ratio", "mode"], ["y"])
     model = make_model(
@@ -417,7 +444,9 @@ def test_predict_runs_a_dropout_with_a_training_mode_input_as_the_identity(train
     x = f32(8, 4) + 3.0
     (y,) = training.predict(model, None, x)
     np.testing.assert_array_equal(y, x)
-    assert model in training._inference._COMPILED
+    if training_mode:  # the graph's own mode drops, with a key
+        (dropped,) = model(x, key=jax.random.key(0))
+        assert np.sum(np.asarray(dropped) == 0) > 0
 
 
 # -- JAX transformations of Model.apply -----------------------------------------------------------
