@@ -710,7 +710,9 @@ class Model:
         ``train=None`` runs each node as the graph says; ``train=False`` runs inference
         everywhere, as ``apply(..., train=False)`` does (BatchNormalization on its running
         statistics and Dropout the identity in a model exported in training mode), compiled
-        apart. Training runs are :meth:`apply`'s, which returns the new statistics.
+        apart. Training runs are :meth:`apply`'s, which returns the new statistics. An input
+        named like one of these keywords (``key``, ``params``, ``state``, ``train``) is passed
+        by position.
 
         A Loop found, while compiling, to stack a data-dependent number of iterations (scan
         outputs with an exit condition computed from runtime data), or an If, Loop or Scan

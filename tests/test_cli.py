@@ -206,6 +206,22 @@ def test_run_random_inputs_on_the_transformer():
     assert "hidden" in result.stdout and "max abs" in result.stdout
 
 
+def test_run_and_bench_pass_inputs_named_like_the_calls_keywords(tmp_path, capsys, quiet_cli):
+    """Inputs named ``state`` and ``train``, keywords of ``Model(...)``, reach the model by position."""
+    vector = [oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [3]) for n in ("state", "train", "y")]
+    graph = oh.make_graph([oh.make_node("Sub", ["state", "train"], ["y"])], "g", vector[:2], vector[2:])
+    path = tmp_path / "named.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), path)
+    state, train = np.array([5.0, 6.0, 7.0], np.float32), np.array([1.0, 2.0, 4.0], np.float32)
+    np.save(tmp_path / "state.npy", state)
+    np.save(tmp_path / "train.npy", train)
+    inputs = ["--input", f"state={tmp_path / 'state.npy'}", "--input", f"train={tmp_path / 'train.npy'}"]
+    assert main(["run", str(path), *inputs, "--output", str(tmp_path / "out")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "y.npy"), state - train)
+    assert main(["bench", str(path), "--repeat", "2"]) == 0
+    capsys.readouterr()
+
+
 def test_bench_reports_both_runtimes_per_batch():
     pytest.importorskip("onnxruntime")
     report = as_json(

@@ -103,7 +103,8 @@ def _jonnx_runner(model: Any, inputs: dict) -> Callable[[], Any]:
     import jax
 
     def call() -> Any:
-        return jax.block_until_ready(model(**inputs))
+        # By position: an input may be named like one of the call's keywords (key, params, state, train).
+        return jax.block_until_ready(model(*inputs.values()))
 
     return call
 

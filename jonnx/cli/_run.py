@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> tuple[dict, int]:
     session = onnxruntime_session(args.model) if args.compare else None
 
     start = time.perf_counter()
-    outputs = model(**inputs)
+    outputs = model(*inputs.values())  # by position: an input may be named like a keyword (state)
     outputs = [np.asarray(o) if not isinstance(o, list) else o for o in outputs]  # waits for the device
     seconds = time.perf_counter() - start
 
