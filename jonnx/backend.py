@@ -45,7 +45,8 @@ class JonnxRep(BackendRep):
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Run on ``inputs`` (a list in graph-input order, a dict by name, or one array)."""
         if isinstance(inputs, dict):
-            outputs = self.model(key=self.key, **inputs)
+            # By position: an input may be named like one of the call's keywords (key, state...).
+            outputs = self.model(*self.model.bind(**inputs).values(), key=self.key)
         elif isinstance(inputs, (list, tuple)):
             outputs = self.model(*inputs, key=self.key)
         else:

@@ -70,6 +70,17 @@ def test_backend_matches_onnxruntime(classifier):
     np.testing.assert_allclose(np.asarray(probs), expected, rtol=1e-5, atol=1e-7)
 
 
+def test_backend_takes_inputs_by_name_even_named_like_the_calls_keywords():
+    """A dict of inputs reaches the model by position: ``key`` and ``state`` are also keywords
+    of ``Model(...)``."""
+    info = [oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2]) for n in ("key", "state", "y")]
+    graph = oh.make_graph([oh.make_node("Sub", ["key", "state"], ["y"])], "g", info[:2], info[2:])
+    rep = jonnx.backend.prepare(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    key, state = np.array([3.0, 4.0], np.float32), np.array([1.0, 0.5], np.float32)
+    (y,) = rep.run({"state": state, "key": key})
+    np.testing.assert_array_equal(y, key - state)
+
+
 def test_jit_passes_on_the_callers_arguments():
     scaled = jonnx.jit(lambda a, n: a * n, static_argnums=(1,), compiler_options={"xla_cpu_enable_fast_math": False})
     assert float(scaled(np.float32(2), 3)) == 6.0
