@@ -415,7 +415,7 @@ class Model:
         self._prepared_exports = tuple(sorted(prepared_names & read_later))
         self._prepared: dict[str, jax.Array] | None = None  # computed at the first call
         # Given params' prepared weights, kept while those arrays live (_prepared_weights).
-        self._prepared_given: dict[str, Any] = {}
+        self._prepared_given: dict[str, list] = {}
         self._prepare = plain_jit(self._prepare_impl)
         # What apply needs concrete: every static chain's graph inputs, host ops' included,
         # and the string inputs (here still exactly the known host values).
@@ -990,16 +990,26 @@ class Model:
             return self._prepared
         if traced:  # some of params are tracers
             return self._prepare_impl(params)
+        # One entry (names, weak references to the arrays, prepared), read and replaced whole,
+        # so that concurrent calls never mix two entries.
         kept = self._prepared_given
-        if kept.get("names") == tuple(params) and all(r() is v for r, v in zip(kept["arrays"], params.values())):
-            return kept["prepared"]
+        entry = kept.get("entry")
+        if entry is not None and entry[0] == tuple(params) and all(r() is v for r, v in zip(entry[1], params.values())):
+            return entry[2]
         with jax.ensure_compile_time_eval():
             prepared = self._prepare(params)
-        kept.clear()
         if all(isinstance(v, jax.Array) for v in params.values()):
-            # Weak references: the kept copy never holds the arrays alive, and goes with them.
-            arrays = tuple(weakref.ref(v, lambda _, kept=kept: kept.clear()) for v in params.values())
-            kept.update(names=tuple(params), arrays=arrays, prepared=prepared)
+            entry = []
+
+            def forget(_: Any) -> None:  # one of the arrays was freed: its entry goes with it
+                if kept.get("entry") is entry:
+                    kept.pop("entry", None)
+
+            # Weak references: the kept copy never holds the arrays alive.
+            entry.extend((tuple(params), tuple(weakref.ref(v, forget) for v in params.values()), prepared))
+            kept["entry"] = entry
+        else:
+            kept.pop("entry", None)
         return prepared
 
     def _relayouts_on_host(self, params: Mapping[str, Any]) -> dict[str, jax.Array] | None:
