@@ -43,18 +43,17 @@ def _variables(model: Model, train_state: TrainState | Mapping[str, Any] | None)
     raise TypeError(f"expected a TrainState, a params dict or None, not {type(train_state).__name__}")
 
 
-def _inference_call(model: Model, train_state: Any, precision: Any) -> Callable[..., tuple] | None:
-    """The model's own call in inference mode with these variables, ``call(*inputs)``: the
-    segments ``Model(*inputs)`` compiles, with its layout pass and kept weight relayouts,
-    large batches in chunks, host nodes. ``apply`` under one jit instead measured 1.15-3.2x
-    slower on CNNs (docs/performance.md, "predict and evaluate"). None where a precision is
-    asked for, which only ``apply`` takes."""
-    if precision is not None:
-        return None
-    if train_state is None:
-        return lambda *inputs: model(*inputs, train=False)
-    params, state = _variables(model, train_state)
-    return lambda *inputs: model(*inputs, params=params, state=state, train=False)
+def _inference_call(model: Model, train_state: Any) -> Callable[[Mapping[str, Any]], tuple]:
+    """The model's own call in inference mode with these variables, on its inputs by name (all
+    of them, in order: :meth:`Model.bind`'s). That is the segments ``Model(*inputs)`` compiles,
+    with its layout pass and kept weight relayouts, large batches in chunks, host nodes;
+    ``apply`` under one jit measured 1.15-3.2x slower on CNNs (docs/performance.md, "predict
+    and evaluate"), and only serves a ``precision``."""
+    variables = {}
+    if train_state is not None:
+        variables["params"], variables["state"] = _variables(model, train_state)
+    # By position: an input may be named like one of the call's keywords (key, params, state).
+    return lambda values: model(*values.values(), train=False, **variables)
 
 
 def _apply_eval(model: Model, precision: Any) -> Callable:
@@ -111,28 +110,28 @@ def predict(
         >>> y.tolist()
         [0.0, 2.0, 0.0]
     """
-    params, state = _variables(model, train_state)
     values = model.bind(*inputs, **named_inputs)
-    call = _inference_call(model, train_state, precision)
-    if call is not None:
-        # The inputs by position: their names may be call's keywords (key, params, state).
-        fn = lambda params, state, values: call(*values.values())  # noqa: E731
-        return tuple(fn(None, None, values)) if batch_size is None else _batched(fn, None, None, values, batch_size)
-    static = {n: values.pop(n) for n in model.static_input_names if n in values}
-    if static:
-        # Shape-driving inputs are closed over as constants: one compilation per call.
-        def run(params, state, dynamic):
-            return model.apply(params, state=state, train=False, precision=precision, **dynamic, **static)
-
-        fn = jonnx.jit(run)
+    if precision is None:
+        run = _inference_call(model, train_state)
     else:
-        fn = _compiled(model, ("predict", precision), lambda: _apply_eval(model, precision))
-    if batch_size is None:
-        return tuple(fn(params, state, values))
-    return _batched(fn, params, state, values, batch_size)
+        params, state = _variables(model, train_state)
+        static = {n: values.pop(n) for n in model.static_input_names if n in values}
+        if static:
+            # Shape-driving inputs are closed over as constants: one compilation per call.
+            def apply(params, state, dynamic):
+                return model.apply(params, state=state, train=False, precision=precision, **dynamic, **static)
+
+            fn = jonnx.jit(apply)
+        else:
+            fn = _compiled(model, ("predict", precision), lambda: _apply_eval(model, precision))
+
+        def run(values: Mapping[str, Any]) -> tuple:
+            return fn(params, state, values)
+
+    return tuple(run(values)) if batch_size is None else _batched(run, values, batch_size)
 
 
-def _batched(fn: Callable, params: dict, state: dict, values: dict, batch_size: int) -> tuple:
+def _batched(run: Callable[[dict], tuple], values: dict, batch_size: int) -> tuple:
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, not {batch_size}")
     sizes = {n: np.shape(v)[0] for n, v in values.items() if np.ndim(v) > 0}
@@ -144,7 +143,7 @@ def _batched(fn: Callable, params: dict, state: dict, values: dict, batch_size: 
         # Repeat the last example to fill the final chunk, so it reuses the compiled shape.
         index = np.minimum(np.arange(start, start + batch_size), n - 1)
         chunk = {k: (jnp.take(jnp.asarray(v), index, axis=0) if np.ndim(v) > 0 else v) for k, v in values.items()}
-        outputs = fn(params, state, chunk)
+        outputs = run(chunk)
         for i, o in enumerate(outputs):
             if np.ndim(o) == 0 or np.shape(o)[0] != batch_size:
                 raise ValueError(
@@ -199,7 +198,6 @@ def evaluate(
         >>> round(evaluate(model, None, batches, classification_loss(model))["accuracy"], 4)
         0.3333
     """
-    params, state = _variables(model, train_state)
 
     def make():
         def run(params, state, batch):
@@ -213,28 +211,33 @@ def evaluate(
 
         return run
 
-    call = _inference_call(model, train_state, precision)
-    if call is None:
-        fn = _compiled(model, ("evaluate", metric_fn, input_fn, precision), make)
-    else:
+    if precision is None:
+        call = _inference_call(model, train_state)
         metrics_of = _compiled(
             model,
             ("metrics", metric_fn),
             lambda: functools.partial(_metrics, metric_fn),
             lambda outputs, batch: signature((outputs, batch)),
         )
+
+        def batch_metrics(batch: Any, inputs: Any) -> dict:
+            values = model.bind(**inputs) if isinstance(inputs, Mapping) else model.bind(*inputs)
+            return metrics_of(call(values), batch)
+
+    else:
+        params, state = _variables(model, train_state)
+        fn = _compiled(model, ("evaluate", metric_fn, input_fn, precision), make)
+
+        def batch_metrics(batch: Any, inputs: Any) -> dict:
+            return fn(params, state, batch)
+
     totals: dict[str, Any] = {}
     count = 0
     for batch in batches:
         inputs = input_fn(batch) if input_fn is not None else model_inputs(model, batch)
         first = next(iter(inputs.values())) if isinstance(inputs, Mapping) else inputs[0]
         n = int(np.shape(first)[0]) if np.ndim(first) else 1
-        if call is None:
-            metrics = fn(params, state, batch)
-        else:
-            values = model.bind(**inputs) if isinstance(inputs, Mapping) else model.bind(*inputs)
-            metrics = metrics_of(call(*values.values()), batch)
-        for k, v in metrics.items():
+        for k, v in batch_metrics(batch, inputs).items():
             totals[k] = totals.get(k, 0.0) + v * n
         count += n
     if count == 0:
