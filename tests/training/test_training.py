@@ -42,8 +42,8 @@ def make_model(nodes, inputs, outputs, inits, opset=17):
 MOMENTUM, EPS = 0.8, 1e-5
 
 
-def bn_model():
-    """x [N, 3, 4, 4] -> BatchNormalization (eval mode in the graph) -> y."""
+def bn_model(training_mode=0):
+    """x [N, 3, 4, 4] -> BatchNormalization (by default in eval mode in the graph) -> y."""
     inits = {
         "scale": np.array([1.0, 0.5, 2.0], np.float32),
         "bias": np.array([0.1, -0.2, 0.3], np.float32),
@@ -51,7 +51,12 @@ def bn_model():
         "var": np.array([1.0, 2.0, 0.5], np.float32),
     }
     node = oh.make_node(
-        "BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"], epsilon=EPS, momentum=MOMENTUM
+        "BatchNormalization",
+        ["x", "scale", "bias", "mean", "var"],
+        ["y"],
+        epsilon=EPS,
+        momentum=MOMENTUM,
+        training_mode=training_mode,
     )
     return make_model(
         [node],
@@ -59,6 +64,12 @@ def bn_model():
         [oh.make_tensor_value_info("y", F, ["N", 3, 4, 4])],
         inits,
     ), inits
+
+
+def _bn_reference(x, scale, bias, mean, var):
+    shape = (1, -1, 1, 1)
+    normalized = (x - np.reshape(mean, shape)) / np.sqrt(np.reshape(var, shape) + EPS)
+    return normalized * np.reshape(scale, shape) + np.reshape(bias, shape)
 
 
 def mlp_model(d_in=4, hidden=8, classes=3, seed=0, loss_node=False, dropout=False):
@@ -349,8 +360,7 @@ def test_predict_runs_in_inference_mode_and_batches():
     state = {"mean": jnp.array([0.1, 0.2, 0.3]), "var": jnp.array([2.0, 3.0, 4.0])}
     ts = training.TrainState(jnp.zeros((), jnp.int32), model.params, state, None)
     (y,) = training.predict(model, ts, x)
-    expected = (x - np.reshape(state["mean"], (1, 3, 1, 1))) / np.sqrt(np.reshape(state["var"], (1, 3, 1, 1)) + EPS)
-    expected = expected * inits["scale"].reshape(1, 3, 1, 1) + inits["bias"].reshape(1, 3, 1, 1)
+    expected = _bn_reference(x, inits["scale"], inits["bias"], state["mean"], state["var"])
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
     (y_batched,) = training.predict(model, ts, x=x, batch_size=3)
     np.testing.assert_allclose(y_batched, y, rtol=1e-6, atol=1e-6)
@@ -375,28 +385,12 @@ def test_evaluate_weights_batches_by_size():
     )
 
 
-def _bn_reference(x, scale, bias, mean, var):
-    shape = (1, -1, 1, 1)
-    normalized = (x - np.reshape(mean, shape)) / np.sqrt(np.reshape(var, shape) + EPS)
-    return normalized * np.reshape(scale, shape) + np.reshape(bias, shape)
-
-
 @pytest.mark.parametrize("training_mode", [0, 1])
 def test_predict_and_evaluate_run_the_models_own_call_in_inference_mode(training_mode):
     """predict and evaluate run the model's own call (its segments: layout pass, chunks, host
     nodes) with the given variables, in inference mode also for a graph exported in training
     mode; with a precision, apply(train=False) under their own jit."""
-    inits = {
-        "scale": np.array([1.0, 0.5, 2.0], np.float32),
-        "bias": np.array([0.1, -0.2, 0.3], np.float32),
-        "mean": np.array([0.5, -1.0, 0.0], np.float32),
-        "var": np.array([1.0, 2.0, 0.5], np.float32),
-    }
-    node = oh.make_node(
-        "BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"], epsilon=EPS, training_mode=training_mode
-    )
-    info = oh.make_tensor_value_info
-    model = make_model([node], [info("x", F, ["N", 3, 4, 4])], [info("y", F, ["N", 3, 4, 4])], inits, opset=15)
+    model, inits = bn_model(training_mode)
     assert model.trains_by_default == bool(training_mode)
     state = {"mean": jnp.array([0.1, 0.2, 0.3]), "var": jnp.array([2.0, 3.0, 4.0])}
     ts = training.TrainState(jnp.zeros((), jnp.int32), model.params, state, None)
