@@ -208,12 +208,14 @@ def _session_holding(path: pathlib.Path, values: dict) -> ort.InferenceSession:
     return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def test_call_with_given_params_and_state_against_onnxruntime():
-    """``Model(x, params=, state=)`` runs the call's segments on those values. The kernels'
-    relayouts (the layout pass's weight-only nodes) are kept for the next call with the same
-    arrays, never served to other arrays, and dropped with the arrays."""
+@pytest.mark.parametrize("optimize", [True, {"fold_batchnorm": True}])
+def test_call_with_given_params_and_state_against_onnxruntime(optimize):
+    """``Model(x, params=, state=)`` runs the call's segments on those values. The weight-only
+    nodes' results (the layout pass's kernel relayouts; BatchNorm folded into the kernels,
+    which reads the running statistics too) are kept for the next call with the same arrays,
+    never served to other arrays, and dropped with the arrays."""
     path = MODELS / "small_cnn.onnx"
-    model = jonnx.load(path)
+    model = jonnx.load(path, optimize=optimize)
     assert model._prepared_exports  # the premise: relayouts prepared per set of weights
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
@@ -262,11 +264,12 @@ def _conv_bn(training_mode: int) -> onnx.ModelProto:
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 15)])
 
 
-def test_call_in_inference_mode_on_a_graph_exported_in_training_mode():
+@pytest.mark.parametrize("optimize", [True, {"constant_weights": True}, False])
+def test_call_in_inference_mode_on_a_graph_exported_in_training_mode(optimize):
     """``Model(x, train=False)`` runs inference everywhere (BatchNormalization on its running
     statistics), ``Model(x)`` the graph's own mode (batch statistics): each against
-    onnxruntime on the graph in that mode."""
-    model = jonnx.load(_conv_bn(training_mode=1))
+    onnxruntime on the graph in that mode, with the passes that fold and relayout on or off."""
+    model = jonnx.load(_conv_bn(training_mode=1), optimize=optimize)
     assert model.trains_by_default
     x = np.random.default_rng(5).standard_normal((4, 3, 8, 8)).astype(np.float32)
     for training_mode, train in [(0, False), (1, None), (0, False)]:
