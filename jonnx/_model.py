@@ -894,7 +894,8 @@ class Model:
         0.3 s more on its first call, MobileNetV2 1.5 s)."""
         if not self.optimize["batch_chunks"] or self.checked or self.mesh is not None or jax.default_backend() != "cpu":
             return stage
-        signature = (own, _segment_signature(stage, static, dynamic))
+        segment = _segment_signature(stage, static, dynamic)
+        signature = (own, segment)
         run = self._run_stages.get(signature)
         if run is None:
             run = stage
@@ -903,7 +904,7 @@ class Model:
                 analysis = self._compiled_segment(stage, params, dynamic, static, key).memory_analysis()
                 chunks = _chunks.chunk_count(batch, getattr(analysis, "temp_size_in_bytes", 0))
                 # Strings the segment makes at trace time are outside its jaxpr: run it whole.
-                strings = _segment_signature(stage, static, dynamic) in self._segment_host_values
+                strings = segment in self._segment_host_values
                 if (
                     chunks > 1
                     and not strings
@@ -1055,8 +1056,9 @@ class Model:
             )
         env: dict[str, Any] = {**self._constants, **self._state, **self._params, **params, **dynamic}
         env.update((name, s.value) for name, s in static)
-        # The graph's own mode (train=None); statistics a training-mode graph computes are
-        # not kept: the model's own values never change (use apply_with_state for them).
+        # The stage's mode: the graph's own (train=None) or inference (train=False). Statistics
+        # a training-mode graph computes are not kept: the model's own values never change
+        # (use apply_with_state for them).
         options = RunOptions(
             train=stage.train,
             key=key,
