@@ -52,8 +52,9 @@ class Stage:
             arguments (one compilation per distinct value; shapes, counts, axes). String
             values are always passed that way too.
         exports: values the segment computes that later stages or the graph outputs read.
-        chunks: how many chunks of rows the segment runs its batch in (``jonnx._chunks``);
-            the plan's stages have 1, ``Model.__call__`` makes a copy for a large batch.
+        chunks: how many chunks of rows the segment runs its batch in (``jonnx._chunks``;
+            the batch padded to whole chunks where they do not divide it); the plan's stages
+            have 1, ``Model.__call__`` makes a copy for a large batch.
         train: the run's mode (``RunOptions.train``): None, each node as the graph says (the
             plan's stages), or False, inference everywhere (``Model(..., train=False)`` runs
             a copy).

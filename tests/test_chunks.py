@@ -75,8 +75,10 @@ def test_row_local_functions_run_in_chunks_as_whole(name):
     fn = ROW_LOCAL[name]
     x = RNG.standard_normal((12, 48)).astype(np.float32)
     assert _chunks.row_local(fn, x, 3)
-    for chunks in (2, 3, 12):
+    # 5 chunks of 3 rows, 7 of 2: the batch padded with copies of its last row.
+    for chunks in (2, 3, 5, 7, 12):
         got = jax.jit(lambda x, c=chunks: _chunks.run_in_chunks(fn, x, c))(x)
+        assert got.shape == fn(x).shape
         np.testing.assert_allclose(np.asarray(got), np.asarray(fn(x)), rtol=1e-5, atol=1e-6)
     assert "scan" in _primitives(lambda x: _chunks.run_in_chunks(fn, x, 3), x)
 
@@ -91,9 +93,10 @@ def test_functions_mixing_rows_are_not_chunked(name):
     np.testing.assert_allclose(np.asarray(got), np.asarray(fn(x)), rtol=1e-5, atol=1e-6)
 
 
-def test_chunks_need_equal_batches_that_divide():
+def test_chunks_need_equal_batches_of_enough_rows():
     x = np.ones((12, 4), np.float32)
-    assert not _chunks.row_local(lambda a: a * 2, x, 5)  # 5 does not divide 12
+    assert _chunks.row_local(lambda a: a * 2, x, 5)  # padded to 15 rows
+    assert not _chunks.row_local(lambda a: a * 2, x, 13)  # more chunks than rows
     assert not _chunks.row_local(lambda d: d["a"] + d["b"].sum(), {"a": x, "b": np.ones((3, 4), np.float32)}, 3)
     assert not _chunks.row_local(lambda a: a * 2, np.ones((1, 4), np.float32), 1)
     assert _chunks.batch_of({"a": x, "b": x[:, :1]}) == 12
@@ -106,8 +109,16 @@ def test_chunk_count_brings_each_chunk_under_the_limit():
     assert _chunks.chunk_count(32, 30 * mib) == 1  # under the fresh-mapping threshold
     assert _chunks.chunk_count(32, 108 * mib) == 8  # 4 chunks would hold 27 MiB each
     assert _chunks.chunk_count(6, 40 * mib) == 2
-    assert _chunks.chunk_count(7, 400 * mib) == 7  # a prime batch: one row a chunk
+    assert _chunks.chunk_count(7, 400 * mib) == 7  # one row a chunk is all that fits
     assert _chunks.chunk_count(1, 400 * mib) == 1
+    assert _chunks.chunk_count(14, 48 * mib) == 2  # 7 rows, all that fit
+    # Where chunks that divide the batch would hold one row, it is padded to whole chunks: the
+    # least work, counting each chunk as 0.4 of a row. 17 rows of 100 MiB, 4 fitting a chunk:
+    # 6 chunks of 3 (18 rows, 20.4) before 5 of 4 (22), 9 of 2 (21.6) and 17 of 1 (23.8).
+    assert _chunks.chunk_count(17, 100 * mib) == 6
+    assert _chunks.chunk_rows(17, 6) == 3
+    assert _chunks.chunk_count(31, 186 * mib) == 8  # 8 of 4: one row of padding
+    assert _chunks.chunk_rows(31, 8) == 4
 
 
 @pytest.fixture
@@ -206,6 +217,22 @@ def test_model_runs_a_large_batch_in_chunks(small_limits, build, shape):
     assert sorted(_chunks_run(model))[0] == 1
 
 
+@pytest.mark.parametrize(
+    "build, shape", [(_encoder_block, (12, 10, 16)), (_conv_net, (12, 3, 12, 12))], ids=["encoder", "conv"]
+)
+def test_model_pads_a_prime_batch_to_whole_chunks(small_limits, monkeypatch, build, shape):
+    """7 rows where a chunk holds 4: two chunks of 4, the last padded, not seven of one."""
+    proto = build()
+    x = np.random.default_rng(13).standard_normal(shape).astype(np.float32)
+    model = jonnx.load(proto)
+    model(x)
+    ((_, temporaries),) = model._temporaries_seen.values()
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", temporaries * 4 // 12 + 1)
+    got = np.asarray(model(x[:7])[0])
+    assert _chunks_run(model)[1] == 2
+    np.testing.assert_allclose(got, _reference(proto, x[:7]), rtol=1e-4, atol=1e-5)
+
+
 def test_deciding_compiles_the_whole_segment_once():
     """Reading the compiled segment's temporaries is the call's own compilation."""
     proto = _encoder_block()
@@ -216,6 +243,65 @@ def test_deciding_compiles_the_whole_segment_once():
         model(x)[0].block_until_ready()
     assert _chunks_run(model) == [1]
     assert len(compiles) == 1, compiles
+
+
+def test_another_batch_estimates_its_temporaries(small_limits):
+    """A batch of the shapes seen before, less rows, is chunked on the seen batch's
+    temporaries scaled to its rows: compiled once, as chunks (an evaluation loop's last
+    batch), with the results of the whole graph."""
+    proto = _encoder_block()
+    model = jonnx.load(proto)
+    x = np.random.default_rng(9).standard_normal((12, 10, 16)).astype(np.float32)
+    model(x)
+    with count_compiles() as compiles:
+        got = np.asarray(model(x[:6])[0])
+    assert len(compiles) == 1, compiles
+    assert _chunks_run(model) == [12, 6]
+    np.testing.assert_allclose(got, _reference(proto, x[:6]), rtol=1e-4, atol=1e-5)
+
+
+def test_an_estimate_under_the_threshold_is_measured(small_limits, monkeypatch):
+    """Where the scaled estimate stays under the threshold, the batch's own compilation (the
+    call's, run whole) decides and is seen from then on."""
+    proto = _encoder_block()
+    model = jonnx.load(proto)
+    x = np.random.default_rng(10).standard_normal((12, 10, 16)).astype(np.float32)
+    model(x)
+    ((batch, temporaries),) = model._temporaries_seen.values()
+    # The threshold between the batch of 2's estimate and the batch of 12's temporaries.
+    monkeypatch.setattr(_chunks, "FRESH_BLOCK_BYTES", temporaries * 4 // 12)
+    with count_compiles() as compiles:
+        got = np.asarray(model(x[:2])[0])
+    assert [b for b, _ in model._temporaries_seen.values()] == [2]
+    (chunks,) = _chunks_run(model)[1:]
+    assert len(compiles) == (1 if chunks == 1 else 2), compiles  # whole, then chunks if they pay
+    np.testing.assert_allclose(got, _reference(proto, x[:2]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_segment_making_strings_runs_whole(small_limits):
+    """Strings a segment makes while traced (the batch's shape as text) are outside the jaxpr
+    that chunks run: such a segment runs whole, the estimated batch too."""
+    w = np.random.default_rng(11).standard_normal((64, 64)).astype(np.float32) * 0.2
+    nodes = [
+        oh.make_node("MatMul", ["x", "w"], ["h"]),
+        oh.make_node("Tanh", ["h"], ["t"]),
+        oh.make_node("MatMul", ["t", "w"], ["y"]),
+        oh.make_node("Shape", ["x"], ["shape"]),
+        oh.make_node("Cast", ["shape"], ["s"], to=TensorProto.STRING),
+    ]
+    x_info = oh.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])
+    outputs = [
+        oh.make_tensor_value_info("y", TensorProto.FLOAT, None),
+        oh.make_tensor_value_info("s", TensorProto.STRING, None),
+    ]
+    model = jonnx.load(_model(nodes, [x_info], outputs, [("w", w)]))
+    x = np.random.default_rng(12).standard_normal((12, 64)).astype(np.float32)
+    for rows in (12, 6):
+        y, s = model(x[:rows])
+        np.testing.assert_allclose(np.asarray(y), np.tanh(x[:rows] @ w) @ w, rtol=1e-4, atol=1e-5)
+        assert s.tolist() == [str(rows), "64"]
+    assert _chunks_run(model) == [1, 1]
+    assert [b for b, _ in model._temporaries_seen.values()] == [12]  # the second estimated
 
 
 def test_model_mixing_rows_runs_whole(small_limits):
