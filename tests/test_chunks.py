@@ -93,6 +93,14 @@ def test_functions_mixing_rows_are_not_chunked(name):
     np.testing.assert_allclose(np.asarray(got), np.asarray(fn(x)), rtol=1e-5, atol=1e-6)
 
 
+def test_padded_chunks_of_empty_rows():
+    """Rows of no elements (a zero-size axis) split and join again: the chunks' results are
+    reshaped by their sizes, which -1 cannot infer there."""
+    x = np.ones((7, 0, 3), np.float32)
+    got = jax.jit(lambda x: _chunks.run_in_chunks(lambda a: a * 2, x, 2))(x)
+    assert got.shape == (7, 0, 3)
+
+
 def test_chunks_need_equal_batches_of_enough_rows():
     x = np.ones((12, 4), np.float32)
     assert _chunks.row_local(lambda a: a * 2, x, 5)  # padded to 15 rows
