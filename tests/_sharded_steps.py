@@ -140,14 +140,14 @@ def loss(outputs, batch):
     return jnp.mean((outputs[0] - batch["y"]) ** 2)
 
 
-def step(model, batch):
-    """One SGD-with-momentum step: (loss, new params, new state, train state) as numpy."""
+def step(model, batch, microbatches=1):
+    """One SGD-with-momentum step: (loss, train state)."""
     import jax
     import optax
 
     from jonnx import sharding, training
 
-    train_step = training.make_train_step(model, loss, optax.sgd(0.1, momentum=0.9))
+    train_step = training.make_train_step(model, loss, optax.sgd(0.1, momentum=0.9), microbatches=microbatches)
     ts = train_step.init()
     if model.mesh is not None:
         batch = sharding.shard_batch(batch, model.mesh, "data")
@@ -161,6 +161,34 @@ def _spec(sharding) -> list:
     while spec and spec[-1] is None:
         spec.pop()
     return [s if s is None or isinstance(s, str) else list(s) for s in spec]
+
+
+def _compare(model, ts, single, losses) -> dict:
+    """A sharded step's train state against the single-device step's, and its shardings."""
+    import jax
+
+    # Each momentum buffer is named by its parameter in the optimizer state's path.
+    momentum = {
+        path[-1].key: leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(ts.opt_state)[0]
+        if path and isinstance(path[-1], jax.tree_util.DictKey)
+    }
+    return {
+        "loss": losses,
+        "max_param_diff": max(
+            float(np.max(np.abs(np.asarray(ts.params[n]) - np.asarray(single.params[n])))) for n in ts.params
+        ),
+        "max_state_diff": max(
+            [float(np.max(np.abs(np.asarray(ts.state[n]) - np.asarray(single.state[n])))) for n in ts.state] or [0.0]
+        ),
+        "params_keep_shardings": all(
+            ts.params[n].sharding.is_equivalent_to(model.params[n].sharding, ts.params[n].ndim) for n in ts.params
+        ),
+        "opt_state_sharded_like_params": sorted(momentum) == sorted(ts.params)
+        and all(momentum[n].sharding.is_equivalent_to(ts.params[n].sharding, ts.params[n].ndim) for n in ts.params),
+        "specs": {n: _spec(a.sharding) for n, a in {**model.params, **model.state}.items()},
+        "devices_used": len(ts.params[next(iter(ts.params))].sharding.device_set),
+    }
 
 
 def run_mesh(out_path: str) -> None:
@@ -184,32 +212,13 @@ def run_mesh(out_path: str) -> None:
         for kind, (mesh, rules) in meshes.items():
             model = jonnx.load(proto, mesh=mesh, rules=rules)
             sharded_loss, ts = step(model, batch)
-            params_kept = all(
-                ts.params[n].sharding.is_equivalent_to(model.params[n].sharding, ts.params[n].ndim) for n in ts.params
-            )
-            # Each momentum buffer is named by its parameter in the optimizer state's path.
-            momentum = {
-                path[-1].key: leaf
-                for path, leaf in jax.tree_util.tree_flatten_with_path(ts.opt_state)[0]
-                if path and isinstance(path[-1], jax.tree_util.DictKey)
-            }
-            report[f"{name}/{kind}"] = {
-                "loss": [single_loss, sharded_loss],
-                "max_param_diff": max(
-                    float(np.max(np.abs(np.asarray(ts.params[n]) - np.asarray(single.params[n])))) for n in ts.params
-                ),
-                "max_state_diff": max(
-                    [float(np.max(np.abs(np.asarray(ts.state[n]) - np.asarray(single.state[n])))) for n in ts.state]
-                    or [0.0]
-                ),
-                "params_keep_shardings": params_kept,
-                "opt_state_sharded_like_params": sorted(momentum) == sorted(ts.params)
-                and all(
-                    momentum[n].sharding.is_equivalent_to(ts.params[n].sharding, ts.params[n].ndim) for n in ts.params
-                ),
-                "specs": {n: _spec(a.sharding) for n, a in {**model.params, **model.state}.items()},
-                "devices_used": len(ts.params[next(iter(ts.params))].sharding.device_set),
-            }
+            report[f"{name}/{kind}"] = _compare(model, ts, single, [single_loss, sharded_loss])
+        if name == "encoder":
+            # Gradients accumulated over two parts of the sharded batch: the whole batch's
+            # (a mean loss, no BatchNormalization).
+            model = jonnx.load(proto, mesh=meshes["data_parallel"][0], rules="replicated")
+            sharded_loss, ts = step(model, batch, microbatches=2)
+            report[f"{name}/data_parallel_microbatches"] = _compare(model, ts, single, [single_loss, sharded_loss])
     with open(out_path, "w") as f:
         json.dump(report, f)
 

@@ -53,6 +53,8 @@ def test_sharded_steps_on_eight_devices(tmp_path):
     for model in ("encoder", "cnn"):
         for kind in KINDS:
             _check_step_equals_the_single_device_step(report[f"{model}/{kind}"], f"{model}/{kind}")
+    # The encoder's step with gradients accumulated over two parts of the batch, data-parallel.
+    _check_step_equals_the_single_device_step(report["encoder/data_parallel_microbatches"], "microbatches")
     _check_fsdp_splits_every_weight_the_axis_divides(report["encoder/fsdp"]["specs"])
     _check_tensor_parallel_splits_attention_and_ffn_pairs_megatron_style(report["encoder/tensor_parallel"]["specs"])
     _check_tensor_parallel_splits_conv_pairs_with_their_batchnorm(report["cnn/tensor_parallel"]["specs"])

@@ -99,6 +99,7 @@ class TrainStep:
             :func:`mask_frozen` when parameters are frozen); :meth:`init` uses it.
         mask: ``{name: bool}``, which parameters train.
         mixed_precision: whether the forward and backward passes run in bfloat16.
+        microbatches: how many parts each batch's gradient is accumulated over (1: whole).
         fn: the pure, un-jitted step function, for your own ``jax.jit``, ``vmap`` or sharding.
     """
 
@@ -114,6 +115,7 @@ class TrainStep:
         input_fn: Callable[[Any], Any] | None,
         precision: Any,
         donate: bool,
+        microbatches: int = 1,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -123,6 +125,7 @@ class TrainStep:
         self.train = train
         self.input_fn = input_fn
         self.precision = precision
+        self.microbatches = microbatches
         self.fn = self._step
         self.donate = donate
         self._jitted = jonnx.jit(self._step, donate_argnums=(0,) if donate else ())
@@ -134,7 +137,8 @@ class TrainStep:
         n_frozen = sum(not m for m in self.mask.values())
         return (
             f"TrainStep(params={len(self.mask)} ({n_frozen} frozen), "
-            f"mixed_precision={self.mixed_precision}, train={self.train})"
+            f"mixed_precision={self.mixed_precision}, train={self.train}"
+            + (f", microbatches={self.microbatches})" if self.microbatches > 1 else ")")
         )
 
     def init(
@@ -217,19 +221,34 @@ class TrainStep:
         return self._sharded[1](train_state, batch, key)
 
     def _step(self, ts: TrainState, batch: Any, key: jax.Array | None) -> tuple[TrainState, dict[str, jax.Array]]:
-        model, mask = self.model, self.mask
-        inputs = self.input_fn(batch) if self.input_fn is not None else model_inputs(model, batch)
+        mask = self.mask
         if key is not None:
             key = jax.random.fold_in(key, ts.step)
         trainable = {n: p for n, p in ts.params.items() if mask[n]}
         frozen = {n: p for n, p in ts.params.items() if not mask[n]}
+        if self.microbatches > 1:
+            loss, aux, new_state, grads = self._accumulated(trainable, frozen, ts.state, batch, key)
+        else:
+            loss, aux, new_state, grads = self._gradients(trainable, frozen, ts.state, batch, key)
+        # Frozen leaves need a placeholder in the updates tree; set_to_zero never reads it.
+        updates, opt_state = self.optimizer.update({**frozen, **grads}, ts.opt_state, ts.params)
+        params = {n: optax.apply_updates(p, updates[n]) if mask[n] else p for n, p in ts.params.items()}
+        metrics = {"loss": loss, "grad_norm": _global_norm(grads), **aux}
+        new_ts = TrainState(step=ts.step + 1, params=params, state=new_state, opt_state=opt_state)
+        return new_ts, metrics
+
+    def _gradients(self, trainable: dict, frozen: dict, state: dict, batch: Any, key: jax.Array | None) -> tuple:
+        """The loss, its metrics, the new running statistics and the trainable parameters'
+        gradients on one batch."""
+        model = self.model
+        inputs = self.input_fn(batch) if self.input_fn is not None else model_inputs(model, batch)
 
         def objective(trainable):
             params = {**frozen, **trainable}
             feed = inputs
             if self.mixed_precision:
                 params, feed = _cast_floats(params, jnp.bfloat16), _cast_floats(inputs, jnp.bfloat16)
-            kwargs = dict(state=ts.state, train=self.train, key=key, precision=self.precision)
+            kwargs = dict(state=state, train=self.train, key=key, precision=self.precision)
             if isinstance(feed, Mapping):
                 outputs, new_state = model.apply_with_state(params, **kwargs, **feed)
             else:
@@ -240,12 +259,55 @@ class TrainStep:
             return loss.astype(jnp.float32), (aux, new_state)
 
         (loss, (aux, new_state)), grads = jax.value_and_grad(objective, has_aux=True)(trainable)
-        # Frozen leaves need a placeholder in the updates tree; set_to_zero never reads it.
-        updates, opt_state = self.optimizer.update({**frozen, **grads}, ts.opt_state, ts.params)
-        params = {n: optax.apply_updates(p, updates[n]) if mask[n] else p for n, p in ts.params.items()}
-        metrics = {"loss": loss, "grad_norm": _global_norm(grads), **aux}
-        new_ts = TrainState(step=ts.step + 1, params=params, state=new_state, opt_state=opt_state)
-        return new_ts, metrics
+        return loss, aux, new_state, grads
+
+    def _accumulated(self, trainable: dict, frozen: dict, state: dict, batch: Any, key: jax.Array | None) -> tuple:
+        """:meth:`_gradients` over ``microbatches`` parts of the batch, one after another
+        (``lax.scan``): the loss, metrics and gradients are the parts' means, the running
+        statistics are updated by each part in turn, and each part draws its own random bits.
+        Part ``j`` holds rows ``j, j + k, j + 2k...``: on a mesh each device's rows then
+        feed every part alike."""
+        parts = _split_rows(batch, self.microbatches)
+
+        def run(state, part, index):
+            part_key = None if key is None else jax.random.fold_in(key, index)
+            loss, aux, new_state, grads = self._gradients(trainable, frozen, state, part, part_key)
+            # Metrics are averaged as floats (a count of correct rows, say).
+            aux = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), aux)
+            return (loss, aux, grads), new_state
+
+        def body(carry, xs):
+            total, state = carry
+            sums, new_state = run(state, *xs)
+            return (jax.tree.map(jnp.add, total, sums), new_state), None
+
+        first = jax.tree.map(lambda x: x[0], parts)
+        shapes = jax.eval_shape(lambda: run(state, first, 0)[0])
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        indices = jnp.arange(self.microbatches)
+        (total, new_state), _ = jax.lax.scan(body, (zeros, state), (parts, indices))
+        loss, aux, grads = jax.tree.map(lambda x: x / self.microbatches, total)
+        return loss, aux, new_state, grads
+
+
+def _split_rows(batch: Any, parts: int) -> Any:
+    """Each array of ``batch`` as ``(parts, rows / parts, ...)``, part ``j`` holding rows
+    ``j, j + parts...``; every array must hold the same number of rows, which ``parts``
+    divides."""
+    leaves, tree = jax.tree.flatten(batch)
+    rows = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
+    if len(rows) != 1 or None in rows:
+        shapes = [jnp.shape(x) for x in leaves]
+        raise ValueError(
+            f"microbatches={parts} splits every array of the batch along its first axis, so they must all "
+            f"hold the same number of rows; the batch's arrays have shapes {shapes[:10]}"
+        )
+    (n,) = rows
+    if n % parts:
+        raise ValueError(f"microbatches={parts} must divide the batch's {n} rows")
+    return jax.tree.unflatten(
+        tree, [jnp.swapaxes(jnp.reshape(x, (n // parts, parts, *jnp.shape(x)[1:])), 0, 1) for x in leaves]
+    )
 
 
 def _merge(own: dict[str, jax.Array], given: Mapping[str, jax.Array] | None, what: str) -> dict[str, jax.Array]:
@@ -268,6 +330,7 @@ def make_train_step(
     input_fn: Callable[[Any], Any] | None = None,
     precision: Any = None,
     donate: bool = False,
+    microbatches: int = 1,
 ) -> TrainStep:
     """Build a jit-compiled training step for ``model``.
 
@@ -314,6 +377,17 @@ def make_train_step(
         precision: ``jax.lax.Precision`` for MatMul/Gemm/Conv, as in ``Model.apply``.
         donate: donate the input train state's buffers to the step (saves memory on
             accelerators; the train state passed in must not be used afterwards).
+        microbatches: accumulate each step's gradient over this many equal parts of the
+            batch, run one after another inside the step: the loss, its metrics and the
+            gradients are the parts' means (the whole batch's, for a loss that is a mean over
+            rows), and the activations held at once are one part's, so a batch too large
+            for memory still trains. On the CPU a large batch may also run faster, since
+            its temporaries are reused from part to part instead of mapped afresh each step
+            (docs/performance.md, "Large batches"). Every array of the batch must hold the
+            rows along its first axis, a number ``microbatches`` divides. BatchNormalization
+            in training mode normalizes each part by its own statistics and updates the
+            running statistics once per part, as accumulating gradients over several calls
+            would.
 
     Returns:
         A :class:`TrainStep`: call it as ``step(train_state, batch, key)``; make the first
@@ -344,6 +418,8 @@ def make_train_step(
         raise TypeError(f"optimizer must be an optax.GradientTransformation, not {type(optimizer).__name__}")
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, not {type(loss_fn).__name__}")
+    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
+        raise ValueError(f"microbatches must be a positive int, not {microbatches!r}")
     mask = trainable_mask(model.params, trainable=trainable, frozen=frozen)
     return TrainStep(
         model,
@@ -355,4 +431,5 @@ def make_train_step(
         input_fn=input_fn,
         precision=precision,
         donate=donate,
+        microbatches=microbatches,
     )

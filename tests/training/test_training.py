@@ -165,6 +165,91 @@ def test_step_reports_aux_metrics_and_grad_norm():
     np.testing.assert_allclose(metrics["grad_norm"], expected_norm, rtol=1e-4)
 
 
+def test_microbatches_give_the_whole_batch_gradient_for_a_mean_loss():
+    """Four parts of 4 rows: the loss, accuracy, gradient norm and SGD step of the whole 16
+    rows, by the MLP written by hand in JAX."""
+    model, inits = mlp_model()
+    x, y = blobs(16)
+    lr = 0.5
+    step = training.make_train_step(model, training.classification_loss(model), optax.sgd(lr), microbatches=4)
+    assert "microbatches=4" in repr(step)
+    new, metrics = step(step.init(), {"x": x, "label": y}, None)
+    params = {k: jnp.asarray(v) for k, v in inits.items()}
+
+    def reference_loss(p):
+        return optax.softmax_cross_entropy_with_integer_labels(mlp_reference(p, x), y).mean()
+
+    loss, grads = jax.jit(jax.value_and_grad(reference_loss))(params)
+    np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
+    np.testing.assert_allclose(metrics["accuracy"], np.mean(np.argmax(mlp_reference(params, x), -1) == y), rtol=1e-6)
+    np.testing.assert_allclose(
+        metrics["grad_norm"], np.sqrt(sum(float(jnp.sum(g * g)) for g in grads.values())), rtol=1e-4
+    )
+    for k in params:
+        np.testing.assert_allclose(new.params[k], params[k] - lr * grads[k], rtol=1e-5, atol=1e-6)
+
+
+def test_microbatches_update_running_statistics_part_by_part():
+    """BatchNormalization in training mode: each part (rows j, j + 2, ...) normalized by its
+    own statistics, the running statistics updated by ONNX's rule once per part (numpy)."""
+    model, inits = bn_model()
+    x, target = f32(6, 3, 4, 4, scale=2.0) + 1.0, f32(6, 3, 4, 4)
+    lr = 0.1
+    loss = training.supervised_loss(model, optax.l2_loss, target="t")
+    step = training.make_train_step(model, loss, optax.sgd(lr), microbatches=2)
+    new, metrics = step(step.init(), {"x": x, "t": target}, None)
+
+    mean, var = inits["mean"].astype(np.float64), inits["var"].astype(np.float64)
+    for part in (x[0::2], x[1::2]):
+        xd = part.astype(np.float64)
+        mean = mean * MOMENTUM + xd.mean(axis=(0, 2, 3)) * (1 - MOMENTUM)
+        var = var * MOMENTUM + xd.var(axis=(0, 2, 3)) * (1 - MOMENTUM)
+    np.testing.assert_allclose(new.state["mean"], mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(new.state["var"], var, rtol=1e-5, atol=1e-6)
+
+    def part_loss(p, part, t):
+        m, v = part.mean(axis=(0, 2, 3)), part.var(axis=(0, 2, 3))
+        y = (part - m.reshape(1, 3, 1, 1)) / jnp.sqrt(v + EPS).reshape(1, 3, 1, 1)
+        return jnp.mean(optax.l2_loss(y * p["scale"].reshape(1, 3, 1, 1) + p["bias"].reshape(1, 3, 1, 1), t))
+
+    params = {k: jnp.asarray(inits[k]) for k in ("scale", "bias")}
+    parts = [(x[0::2], target[0::2]), (x[1::2], target[1::2])]
+    reference = jax.jit(jax.value_and_grad(lambda p: sum(part_loss(p, *pt) for pt in parts) / 2))
+    want, grads = reference(params)
+    np.testing.assert_allclose(metrics["loss"], want, rtol=1e-5)
+    for k in params:
+        np.testing.assert_allclose(new.params[k], params[k] - lr * grads[k], rtol=1e-5, atol=1e-6)
+
+
+def test_microbatches_draw_their_own_dropout_masks():
+    """With p = 0.5 and equal rows, equal masks in the parts would give equal halves of the
+    gradient: the step's gradient differs from one part's doubled."""
+    model, _ = mlp_model(dropout=True)
+    x = np.repeat(blobs(1)[0], 8, axis=0)
+    y = np.zeros(8, np.int32)
+    loss = training.classification_loss(model)
+    whole = training.make_train_step(model, loss, optax.sgd(1.0), microbatches=2)
+    ts = whole.init()
+    new, _ = whole(ts, {"x": x, "label": y}, jax.random.key(0))
+    half = training.make_train_step(model, loss, optax.sgd(1.0))
+    one, _ = half(ts, {"x": x[:4], "label": y[:4]}, jax.random.key(0))
+    assert any(not np.allclose(new.params[k], one.params[k]) for k in new.params)
+
+
+def test_microbatches_errors():
+    model, _ = mlp_model()
+    x, y = blobs(10)
+    loss = training.classification_loss(model)
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="microbatches must be a positive int"):
+            training.make_train_step(model, loss, optax.sgd(0.1), microbatches=bad)
+    step = training.make_train_step(model, loss, optax.sgd(0.1), microbatches=4)
+    with pytest.raises(ValueError, match="must divide the batch's 10 rows"):
+        step(step.init(), {"x": x, "label": y}, None)
+    with pytest.raises(ValueError, match="same number of rows"):
+        step(step.init(), {"x": x[:8], "label": y}, None)
+
+
 def test_dropout_needs_a_key_and_the_step_folds_in_its_count():
     model, _ = mlp_model(dropout=True)
     x, y = blobs(32)
