@@ -158,7 +158,9 @@ def run_in_chunks(fn: Callable[[Any], Any], args: Any, chunks: int) -> Any:
         return x.reshape(chunks, rows, *x.shape[1:])
 
     outs = lax.map(chunk, [split(x) for x in jax.tree.leaves(args)])
-    return jax.tree.unflatten(jax.tree.structure(shapes), [y.reshape(chunks * rows, *y.shape[2:])[:batch] for y in outs])
+    return jax.tree.unflatten(
+        jax.tree.structure(shapes), [y.reshape(chunks * rows, *y.shape[2:])[:batch] for y in outs]
+    )
 
 
 def _traced(fn: Callable[[Any], Any], args: Any, chunks: int) -> tuple | None:
