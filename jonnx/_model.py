@@ -696,8 +696,9 @@ class Model:
         On the CPU a large batch whose compiled temporaries would be mapped afresh on every
         call (over 32 MiB) runs in chunks of rows where every row of the results depends on
         the same row of the inputs alone (``optimize`` switch ``batch_chunks``,
-        ``jonnx._chunks``): its first call compiles the segment twice (once where another
-        batch of the same shapes has been seen).
+        ``jonnx._chunks``): its first call compiles the segment twice, whole to read its
+        temporaries and in chunks (only in chunks where a batch of other rows has been seen
+        whose temporaries, scaled to these rows, call for chunks).
 
         ``params`` (names left out keep the model's own values) makes the call differentiable:
         ``jax.grad(lambda p: loss(model(x, params=p)))`` works, outside ``jax.jit`` also for a
