@@ -925,11 +925,13 @@ class Model:
     def _temporaries(
         self, signature: tuple, batch: int, stage: Stage, params, dynamic: dict, static: tuple, key
     ) -> int:
-        """The bytes of temporaries the segment's compilation for ``batch`` rows takes: scaled
-        from another batch's of the same signature otherwise, where that estimate is over the
-        fresh-mapping threshold (temporaries grow with the rows: MobileNetV2 5.91 MiB a row at
-        batch 3, 8, 17 and 32; BERT 3.38 at 17 and 32, 4.13 at 5, so an estimate from a larger
-        batch errs low); else read from the compilation, which the call needs anyway."""
+        """The bytes of temporaries the segment's compilation for ``batch`` rows takes.
+
+        Where a batch of other rows has been measured for the same signature otherwise and its
+        temporaries scaled to ``batch`` rows pass the fresh-mapping threshold, that estimate:
+        temporaries grow with the rows (MobileNetV2 5.91 MiB a row at batch 3, 8, 17 and 32;
+        BERT 3.38 at 17 and 32, 4.13 at 5, so scaling down from a larger batch errs low).
+        Else read from the compilation, which the call then runs anyway."""
         own, (_, _, shapes) = signature
         rowless = (own, stage, static, tuple((shape[1:], dtype) for shape, dtype in shapes))
         seen = self._temporaries_seen.get(rowless)
