@@ -6,8 +6,8 @@ mapped afresh each time and every first touch of its pages is a page fault: 28,0
 call for BERT, MobileNetV2 and ResNet-50 at batch 32, a tenth to a fifth of the call
 (docs/performance.md, "Large batches"). Running the same computation over chunks of the
 batch (``lax.map``) makes the block one chunk's size, which the allocator keeps and reuses,
-and keeps each chunk's intermediates in cache. A batch that no chunk size near the best
-divides (a prime one) is padded to whole chunks with copies of its last row, whose results
+and keeps each chunk's intermediates in cache. A batch whose dividing chunks would hold one
+row each (a prime one) is padded to whole chunks with copies of its last row, whose results
 are dropped: one row a chunk would run the products on a row at a time (MobileNetV2, 17 rows:
 141 ms in 17 chunks, 114 ms in 6 chunks of 3, :func:`chunk_count`).
 
@@ -114,14 +114,20 @@ State = int | frozenset
 
 def chunk_count(batch: int, temp_bytes: int) -> int:
     """How many chunks a segment of ``batch`` rows whose temporaries take ``temp_bytes`` should
-    run in: 1 where they stay under the fresh-mapping threshold, else chunks of at most the
-    rows whose share of the temporaries fits ``CHUNK_BYTES``, as many as make the least work:
-    the rows run, the batch padded to whole chunks (:func:`chunk_rows`), plus
-    ``CHUNK_COST_ROWS`` for each chunk.
+    run in: 1 where they stay under the fresh-mapping threshold, else the fewest that divide
+    the batch and bring each chunk's share under ``CHUNK_BYTES``. Where those would hold one
+    row each though more fit (a prime batch), the batch is padded to whole chunks
+    (:func:`chunk_rows`), as many as make the least work: the rows run plus
+    ``CHUNK_COST_ROWS`` for each chunk. Only there: larger padded chunks in place of dividing
+    ones of several rows were slower (BERT at 64 rows 13 chunks of 5 against 16 of 4: 1.14x;
+    at 27 rows 4 of 7 against 9 of 3: 1.10x).
     """
     if batch < 2 or temp_bytes <= FRESH_BLOCK_BYTES:
         return 1
     fitting = max(1, int(CHUNK_BYTES * batch // temp_bytes))  # rows a chunk can hold
+    dividing = next(k for k in range(2, batch + 1) if batch % k == 0 and batch // k <= fitting)
+    if batch // dividing > 1 or fitting == 1:
+        return dividing
     counts = {-(-batch // rows) for rows in range(1, min(fitting, batch) + 1)}
     return min(sorted(counts), key=lambda k: k * chunk_rows(batch, k) + CHUNK_COST_ROWS * k)
 
