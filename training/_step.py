@@ -269,25 +269,22 @@ class TrainStep:
         feed every part alike."""
         parts = _split_rows(batch, self.microbatches)
 
-        def run(state, part, index):
-            part_key = None if key is None else jax.random.fold_in(key, index)
-            loss, aux, new_state, grads = self._gradients(trainable, frozen, state, part, part_key)
-            # Metrics are averaged as floats (a count of correct rows, say).
-            aux = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), aux)
-            return (loss, aux, grads), new_state
-
         def body(carry, xs):
             total, state = carry
-            sums, new_state = run(state, *xs)
-            return (jax.tree.map(jnp.add, total, sums), new_state), None
+            part, index = xs
+            part_key = None if key is None else jax.random.fold_in(key, index)
+            loss, aux, new_state, grads = self._gradients(trainable, frozen, state, part, part_key)
+            return (jax.tree.map(jnp.add, total, grads), new_state), (loss, aux)
 
-        first = jax.tree.map(lambda x: x[0], parts)
-        shapes = jax.eval_shape(lambda: run(state, first, 0)[0])
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        # Gradients summed in the carry (shaped as the parameters); the scalar loss and
+        # metrics stacked, a few numbers a part.
+        zeros = jax.tree.map(jnp.zeros_like, trainable)
         indices = jnp.arange(self.microbatches)
-        (total, new_state), _ = jax.lax.scan(body, (zeros, state), (parts, indices))
-        loss, aux, grads = jax.tree.map(lambda x: x / self.microbatches, total)
-        return loss, aux, new_state, grads
+        (total, new_state), (losses, aux) = jax.lax.scan(body, (zeros, state), (parts, indices))
+        grads = jax.tree.map(lambda g: g / self.microbatches, total)
+        # Metrics are averaged as floats (a count of correct rows, say).
+        aux = jax.tree.map(lambda x: jnp.mean(jnp.asarray(x, jnp.float32), axis=0), aux)
+        return jnp.mean(losses), aux, new_state, grads
 
 
 def _split_rows(batch: Any, parts: int) -> Any:
