@@ -85,6 +85,8 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False, kernel_layout: st
             f"X has {c_in} channels and W has shape {jnp.shape(w)}: with group={group}, W must be "
             f"(M, C/group, ...) with M divisible by group"
         )
+    if min(kernel) < 1:
+        raise ctx.error(f"W of shape {jnp.shape(w)} has an empty kernel window")
     geo.kernel_attr(attrs, kernel, ctx)
     strides, dilations = geo.strides_dilations(attrs, n, ctx)
     lo, hi, _ = geo.window_pads(geo.spatial(jnp.shape(x), channels_last), kernel, strides, dilations, attrs, ctx)

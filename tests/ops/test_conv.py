@@ -103,6 +103,14 @@ def test_conv_bad_attributes(attrs, match):
         run_jonnx(model, inputs)
 
 
+@pytest.mark.parametrize("op,dtype", [("Conv", np.float32), ("ConvInteger", np.uint8)])
+def test_an_empty_kernel_window_is_named(op, dtype):
+    inputs = {"x": np.zeros((1, 4, 5, 5), dtype), "w": np.zeros((2, 4, 0, 3), dtype)}
+    model = node_model(op, inputs, opset=10 if op == "ConvInteger" else 22)
+    with pytest.raises(errors.NodeError, match="empty kernel window"):
+        run_jonnx(model, inputs)
+
+
 # ----------------------------------------------------------------------------- ConvTranspose
 
 CONVT_CASES = [

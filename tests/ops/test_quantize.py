@@ -301,7 +301,7 @@ def test_conv_integer():
 
 
 @pytest.mark.parametrize("x_dtype,w_dtype", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
-@pytest.mark.parametrize("channels,group", [(16, 1), (16, 4), (464, 1)])  # 464*3*3: the int32 path
+@pytest.mark.parametrize("channels,group", [(16, 1), (16, 4), (464, 1)])  # 464*3*3: two float32 parts
 def test_conv_integer_is_exact_over_full_ranges(x_dtype, w_dtype, channels, group):
     # jonnx convolves in float32 in two exact halves; check against the reference's integers.
     info_x, info_w = np.iinfo(x_dtype), np.iinfo(w_dtype)
@@ -312,6 +312,38 @@ def test_conv_integer_is_exact_over_full_ranges(x_dtype, w_dtype, channels, grou
     assert_matches_reference(
         "ConvInteger", {"x": x, "w": w, "zx": zx, "zw": zw}, opset=10, pads=[1, 0, 1, 2], strides=[1, 2], group=group
     )
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_integer_is_exact_where_one_float32_sum_would_not_be(group):
+    # 464 channels of 3x3: 4,176 products per output. x centered at -255 has high half -16 and
+    # the weights are 255 (centered), so the high halves' convolution sums past 2**24, and one
+    # x of -240 (high half -15) in each group makes that sum odd: float32 cannot hold it, so one
+    # float32 convolution over all the channels would round it; jonnx splits the channels.
+    high_sum = 255 * (-16 * 4175 - 15)
+    assert abs(high_sum) > 2**24 and high_sum % 2 == 1  # the premise
+    x = np.zeros((1, 464 * group, 3, 3), np.uint8)
+    x[0, ::464, 1, 1] = 15
+    w = np.full((2 * group, 464, 3, 3), 127, np.int8)
+    inputs = {"x": x, "w": w, "zx": np.uint8(255), "zw": np.int8(-128)}
+    got = assert_matches_reference("ConvInteger", inputs, opset=10, group=group)[0]
+    np.testing.assert_array_equal(got, np.full((1, 2 * group, 1, 1), 255 * (-255 * 4175 - 240), np.int32))
+
+
+def test_conv_integer_windows_too_deep_for_float32_are_exact():
+    # One channel's window of 4,200 products is past what one float32 sum holds (_EXACT_FAN_IN):
+    # those convolve in int32. Checked against numpy's int64 sums (the reference evaluator's
+    # convolution loops over the window in Python).
+    x = RNG.integers(0, 255, (1, 2, 4210), endpoint=True).astype(np.uint8)
+    w = RNG.integers(-128, 127, (3, 2, 4200), endpoint=True).astype(np.int8)
+    assert 4200 > quantize._EXACT_FAN_IN
+
+    def expected(x, w, zx, zw):
+        windows = np.lib.stride_tricks.sliding_window_view(x.astype(np.int64) - int(zx), 4200, axis=2)
+        return [np.einsum("nctk,ock->not", windows, w.astype(np.int64) - int(zw)).astype(np.int32)]
+
+    inputs = {"x": x, "w": w, "zx": np.uint8(0), "zw": np.int8(-128)}
+    assert_matches_reference("ConvInteger", inputs, opset=10, expected=expected)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
