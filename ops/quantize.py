@@ -363,9 +363,8 @@ def integer_conv(x, w, bias, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Ar
     """Conv of zero-point-centered 8-bit integers (each in [-255, 255]) exactly, in int32.
 
     XLA on CPU convolves int32 (or int8 into int32) about 13 times slower than float32 (a
-    64-channel 56x56 3x3 convolution: 35 ms against 2.7 ms), and with 512-bit vectors
-    (``jonnx.compiler_options()`` on AVX-512 AMD and AMX Intel CPUs) it compiles a deep one for
-    a minute (464 channels of 3x3: 62 s against 0.5). Split ``x = 16 * hi + lo`` with ``lo`` in
+    64-channel 56x56 3x3 convolution: 35 ms against 2.7 ms), and compiles some deep ones for up
+    to a minute (docs/known_issues.md: 464 channels of 3x3 45-62 s with 512-bit vectors). Split ``x = 16 * hi + lo`` with ``lo`` in
     [0, 15] and ``hi`` in [-16, 15], and the input channels into parts of at most
     ``_EXACT_FAN_IN`` multiply-adds per output: every product and partial sum of each float32
     convolution is then an integer below 2**24, which float32 holds exactly, whatever the
