@@ -10,6 +10,7 @@ half to even and saturates to the target type's range; float8 targets follow Cas
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ from jax import lax
 
 from jonnx import _cpu
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx.ops import _window as geo
 from jonnx.ops._util import canonical, compute_type, dtype_of, lowers_for_cpu, normalize_axis, onnx_dtype
 from jonnx.ops.cast import cast_numeric
 from jonnx.ops.conv import convolve  # Conv's geometry (pads, auto_pad, groups) lives there
@@ -353,30 +355,77 @@ def _centered_weights(w, zero_point):
     return w - zero_point
 
 
-# The most multiply-adds one float32 convolution of integer_conv may sum: each product of a
-# 4-bit half of x with a centered weight is at most 16 * 255 in magnitude, and every partial
-# sum of fewer than 2**24 / (16 * 255) of them is an integer float32 holds exactly.
+# The most kernel positions a convolution run as an 8-bit product gathers (one slice each):
+# a 7 x 7 stem has 49; deeper windows compile slowly that way (4,200 taps: 100 s).
+_PRODUCT_TAPS = 64
+
+
+def integer_conv(x, x_zero, w, w_zero, bias, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
+    """Conv of 8-bit ``x - x_zero`` by ``w - w_zero`` (zero points per tensor, or per output
+    channel for ``w``) exactly, in int32, plus an int32 ``bias``.
+
+    XLA on CPU convolves int32 13-40 times slower than float32 (a 512-channel 7x7 3x3
+    convolution: 314 ms against 8), and compiles some deep ones for up to a minute
+    (docs/known_issues.md). So on CPU an ungrouped one (of at most ``_PRODUCT_TAPS`` kernel
+    positions) is one exact 8-bit product over the windows' taps (:func:`integer_matmul`: bfloat16 dots where the CPU has them), the input
+    padded with its zero point so that the padding counts as zero; otherwise (grouped, or on
+    GPUs and TPUs, whose convolutions are strong) two exact float32 convolutions
+    (:func:`_conv_in_float_halves`).
+    """
+    group = int(attrs["group"])
+    x_shape, w_shape = jnp.shape(x), jnp.shape(w)
+    well_formed = len(w_shape) == len(x_shape) >= 3 and group >= 1 and x_shape[1] == w_shape[1] * group
+    per_tensor = x_zero is None or jnp.ndim(x_zero) == 0
+    taps = math.prod(w_shape[2:]) if well_formed else 0
+    if well_formed and group == 1 and per_tensor and lowers_for_cpu() and 0 < taps <= _PRODUCT_TAPS:
+        y = _conv_as_integer_product(x, x_zero, w, w_zero, attrs, ctx)
+    else:
+        y = _conv_in_float_halves(_centered(x, x_zero, False), _centered_weights(w, w_zero), attrs, ctx)
+    if bias is not None:
+        y = y + jnp.reshape(jnp.asarray(bias).astype(jnp.int32), (1, -1) + (1,) * (jnp.ndim(y) - 2))
+    return y
+
+
+def _conv_as_integer_product(x, x_zero, w, w_zero, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
+    """An ungrouped ConvInteger as ``integer_matmul`` of the windows' taps (N, positions,
+    C * taps) by the weights (C * taps, M), both in (channel, kernel position) order."""
+    m, c, *kernel = jnp.shape(w)
+    n, _, *in_spatial = jnp.shape(x)
+    geo.kernel_attr(attrs, kernel, ctx)
+    strides, dilations = geo.strides_dilations(attrs, len(kernel), ctx)
+    lo, hi, _ = geo.window_pads(in_spatial, kernel, strides, dilations, attrs, ctx)
+    if any(lo) or any(hi):
+        fill = jnp.zeros((), x.dtype) if x_zero is None else jnp.asarray(x_zero).astype(x.dtype)
+        x = lax.pad(jnp.asarray(x), fill, [(0, 0, 0), (0, 0, 0), *((a, b, 0) for a, b in zip(lo, hi))])
+    out = geo.out_spatial(x, kernel, strides, dilations)
+    windows = jnp.stack(list(geo.taps(x, kernel, strides, dilations, out)), axis=2)  # N, C, taps, *out
+    rows = jnp.moveaxis(jnp.reshape(windows, (n, c * math.prod(kernel), math.prod(out))), 1, 2)
+    y = integer_matmul(rows, w.reshape(m, -1).T, x_zero, w_zero)  # N, positions, M; numpy w stays numpy
+    return jnp.reshape(jnp.moveaxis(y, 2, 1), (n, m, *out))
+
+
+# The most multiply-adds one float32 convolution of _conv_in_float_halves may sum: each product
+# of a 4-bit half of x with a centered weight is at most 16 * 255 in magnitude, and every
+# partial sum of fewer than 2**24 / (16 * 255) of them is an integer float32 holds exactly.
 _EXACT_FAN_IN = (2**24 - 1) // (16 * 255)
 
 
-def integer_conv(x, w, bias, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
-    """Conv of zero-point-centered 8-bit integers (each in [-255, 255]) exactly, in int32.
+def _conv_in_float_halves(x, w, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
+    """Conv of zero-point-centered 8-bit integers (each in [-255, 255]) exactly, in int32, by
+    float32 convolutions.
 
-    XLA on CPU convolves int32 (or int8 into int32) about 13 times slower than float32 (a
-    64-channel 56x56 3x3 convolution: 35 ms against 2.7 ms), and compiles some deep ones for up
-    to a minute (docs/known_issues.md: 464 channels of 3x3 45-62 s with 512-bit vectors). Split ``x = 16 * hi + lo`` with ``lo`` in
-    [0, 15] and ``hi`` in [-16, 15], and the input channels into parts of at most
-    ``_EXACT_FAN_IN`` multiply-adds per output: every product and partial sum of each float32
-    convolution is then an integer below 2**24, which float32 holds exactly, whatever the
-    summation order; the parts' rounded results add up in int32. Only a kernel whose window
-    alone is too deep for that bound uses the int32 convolution.
+    Split ``x = 16 * hi + lo`` with ``lo`` in [0, 15] and ``hi`` in [-16, 15], and the input
+    channels into parts of at most ``_EXACT_FAN_IN`` multiply-adds per output: every product
+    and partial sum of each float32 convolution is then an integer below 2**24, which float32
+    holds exactly, whatever the summation order; the parts' rounded results add up in int32.
+    Only a kernel whose window alone is too deep for that bound uses the int32 convolution.
     """
     group = int(attrs["group"])
     x_shape, w_shape = jnp.shape(x), jnp.shape(w)
     window = int(np.prod(w_shape[2:]))
     well_formed = len(w_shape) == len(x_shape) >= 3 and group >= 1 and x_shape[1] == w_shape[1] * group
     if window > _EXACT_FAN_IN or not well_formed:  # (convolve names what a malformed one lacks)
-        return convolve(x, w, bias, attrs, ctx)
+        return convolve(x, w, None, attrs, ctx)
     w_in = w_shape[1]
     exact = dataclasses.replace(ctx, precision=lax.Precision.HIGHEST)  # no TF32 on accelerators
     w = jnp.asarray(w).astype(jnp.float32)
@@ -389,10 +438,7 @@ def integer_conv(x, w, bias, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Ar
 
     step = max(1, _EXACT_FAN_IN // max(window, 1))  # input channels of a group per part
     parts = [slice(start, min(w_in, start + step)) for start in range(0, max(w_in, 1), step)]
-    y = sum(part(hi, channels) * 16 + part(lo, channels) for channels in parts)
-    if bias is not None:
-        y = y + jnp.reshape(jnp.asarray(bias).astype(jnp.int32), (1, -1) + (1,) * (jnp.ndim(y) - 2))
-    return y
+    return sum(part(hi, channels) * 16 + part(lo, channels) for channels in parts)
 
 
 def _group_channels(x, group: int, channels: slice):
@@ -409,14 +455,14 @@ def _group_channels(x, group: int, channels: slice):
 def conv_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``ConvInteger``, opset 10: Conv of zero-point-centered integers, int32 output."""
     x, w, x_zero, w_zero = inputs
-    return (integer_conv(_centered(x, x_zero, False), _centered_weights(w, w_zero), None, attrs, ctx),)
+    return (integer_conv(x, x_zero, w, w_zero, None, attrs, ctx),)
 
 
 @register("QLinearConv", since=10)
 def qlinear_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``QLinearConv``, opset 10: quantized Conv with an int32 bias, requantized to y's type."""
     x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = inputs
-    acc = integer_conv(_centered(x, x_zero, False), _centered_weights(w, w_zero), bias, attrs, ctx)
+    acc = integer_conv(x, x_zero, w, w_zero, bias, attrs, ctx)
     w_scale = jnp.asarray(w_scale)
     if jnp.ndim(w_scale) == 1 and jnp.shape(w_scale)[0] > 1:  # per output channel
         w_scale = jnp.reshape(w_scale, (1, -1) + (1,) * (jnp.ndim(acc) - 2))

@@ -302,8 +302,9 @@ def test_conv_integer():
 
 @pytest.mark.parametrize("x_dtype,w_dtype", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
 @pytest.mark.parametrize("channels,group", [(16, 1), (16, 4), (464, 1)])  # 464*3*3: two float32 parts
-def test_conv_integer_is_exact_over_full_ranges(x_dtype, w_dtype, channels, group):
-    # jonnx convolves in float32 in two exact halves; check against the reference's integers.
+def test_conv_integer_is_exact_over_full_ranges(x_dtype, w_dtype, channels, group, lowering):
+    # jonnx convolves as one 8-bit product over the taps (CPU, ungrouped) or in float32 in two
+    # exact halves; check either against the reference's integers.
     info_x, info_w = np.iinfo(x_dtype), np.iinfo(w_dtype)
     x = RNG.integers(info_x.min, info_x.max, (1, channels, 6, 6), endpoint=True).astype(x_dtype)
     w = RNG.integers(info_w.min, info_w.max, (8, channels // group, 3, 3), endpoint=True).astype(w_dtype)
@@ -315,39 +316,60 @@ def test_conv_integer_is_exact_over_full_ranges(x_dtype, w_dtype, channels, grou
 
 
 @pytest.mark.parametrize("group", [1, 2])
-def test_conv_integer_is_exact_where_one_float32_sum_would_not_be(group):
+def test_conv_integer_is_exact_where_one_float32_sum_would_not_be(group, lowering):
     # 464 channels of 3x3: 4,176 products per output. x centered at -255 has high half -16 and
     # the weights are 255 (centered), so the high halves' convolution sums past 2**24, and one
     # x of -240 (high half -15) in each group makes that sum odd: float32 cannot hold it, so one
-    # float32 convolution over all the channels would round it; jonnx splits the channels.
+    # float32 convolution over all the channels would round it; jonnx splits the channels (or,
+    # on CPU where ungrouped, multiplies 8-bit values in contractions of at most 1,024).
     high_sum = 255 * (-16 * 4175 - 15)
     assert abs(high_sum) > 2**24 and high_sum % 2 == 1  # the premise
-    x = np.zeros((1, 464 * group, 3, 3), np.uint8)
+    x = np.zeros((1, 464 * group, 4, 4), np.uint8)  # every 3x3 window holds (1, 1)
     x[0, ::464, 1, 1] = 15
     w = np.full((2 * group, 464, 3, 3), 127, np.int8)
     inputs = {"x": x, "w": w, "zx": np.uint8(255), "zw": np.int8(-128)}
     got = assert_matches_reference("ConvInteger", inputs, opset=10, group=group)[0]
-    np.testing.assert_array_equal(got, np.full((1, 2 * group, 1, 1), 255 * (-255 * 4175 - 240), np.int32))
+    np.testing.assert_array_equal(got, np.full((1, 2 * group, 2, 2), 255 * (-255 * 4175 - 240), np.int32))
 
 
-def test_conv_integer_windows_too_deep_for_float32_are_exact():
-    # One channel's window of 4,200 products is past what one float32 sum holds (_EXACT_FAN_IN):
-    # those convolve in int32. Checked against numpy's int64 sums (the reference evaluator's
-    # convolution loops over the window in Python).
-    x = RNG.integers(0, 255, (1, 2, 4210), endpoint=True).astype(np.uint8)
-    w = RNG.integers(-128, 127, (3, 2, 4200), endpoint=True).astype(np.int8)
+@pytest.mark.parametrize(
+    "x_shape,w_shape,attrs",
+    [
+        ((2, 3, 11), (4, 3, 3), dict(dilations=[2], strides=[2], pads=[3, 1])),
+        ((1, 2, 5, 4, 6), (3, 2, 2, 3, 2), dict(strides=[1, 2, 2], auto_pad="SAME_LOWER")),
+        ((0, 2, 4, 5), (3, 2, 2, 2), dict(pads=[1, 0, 0, 1])),
+    ],
+    ids=["1d_dilated", "3d_same_lower", "empty_batch"],
+)
+def test_conv_integer_geometries(x_shape, w_shape, attrs, lowering):
+    x = RNG.integers(0, 255, x_shape, endpoint=True).astype(np.uint8)
+    w = RNG.integers(-128, 127, w_shape, endpoint=True).astype(np.int8)
+    # (a zero point per output channel only in 2-D: the ReferenceEvaluator's reshapes it for 2-D)
+    inputs = {"x": x, "w": w, "zx": np.uint8(131), "zw": np.int8(-7)}
+    assert_matches_reference("ConvInteger", inputs, opset=10, **attrs)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_integer_windows_too_deep_for_float32_are_exact(group):
+    # One channel's window of 4,200 products is past what one float32 sum holds (_EXACT_FAN_IN)
+    # and past what the 8-bit product gathers (_PRODUCT_TAPS): those convolve in int32. Checked against
+    # numpy's int64 sums (the reference evaluator's convolution loops over the window in Python).
+    x = RNG.integers(0, 255, (1, 2 * group, 4210), endpoint=True).astype(np.uint8)
+    w = RNG.integers(-128, 127, (2 * group, 2, 4200), endpoint=True).astype(np.int8)
     assert 4200 > quantize._EXACT_FAN_IN
 
     def expected(x, w, zx, zw):
         windows = np.lib.stride_tricks.sliding_window_view(x.astype(np.int64) - int(zx), 4200, axis=2)
-        return [np.einsum("nctk,ock->not", windows, w.astype(np.int64) - int(zw)).astype(np.int32)]
+        windows = windows.reshape(1, group, 2, -1, 4200)  # N, groups, channels, positions, window
+        w = w.reshape(group, 2, 2, 4200).astype(np.int64) - int(zw)  # groups, outputs, channels, window
+        return [np.einsum("ngctk,gock->ngot", windows, w).reshape(1, 2 * group, -1).astype(np.int32)]
 
     inputs = {"x": x, "w": w, "zx": np.uint8(0), "zw": np.int8(-128)}
-    assert_matches_reference("ConvInteger", inputs, opset=10, expected=expected)
+    assert_matches_reference("ConvInteger", inputs, opset=10, expected=expected, group=group)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_qlinear_conv(per_channel):
+def test_qlinear_conv(per_channel, lowering):
     x = RNG.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
     w = RNG.integers(0, 255, (3, 2, 3, 3)).astype(np.uint8)
     ws = RNG.uniform(0.001, 0.01, 3).astype(np.float32) if per_channel else np.float32(0.005)
