@@ -366,18 +366,16 @@ def integer_conv(x, x_zero, w, w_zero, bias, attrs: Mapping[str, Any], ctx: OpCo
 
     XLA on CPU convolves int32 13-40 times slower than float32 (a 512-channel 7x7 3x3
     convolution: 314 ms against 8), and compiles some deep ones for up to a minute
-    (docs/known_issues.md). So on CPU an ungrouped one (of at most ``_PRODUCT_TAPS`` kernel
-    positions) is one exact 8-bit product over the windows' taps (:func:`integer_matmul`: bfloat16 dots where the CPU has them), the input
-    padded with its zero point so that the padding counts as zero; otherwise (grouped, or on
-    GPUs and TPUs, whose convolutions are strong) two exact float32 convolutions
-    (:func:`_conv_in_float_halves`).
+    (docs/known_issues.md). So on CPU an ungrouped one of at most ``_PRODUCT_TAPS`` kernel
+    positions is one exact 8-bit product over the windows' taps (:func:`integer_matmul`:
+    bfloat16 dots where the CPU has them), the input padded with its zero point so that the
+    padding counts as zero; otherwise (grouped, or on GPUs and TPUs, whose convolutions are
+    strong) two exact float32 convolutions (:func:`_conv_in_float_halves`).
     """
     group = int(attrs["group"])
-    x_shape, w_shape = jnp.shape(x), jnp.shape(w)
-    well_formed = len(w_shape) == len(x_shape) >= 3 and group >= 1 and x_shape[1] == w_shape[1] * group
+    taps = math.prod(jnp.shape(w)[2:]) if _well_formed(x, w, group) else 0
     per_tensor = x_zero is None or jnp.ndim(x_zero) == 0
-    taps = math.prod(w_shape[2:]) if well_formed else 0
-    if well_formed and group == 1 and per_tensor and lowers_for_cpu() and 0 < taps <= _PRODUCT_TAPS:
+    if group == 1 and per_tensor and lowers_for_cpu() and 0 < taps <= _PRODUCT_TAPS:
         y = _conv_as_integer_product(x, x_zero, w, w_zero, attrs, ctx)
     else:
         y = _conv_in_float_halves(_centered(x, x_zero, False), _centered_weights(w, w_zero), attrs, ctx)
@@ -421,12 +419,10 @@ def _conv_in_float_halves(x, w, attrs: Mapping[str, Any], ctx: OpContext) -> jax
     Only a kernel whose window alone is too deep for that bound uses the int32 convolution.
     """
     group = int(attrs["group"])
-    x_shape, w_shape = jnp.shape(x), jnp.shape(w)
-    window = int(np.prod(w_shape[2:]))
-    well_formed = len(w_shape) == len(x_shape) >= 3 and group >= 1 and x_shape[1] == w_shape[1] * group
-    if window > _EXACT_FAN_IN or not well_formed:  # (convolve names what a malformed one lacks)
+    window = math.prod(jnp.shape(w)[2:])
+    if window > _EXACT_FAN_IN or not _well_formed(x, w, group):  # (convolve names what is wrong)
         return convolve(x, w, None, attrs, ctx)
-    w_in = w_shape[1]
+    w_in = jnp.shape(w)[1]
     exact = dataclasses.replace(ctx, precision=lax.Precision.HIGHEST)  # no TF32 on accelerators
     w = jnp.asarray(w).astype(jnp.float32)
     lo = jnp.bitwise_and(x, 15)
@@ -439,6 +435,12 @@ def _conv_in_float_halves(x, w, attrs: Mapping[str, Any], ctx: OpContext) -> jax
     step = max(1, _EXACT_FAN_IN // max(window, 1))  # input channels of a group per part
     parts = [slice(start, min(w_in, start + step)) for start in range(0, max(w_in, 1), step)]
     return sum(part(hi, channels) * 16 + part(lo, channels) for channels in parts)
+
+
+def _well_formed(x, w, group: int) -> bool:
+    """Whether ``x`` and ``w`` have the shapes a convolution with ``group`` groups needs."""
+    x_shape, w_shape = jnp.shape(x), jnp.shape(w)
+    return len(w_shape) == len(x_shape) >= 3 and group >= 1 and x_shape[1] == w_shape[1] * group
 
 
 def _group_channels(x, group: int, channels: slice):
