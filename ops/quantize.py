@@ -84,10 +84,15 @@ def _divide(x, scale):
 
     XLA's algebraic simplifier turns ``x / broadcast(s)`` into ``x * broadcast(1 / s)``, which
     is off by an ulp often enough to move ``round(x / s)`` across a tie (DynamicQuantizeLinear
-    gives 25 instead of 26 on ONNX's own example). The barrier keeps a true division.
+    gives 25 instead of 26 on ONNX's own example; a third of 200,000 quotients differ from
+    numpy's). The divisor is ``s`` where ``x`` is a number and 1 where it is NaN (whose quotient
+    is NaN either way): no broadcast for the simplifier to take, and computed inside the
+    dividing loop. (An optimization barrier on the broadcast divisor, as before, kept the
+    division too but wrote the divisor out in full: a 256 x 56 x 56 quantization 0.24 against
+    0.14 ms, about 15% of a QDQ ResNet-50's call.)
     """
-    scale = jnp.broadcast_to(scale, jnp.broadcast_shapes(jnp.shape(x), jnp.shape(scale)))
-    return x / lax.optimization_barrier(scale)
+    scale = jnp.asarray(scale)
+    return x / jnp.where(jnp.isnan(x), jnp.ones_like(scale), scale)
 
 
 def _saturate_round(q, zero_point, target: np.dtype, saturate: bool, ctx):
