@@ -390,8 +390,8 @@ def integer_conv(x, x_zero, w, w_zero, bias, attrs: Mapping[str, Any], ctx: OpCo
 
 
 def _conv_as_integer_product(x, x_zero, w, w_zero, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
-    """An ungrouped ConvInteger as ``integer_matmul`` of the windows' taps (N, positions,
-    C * taps) by the weights (C * taps, M), both in (channel, kernel position) order."""
+    """An ungrouped ConvInteger as ``integer_matmul`` of the weights (M, C * taps) by the
+    windows' taps (N, C * taps, positions), both in (channel, kernel position) order."""
     m, c, *kernel = jnp.shape(w)
     n, _, *in_spatial = jnp.shape(x)
     geo.kernel_attr(attrs, kernel, ctx)
@@ -402,9 +402,10 @@ def _conv_as_integer_product(x, x_zero, w, w_zero, attrs: Mapping[str, Any], ctx
         x = lax.pad(jnp.asarray(x), fill, [(0, 0, 0), (0, 0, 0), *((a, b, 0) for a, b in zip(lo, hi))])
     out = geo.out_spatial(x, kernel, strides, dilations)
     windows = jnp.stack(list(geo.taps(x, kernel, strides, dilations, out)), axis=2)  # N, C, taps, *out
-    rows = jnp.moveaxis(jnp.reshape(windows, (n, c * math.prod(kernel), math.prod(out))), 1, 2)
-    y = integer_matmul(rows, w.reshape(m, -1).T, x_zero, w_zero)  # N, positions, M; numpy w stays numpy
-    return jnp.reshape(jnp.moveaxis(y, 2, 1), (n, m, *out))
+    columns = jnp.reshape(windows, (n, c * math.prod(kernel), math.prod(out)))
+    # The weights on the left keep NCHW's order: (M, K) @ (N, K, positions), no transposes.
+    y = integer_matmul(w.reshape(m, -1), columns, w_zero, x_zero)  # numpy w stays numpy
+    return jnp.reshape(y, (n, m, *out))
 
 
 # The most multiply-adds one float32 convolution of _conv_in_float_halves may sum: each product
