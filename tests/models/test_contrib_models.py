@@ -1,7 +1,8 @@
 """Files written by onnxruntime's own tools (tests/models/contrib/make_contrib_models.py):
 its transformers optimizer (BERT and GPT-2 at levels 0, 1 and 2, a Llama-style decoder and
 a ViT at 1 and 2), quantize_dynamic (on an MLP and on the optimized BERT) plus an
-extended-level session, an extended-level session on a CNN, and the MatMulNBits quantizer.
+extended-level session, an extended-level session on a CNN, quantize_static on a residual CNN
+(QOperator and QDQ formats), and the MatMulNBits quantizer.
 jonnx runs each under jit and must match onnxruntime on the same file (its int8 weights stored
 as uint8 for onnxruntime, which multiplies exactly that way on every CPU:
 tests/_exact_onnxruntime.py)."""
@@ -66,6 +67,8 @@ CASES = {
     },
     "mlp_dynamic_int8.onnx": {"DynamicQuantizeMatMul"},
     "cnn_extended.onnx": {"FusedConv", "FusedGemm"},
+    "cnn_static_qoperator.onnx": {"QLinearAdd", "QLinearGlobalAveragePool", "QGemm"},
+    "cnn_static_qdq.onnx": set(),  # QuantizeLinear and DequantizeLinear around float ops
     "mlp_nbits4.onnx": {"MatMulNBits"},
     "mlp_nbits8.onnx": {"MatMulNBits"},
 }

@@ -19,6 +19,8 @@ Gelu, tanh Gelu, HF-style attention with an additive mask) are rewritten by:
 * ``quantize_dynamic`` followed by an onnxruntime session saved at the extended level:
   DynamicQuantizeMatMul / MatMulIntegerToFloat;
 * an extended-level session on a small CNN and MLP: FusedConv, FusedGemm, FusedMatMul;
+* ``quantize_static`` on a small residual CNN, QOperator and QDQ formats: QLinearConv,
+  QLinearAdd, QLinearGlobalAveragePool, QGemm, and QuantizeLinear/DequantizeLinear pairs;
 * ``MatMulNBitsQuantizer`` (4 bits, block 32; 8 bits, block 16): MatMulNBits.
 """
 
@@ -308,6 +310,55 @@ def cnn(seed=3):
     )
 
 
+def residual_cnn(seed=6):
+    """A ResNet-style CNN for quantize_static: a 3x3 stem, a max pool, a residual block of 3x3
+    and 1x1 convolutions, a strided 3x3 convolution, global pooling and a classifier."""
+    b = _Builder(seed)
+    h = b.op("Relu", [b.op("Conv", ["x", b.weight(8, 3, 3, 3, scale=0.3), b.weight(8, scale=0.1)], pads=[1] * 4)])
+    h = b.op("MaxPool", [h], kernel_shape=[2, 2], strides=[2, 2])
+    branch = b.op("Relu", [b.op("Conv", [h, b.weight(8, 8, 3, 3, scale=0.15), b.weight(8, scale=0.1)], pads=[1] * 4)])
+    branch = b.op("Conv", [branch, b.weight(8, 8, 1, 1, scale=0.3), b.weight(8, scale=0.1)])
+    h = b.op("Relu", [b.op("Add", [h, branch])])
+    h = b.op("Relu", [b.op("Conv", [h, b.weight(16, 8, 3, 3, scale=0.15), b.weight(16, scale=0.1)], strides=[2, 2])])
+    h = b.op("Flatten", [b.op("GlobalAveragePool", [h])])
+    out = b.op("Gemm", [h, b.weight(10, 16), b.weight(10, scale=0.1)], transB=1)
+    info = oh.make_tensor_value_info
+    return b.model(
+        [info("x", TensorProto.FLOAT, ["batch", 3, 12, 12])],
+        [info(out, TensorProto.FLOAT, ["batch", 10])],
+    )
+
+
+def static_quantized(tmp: pathlib.Path) -> dict:
+    """``residual_cnn`` through ``quantize_static`` (uint8 activations calibrated on 8 random
+    batches, int8 weights) in both formats: QOperator (QLinearConv, com.microsoft QLinearAdd,
+    QLinearGlobalAveragePool, QGemm) and QDQ (QuantizeLinear and DequantizeLinear around the
+    float ops)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(7)
+            self.batches = iter([{"x": rng.standard_normal((2, 3, 12, 12)).astype(np.float32)} for _ in range(8)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    onnx.save(residual_cnn(), tmp / "residual_cnn.onnx")
+    written = {}
+    for fmt, name in ((QuantFormat.QOperator, "qoperator"), (QuantFormat.QDQ, "qdq")):
+        quantize_static(
+            tmp / "residual_cnn.onnx",
+            tmp / f"{name}.onnx",
+            Batches(),
+            quant_format=fmt,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )
+        written[f"cnn_static_{name}.onnx"] = onnx.load(tmp / f"{name}.onnx")
+    return written
+
+
 def _session_saved(model, level):
     import onnxruntime as ort
 
@@ -385,6 +436,7 @@ def main():
             ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         )
         written["cnn_extended.onnx"] = _session_saved(cnn(), ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
+        written.update(static_quantized(tmp))
         for bits, block in ((4, 32), (8, 16)):
             quantizer = MatMulNBitsQuantizer(mlp(), bits=bits, block_size=block, is_symmetric=False)
             quantizer.process()
