@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import pathlib
 
+import jax
 import numpy as np
 import onnx
 import onnx.reference
 import pytest
 
 import jonnx
+from tests._compiles import count_compiles
 from tests._exact_onnxruntime import exact_int8_weights
 from tests.ops._harness import node_model
 
@@ -282,3 +284,14 @@ def test_the_int8_weight_rewrite_keeps_the_function_and_makes_onnxruntime_exact(
     np.testing.assert_array_equal(reference(model).run(None, {"a": a})[0], want)
     session = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(session.run(None, {"a": a})[0], want)
+
+
+def test_a_qdq_models_first_call_compiles_the_network_once():
+    # Its weights' DequantizeLinear nodes run once, in the prepared weights' trace; the int8
+    # weights' conversions ran eagerly in JAX there, compiling per weight shape (30
+    # computations for this model's first call), and run in numpy now.
+    jax.clear_caches()  # what an earlier test compiled for the same shapes would hide them
+    model = jonnx.load(HERE / "cnn_static_qdq.onnx")
+    with count_compiles() as compiled:
+        model(_inputs("cnn_static_qdq.onnx")["x"])
+    assert len(compiled) <= 3, compiled  # the prepared weights, the network, slack for one more
