@@ -156,6 +156,13 @@ class OpDef:
         return frozenset(spec(attrs)) if callable(spec) else spec
 
 
+# The private domains of jonnx's graph passes (ops/channels_last.py): an error in such a node
+# names the ONNX node it came from (same name and op type) and what the pass made of it.
+_REWRITTEN_BY = {
+    "jonnx.channels_last": "run channels-last by jonnx's layout pass; optimize={'channels_last': False} runs it as written",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class OpContext:
     """What an op body may know beyond its inputs and attributes.
@@ -191,7 +198,10 @@ class OpContext:
     checked: bool = False
 
     def where(self) -> str:
-        """``node 'name' (Op, domain 'd', opset N)`` for error messages."""
+        """``node 'name' (Op, domain 'd', opset N)`` for error messages; a node the graph passes
+        rewrote into an internal domain is named by what the pass did instead."""
+        if self.domain in _REWRITTEN_BY:
+            return f"node {self.node!r} ({self.op_type}, {_REWRITTEN_BY[self.domain]})"
         dom = self.domain or "ai.onnx"
         return f"node {self.node!r} ({self.op_type}, domain {dom!r}, opset {self.opset})"
 

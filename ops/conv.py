@@ -80,13 +80,14 @@ def convolve(x, w, b, attrs, ctx, channels_last: bool = False, kernel_layout: st
     group = int(attrs["group"])
     c_in = jnp.shape(x)[-1] if channels_last else jnp.shape(x)[1]
     m, w_in, kernel = _kernel_dims(jnp.shape(w), layout)
+    w_onnx = (m, w_in, *kernel)  # W's shape as the ONNX node has it, whatever the layout
     if group < 1 or c_in != w_in * group or m % group:
         raise ctx.error(
-            f"X has {c_in} channels and W has shape {jnp.shape(w)}: with group={group}, W must be "
+            f"X has {c_in} channels and W has shape {w_onnx}: with group={group}, W must be "
             f"(M, C/group, ...) with M divisible by group"
         )
     if min(kernel) < 1:
-        raise ctx.error(f"W of shape {jnp.shape(w)} has an empty kernel window")
+        raise ctx.error(f"W of shape {w_onnx} has an empty kernel window")
     geo.kernel_attr(attrs, kernel, ctx)
     strides, dilations = geo.strides_dilations(attrs, n, ctx)
     lo, hi, _ = geo.window_pads(geo.spatial(jnp.shape(x), channels_last), kernel, strides, dilations, attrs, ctx)
