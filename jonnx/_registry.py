@@ -49,6 +49,7 @@ __all__ = [
     "lookup",
     "promote_floats",
     "register",
+    "register_pass_domain",
     "registered",
     "schema_for",
 ]
@@ -156,11 +157,15 @@ class OpDef:
         return frozenset(spec(attrs)) if callable(spec) else spec
 
 
-# The private domains of jonnx's graph passes (ops/channels_last.py): an error in such a node
-# names the ONNX node it came from (same name and op type) and what the pass made of it.
-_REWRITTEN_BY = {
-    "jonnx.channels_last": "run channels-last by jonnx's layout pass; optimize={'channels_last': False} runs it as written",
-}
+# The private domains of jonnx's graph passes, each with what its pass made of a node (an
+# error in such a node names the ONNX node it came from, by name and op type, and this).
+_REWRITTEN_BY: dict[str, str] = {}
+
+
+def register_pass_domain(domain: str, rewritten_as: str) -> None:
+    """Declare ``domain`` the private domain of a graph pass, whose nodes stand for ONNX nodes
+    of the same name and op type: errors describe them as ``rewritten_as`` says."""
+    _REWRITTEN_BY[domain] = rewritten_as
 
 
 @dataclasses.dataclass(frozen=True)

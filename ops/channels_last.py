@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import onnx.defs
 
 from jonnx._attributes import schema_defaults
-from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register, register_pass_domain
 from jonnx.ops import conv as conv_ops, normalization, pool
 from jonnx.ops._util import lowers_for_cpu, static_sizes
 from jonnx.ops.reduce import reduce_max
@@ -48,6 +48,9 @@ __all__ = ["DOMAIN", "VERSION"]
 
 DOMAIN = "jonnx.channels_last"
 VERSION = 1
+register_pass_domain(
+    DOMAIN, "run channels-last by jonnx's layout pass; optimize={'channels_last': False} runs it as written"
+)
 
 
 def _attributes(op_type: str) -> dict:

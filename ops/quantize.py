@@ -391,9 +391,7 @@ def integer_conv(x, x_zero, w, w_zero, bias, attrs: Mapping[str, Any], ctx: OpCo
         y = _conv_as_integer_product(x, x_zero, w, w_zero, attrs, ctx)
     else:
         y = _conv_in_float_halves(_centered(x, x_zero, False), _centered_weights(w, w_zero), attrs, ctx)
-    if bias is not None:
-        y = y + jnp.reshape(jnp.asarray(bias).astype(jnp.int32), (1, -1) + (1,) * (jnp.ndim(y) - 2))
-    return y
+    return geo.add_bias(y, None if bias is None else jnp.asarray(bias).astype(jnp.int32), ctx)
 
 
 def _conv_as_integer_product(x, x_zero, w, w_zero, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
