@@ -15,6 +15,7 @@ import jax.test_util
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
@@ -244,6 +245,58 @@ def small_cnn_pools():
     return _model(nodes, *_io((3, 3, 16, 16)), inits), {"x": rand(3, 3, 16, 16)}
 
 
+def _int8_per_channel(w):
+    """Symmetric int8 weights, one scale per output channel, as ``quantize_static`` writes them."""
+    scale = (np.abs(w).reshape(len(w), -1).max(axis=1) / 127).astype(np.float32)
+    return np.round(w / scale.reshape(-1, *(1,) * (w.ndim - 1))).astype(np.int8), scale
+
+
+def qdq_block(opset=17):
+    """A block as onnxruntime's ``quantize_static`` writes it in QDQ form: a QuantizeLinear and
+    DequantizeLinear pair on every activation (one per channel from opset 13), int8 weights and
+    an int32 bias dequantized per channel (onnxruntime refuses a pair per channel right after a
+    Conv, which it fuses into a QLinearConv: that one follows a Concat). The pairs run channels-last with the Convs around
+    them, and the Conv kernels' layouts follow from the dequantized weights' shapes."""
+    (w0, s0), (w1, s1) = _int8_per_channel(rand(8, 4, 3, 3)), _int8_per_channel(rand(16, 8, 1, 1))
+    x_scale = np.float32(0.03)
+    inits = {"w0q": w0, "w0s": s0, "w0z": np.zeros(8, np.int8), "w1q": w1, "w1s": s1, "w1z": np.zeros(16, np.int8)}
+    inits |= {"b0q": np.round(rand(8) / (x_scale * s0)).astype(np.int32), "b0s": x_scale * s0}
+    inits |= {"xs": x_scale, "xz": np.uint8(128), "as": np.float32(0.05), "az": np.uint8(0)}
+    inits |= {"cs": np.float32(0.08), "cz": np.uint8(128)}
+    per_channel = opset >= 13
+    inits |= {"ss": np.linspace(0.03, 0.09, 24 if per_channel else 1, dtype=np.float32)}
+    inits |= {"sz": np.full(24 if per_channel else 1, 128, np.uint8)}
+    if not per_channel:
+        inits |= {"w0s": np.float32(s0.max()), "w0z": np.int8(0), "w1s": np.float32(s1.max()), "w1z": np.int8(0)}
+        inits |= {"b0s": np.float32(x_scale * s0.max())}
+    axis = {"axis": 1} if per_channel else {}
+
+    def pair(x, scale, zero, out, **attrs):
+        return [
+            oh.make_node("QuantizeLinear", [x, scale, zero], [f"{out}_q"], **attrs),
+            oh.make_node("DequantizeLinear", [f"{out}_q", scale, zero], [out], **attrs),
+        ]
+
+    weights = {"axis": 0} if per_channel else {}
+    nodes = [
+        *pair("x", "xs", "xz", "xd"),
+        oh.make_node("DequantizeLinear", ["w0q", "w0s", "w0z"], ["w0"], **weights),
+        oh.make_node("DequantizeLinear", ["b0q", "b0s"], ["b0"], **weights),
+        oh.make_node("Conv", ["xd", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+        oh.make_node("Relu", ["c0"], ["r0"]),
+        *pair("r0", "as", "az", "a"),
+        oh.make_node("DequantizeLinear", ["w1q", "w1s", "w1z"], ["w1"], **weights),
+        oh.make_node("Conv", ["a", "w1"], ["c1"]),
+        *pair("c1", "cs", "cz", "c1d"),
+        oh.make_node("Concat", ["c1d", "a"], ["cat"], axis=1),
+        *pair("cat", "ss", "sz", "catd", **axis),
+        oh.make_node("MaxPool", ["catd"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        oh.make_node("GlobalAveragePool", ["p"], ["g"]),
+        oh.make_node("Flatten", ["g"], ["out"]),
+    ]
+    return _model(nodes, *_io((2, 4, 8, 8)), inits, opset), {"x": rand(2, 4, 8, 8)}
+
+
 BUILT = {
     "resnet_block": resnet_block,
     "mobilenet_block": mobilenet_block,
@@ -256,6 +309,8 @@ BUILT = {
     "wide_3x3": wide_3x3,
     "decoder": decoder,
     "small_cnn_pools": small_cnn_pools,
+    "qdq_block": qdq_block,
+    "qdq_block_opset10": lambda: qdq_block(10),
 }
 # (graph, how many activation transposes the rewritten graph may hold)
 TRANSPOSES = {
@@ -270,6 +325,8 @@ TRANSPOSES = {
     "wide_3x3": 2,
     "decoder": 2,  # the input, the output
     "small_cnn_pools": 2,
+    "qdq_block": 2,
+    "qdq_block_opset10": 2,
 }
 
 
@@ -329,6 +386,45 @@ def test_kernel_layouts_the_pass_picks(lowering):
             if layout == "HWOI":  # the stored weights' own buffer
                 stored = model.params[name.split("/")[0]]
                 assert model._prepared[name].unsafe_buffer_pointer() == stored.unsafe_buffer_pointer()
+
+
+def _dequantized_weights(proto):
+    """``proto`` with each Conv's weights stored as int8 and dequantized per channel in the
+    graph (a DequantizeLinear named as the float weights were), as a QDQ file holds them."""
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    graph, convs = proto.graph, {n.input[1] for n in proto.graph.node if n.op_type == "Conv"}
+    inits, nodes = [], []
+    for init in graph.initializer:
+        if init.name not in convs:
+            inits.append(init)
+            continue
+        q, scale = _int8_per_channel(onh.to_array(init))
+        inits += [onh.from_array(q, f"{init.name}_q"), onh.from_array(scale, f"{init.name}_s")]
+        nodes.append(oh.make_node("DequantizeLinear", [f"{init.name}_q", f"{init.name}_s"], [init.name], axis=0))
+    graph.ClearField("initializer")
+    graph.initializer.extend(inits)
+    nodes += list(graph.node)
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+    return proto
+
+
+def test_kernel_layouts_of_dequantized_weights(lowering):
+    # A QDQ file's Convs read int8 weights through DequantizeLinear nodes: the pass picks the
+    # same layouts from their shapes as for float weights (docs/performance.md, "QDQ files").
+    for make in (bottleneck, wide_3x3):
+        proto, feeds = make()
+        quantized = _dequantized_weights(proto)
+        layouts = []
+        for graph in (proto, quantized):
+            model = jonnx.load(graph)
+            layouts.append(
+                {n.inputs[1]: n.attrs["kernel_layout"] for n in model._call_graph.nodes if n.op_type == "Conv"}
+            )
+        assert layouts[0] == layouts[1]
+        session = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"])
+        got, want = model(**feeds)[0], session.run(None, feeds)[0]
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
 
 
 def test_kernel_relayouts_on_the_host_equal_the_compiled_ones():
@@ -425,6 +521,28 @@ def test_maxpool_indices_stay_channels_first():
     feeds = {"x": rand(1, 2, 6, 6)}
     on = compare_on_off(proto, feeds, ON)
     assert [n.op_type for n in on._graph_for(None).nodes if n.domain == DOMAIN] == ["Conv"]
+
+
+def test_blocked_quantization_stays_channels_first():
+    # Blocked scales have the input's own NC(D)HW shape: such a pair is read through a
+    # Transpose back, while the per-tensor pair before it runs channels-last.
+    inits = {"w": rand(4, 2, 3, 3), "s": np.float32(0.05), "z": np.uint8(128)}
+    inits |= {"bs": np.abs(rand(1, 2, 4, 4)) / 10 + np.float32(0.01), "bz": np.full((1, 2, 4, 4), 120, np.uint8)}
+    nodes = [
+        oh.make_node("Conv", ["x", "w"], ["c"]),
+        oh.make_node("QuantizeLinear", ["c", "s", "z"], ["q"]),
+        oh.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+        oh.make_node("QuantizeLinear", ["d", "bs", "bz"], ["bq"], axis=1, block_size=2),
+        oh.make_node("DequantizeLinear", ["bq", "bs", "bz"], ["out"], axis=1, block_size=2),
+    ]
+    proto = _model(nodes, *_io((1, 2, 6, 6)), inits, opset=21)
+    on = compare_on_off(proto, {"x": rand(1, 2, 6, 6)}, ON)
+    graph = on._graph_for(None)
+    quantizers = [(n.op_type, n.inputs[0]) for n in graph.nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert quantizers == [("QuantizeLinear", "c/channels_last"), ("DequantizeLinear", "q/channels_last")] + [
+        ("QuantizeLinear", "d"),
+        ("DequantizeLinear", "bq"),
+    ]
 
 
 @pytest.mark.parametrize(
