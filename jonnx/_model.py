@@ -103,7 +103,8 @@ def load(
         optimize: graph passes and compilation choices (``jonnx.optimize``): True (the
             default), False (none), or ``{name: bool}`` with names from
             ``jonnx.optimize.PASSES`` (``fold_batchnorm``, ``fuse_matmuls``,
-            ``channels_last``, ``dead_nodes``), ``constant_weights`` (``Model(*inputs)``
+            ``quantized_convs``, ``channels_last``, ``dead_nodes``, ``string_labels``),
+            ``constant_weights`` (``Model(*inputs)``
             compiles the model's own weights in as constants; ``apply`` always takes them as
             arguments) and ``batch_chunks`` (``Model(*inputs)`` runs a large batch in chunks
             of rows where XLA would map its temporaries afresh on every call and the rows

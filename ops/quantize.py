@@ -22,7 +22,8 @@ import onnx
 from jax import lax
 
 from jonnx import _cpu
-from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
+from jonnx._attributes import schema_defaults
+from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register, register_pass_domain
 from jonnx.ops import _window as geo
 from jonnx.ops._util import canonical, compute_type, dtype_of, lowers_for_cpu, normalize_axis, onnx_dtype
 from jonnx.ops.cast import cast_numeric
@@ -385,13 +386,19 @@ def integer_conv(x, x_zero, w, w_zero, bias, attrs: Mapping[str, Any], ctx: OpCo
     strong) two exact float32 convolutions (:func:`_conv_in_float_halves`).
     """
     group = int(attrs["group"])
-    taps = math.prod(jnp.shape(w)[2:]) if _well_formed(x, w, group) else 0
     per_tensor = x_zero is None or jnp.ndim(x_zero) == 0
-    if group == 1 and per_tensor and lowers_for_cpu() and 0 < taps <= _PRODUCT_TAPS:
+    if per_tensor and _well_formed(x, w, group) and runs_as_integer_product(jnp.shape(w), group):
         y = _conv_as_integer_product(x, x_zero, w, w_zero, attrs, ctx)
     else:
         y = _conv_in_float_halves(_centered(x, x_zero, False), _centered_weights(w, w_zero), attrs, ctx)
     return geo.add_bias(y, None if bias is None else jnp.asarray(bias).astype(jnp.int32), ctx)
+
+
+def runs_as_integer_product(w_shape, group: int) -> bool:
+    """Whether :func:`integer_conv` runs a convolution by these OI(D)HW weights, its input's
+    zero point per tensor, as one 8-bit product: on CPU, ungrouped, of at most
+    ``_PRODUCT_TAPS`` kernel positions."""
+    return group == 1 and lowers_for_cpu() and 0 < math.prod(w_shape[2:]) <= _PRODUCT_TAPS
 
 
 def _conv_as_integer_product(x, x_zero, w, w_zero, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
@@ -471,14 +478,46 @@ def conv_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     return (integer_conv(x, x_zero, w, w_zero, None, attrs, ctx),)
 
 
+def _output_channel_scale(w_scale, acc):
+    """A weight scale per tensor, or per output channel shaped to broadcast against NC(D)HW."""
+    w_scale = jnp.asarray(w_scale)
+    if jnp.ndim(w_scale) == 1 and jnp.shape(w_scale)[0] > 1:
+        return jnp.reshape(w_scale, (1, -1) + (1,) * (jnp.ndim(acc) - 2))
+    return w_scale
+
+
 @register("QLinearConv", since=10)
 def qlinear_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``QLinearConv``, opset 10: quantized Conv with an int32 bias, requantized to y's type."""
     x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = inputs
     acc = integer_conv(x, x_zero, w, w_zero, bias, attrs, ctx)
-    w_scale = jnp.asarray(w_scale)
-    if jnp.ndim(w_scale) == 1 and jnp.shape(w_scale)[0] > 1:  # per output channel
-        w_scale = jnp.reshape(w_scale, (1, -1) + (1,) * (jnp.ndim(acc) - 2))
-    multiplier = _divide(jnp.asarray(x_scale) * w_scale, jnp.asarray(y_scale))
+    multiplier = _divide(jnp.asarray(x_scale) * _output_channel_scale(w_scale, acc), jnp.asarray(y_scale))
     target = dtype_of(y_zero) if y_zero is not None else dtype_of(x)
     return (_requantize(acc, multiplier, y_zero, target, ctx),)
+
+
+# The private domain of the quantized_convs pass (jonnx/optimize/quantized_convs.py).
+DEQUANTIZED_DOMAIN = "jonnx.dequantized"
+register_pass_domain(
+    DEQUANTIZED_DOMAIN,
+    "a Conv of DequantizeLinear outputs, run as an exact 8-bit product by jonnx's quantized_convs pass; "
+    "optimize={'quantized_convs': False} runs it as written",
+)
+
+
+@register(
+    "Conv",
+    since=1,
+    domain=DEQUANTIZED_DOMAIN,
+    attributes=schema_defaults(onnx.defs.get_schema("Conv")),
+    n_inputs=7,
+)
+def dequantized_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``Conv`` of ``DequantizeLinear(x, x_scale, x_zero)`` (per tensor) by
+    ``DequantizeLinear(w, w_scale, w_zero)`` (per tensor or per output channel), plus ``B``:
+    the integer sum exactly (:func:`integer_conv`), then scaled once. The float32 convolution
+    of the dequantized values gives the same up to its own rounding."""
+    x, x_scale, x_zero, w, w_scale, w_zero, bias = inputs
+    acc = integer_conv(x, x_zero, w, w_zero, None, attrs, ctx)
+    scale = jnp.asarray(x_scale) * _output_channel_scale(w_scale, acc)
+    return (geo.add_bias(acc.astype(scale.dtype) * scale, bias, ctx),)

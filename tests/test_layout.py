@@ -28,7 +28,13 @@ from tests.test_optimize import MODELS, _model, rand
 
 EXPORTS = pathlib.Path(__file__).resolve().parent / "models" / "exports"
 F = onnx.TensorProto.FLOAT
-ON = {"channels_last": True, "fold_batchnorm": False, "fuse_matmuls": False, "dead_nodes": False}
+ON = {
+    "channels_last": True,
+    "fold_batchnorm": False,
+    "fuse_matmuls": False,
+    "quantized_convs": False,
+    "dead_nodes": False,
+}
 
 
 def _bn(prefix, c, inits, **attrs):

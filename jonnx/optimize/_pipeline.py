@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from jonnx._ir import Graph
-from jonnx.optimize import dead_nodes, fold_batchnorm, fuse_matmuls, layout, string_labels
+from jonnx.optimize import dead_nodes, fold_batchnorm, fuse_matmuls, layout, quantized_convs, string_labels
 
 __all__ = ["CALL_ONLY", "CALL_OPTIONS", "PASSES", "optimize", "resolve"]
 
@@ -16,6 +16,7 @@ __all__ = ["CALL_ONLY", "CALL_OPTIONS", "PASSES", "optimize", "resolve"]
 PASSES: Mapping[str, Callable[[Graph, bool | None], Graph]] = {
     "fold_batchnorm": fold_batchnorm.run,
     "fuse_matmuls": fuse_matmuls.run,
+    "quantized_convs": quantized_convs.run,
     "channels_last": layout.run,
     "dead_nodes": dead_nodes.run,
     "string_labels": string_labels.run,

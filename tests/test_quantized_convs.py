@@ -1,0 +1,154 @@
+"""The quantized_convs pass (jonnx/optimize/quantized_convs.py): a QDQ file's Conv of
+dequantized values as one exact 8-bit product, results unchanged up to float rounding.
+
+Each graph runs with the pass alone, with every pass, and with none (outputs and gradients with
+respect to the scales and biases: ``tests._on_off.compare_on_off``), and against onnxruntime;
+each test checks which convolutions the pass rewrote and which it left, so none passes
+vacuously. The CPU's 8-bit product kind is forced (``INTEGER_MATMUL``), so the rewrite is
+checked on every machine, whatever its instructions.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnxruntime as ort
+import pytest
+
+import jonnx
+from jonnx.ops import quantize
+from tests._on_off import compare_on_off
+from tests.test_optimize import _model, rand
+
+F = onnx.TensorProto.FLOAT
+ONLY = {"quantized_convs": True, "channels_last": False, "dead_nodes": False}
+CONTRIB = pathlib.Path(__file__).resolve().parent / "models" / "contrib"
+
+
+@pytest.fixture(params=["bfloat16", "int8"])
+def product(request, monkeypatch):
+    """The CPU's 8-bit product, as ``integer_matmul_mode`` would pick it on a CPU with
+    bfloat16 dot instructions, or with AMX's int8 tiles."""
+    monkeypatch.setattr(quantize, "INTEGER_MATMUL", request.param)
+    return request.param
+
+
+def _int8_per_channel(w):
+    scale = (np.abs(w).reshape(len(w), -1).max(axis=1) / 127).astype(np.float32)
+    return np.round(w / scale.reshape(-1, *(1,) * (w.ndim - 1))).astype(np.int8), scale
+
+
+def qdq_convs():
+    """Convolutions of dequantized values as quantize_static writes them, and ones the pass
+    must leave: a grouped one, one of float weights, one of a per-channel activation. Their
+    float outputs are the graph's, so the comparisons see no requantization's rounding."""
+    (w1, s1), (w3, s3) = _int8_per_channel(rand(8, 4, 3, 3)), _int8_per_channel(rand(6, 2, 3, 3))
+    (w4, s4), (w5, s5) = _int8_per_channel(rand(5, 4, 1, 1)), _int8_per_channel(rand(3, 4, 2))
+    x_scale = np.float32(0.03)
+    inits = {"xs": x_scale, "xz": np.uint8(128), "ks": np.float32(0.02), "kz": np.int8(-3)}
+    inits |= {"w1q": w1, "w1s": s1, "w1z": np.zeros(8, np.int8), "b1": rand(8)}
+    # uint8 weights with one scale and a zero point; an int32 bias dequantized as ORT writes it.
+    inits |= {"w2q": np.random.default_rng(2).integers(0, 256, (4, 4, 2, 2), dtype=np.uint8)}
+    inits |= {"w2s": np.float32(0.01), "w2z": np.uint8(120), "b2q": np.arange(-2, 2, dtype=np.int32) * 37}
+    inits |= {"b2s": np.float32(x_scale * 0.01)}
+    inits |= {"w3q": w3, "w3s": s3, "w3z": np.zeros(6, np.int8)}
+    inits |= {"w4q": w4, "w4s": s4, "w4z": np.zeros(5, np.int8), "wf": rand(2, 4, 1, 1)}
+    inits |= {"w5q": w5, "w5s": s5, "w5z": np.zeros(3, np.int8)}
+    inits |= {"cs": np.linspace(0.02, 0.05, 4, dtype=np.float32), "cz": np.full(4, 100, np.uint8)}
+
+    def dq(name, **attrs):
+        return oh.make_node("DequantizeLinear", [f"{name}q", f"{name}s", f"{name}z"], [name], **attrs)
+
+    nodes = [
+        oh.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        oh.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+        oh.make_node("QuantizeLinear", ["x", "ks", "kz"], ["kq"]),  # int8 activations
+        oh.make_node("DequantizeLinear", ["kq", "ks", "kz"], ["kd"]),
+        oh.make_node("QuantizeLinear", ["x", "cs", "cz"], ["cq"], axis=1),  # per channel
+        oh.make_node("DequantizeLinear", ["cq", "cs", "cz"], ["cd"], axis=1),
+        dq("w1", axis=0),
+        dq("w2"),
+        oh.make_node("DequantizeLinear", ["b2q", "b2s"], ["b2"]),
+        dq("w3", axis=0),
+        dq("w4", axis=0),
+        dq("w5", axis=0),
+        oh.make_node("Conv", ["xd", "w1", "b1"], ["y1"], name="padded", pads=[1, 1, 1, 1]),
+        oh.make_node("Conv", ["xd", "w2", "b2"], ["y2"], name="strided", strides=[2, 2], dilations=[1, 2]),
+        oh.make_node("Conv", ["xd", "w3"], ["y3"], name="grouped", group=2),
+        oh.make_node("Conv", ["kd", "w4"], ["y4"], name="int8_input", auto_pad="SAME_UPPER"),
+        oh.make_node("Conv", ["xd", "wf"], ["y5"], name="float_weights"),
+        oh.make_node("Conv", ["cd", "w4"], ["y6"], name="per_channel_input"),
+        oh.make_node("Reshape", ["kq", "rows"], ["k1q"]),
+        oh.make_node("DequantizeLinear", ["k1q", "ks", "kz"], ["k1d"]),
+        oh.make_node("Conv", ["k1d", "w5"], ["y7"], name="one_d", pads=[0, 1]),
+    ]
+    inits["rows"] = np.array([0, 4, -1], np.int64)
+    outputs = [oh.make_tensor_value_info(f"y{i}", F, None) for i in range(1, 8)]
+    proto = _model(nodes, [oh.make_tensor_value_info("x", F, ["N", 4, 6, 6])], outputs, inits)
+    return proto, {"x": rand(2, 4, 6, 6)}
+
+
+REWRITTEN = {"padded", "strided", "int8_input", "one_d"}
+
+
+def _rewritten(model) -> set[str]:
+    return {n.name for n in model._graph_for(None).nodes if n.domain == quantize.DEQUANTIZED_DOMAIN}
+
+
+@pytest.mark.parametrize("switches", [ONLY, True], ids=["alone", "all passes"])
+def test_rewritten_convolutions_equal_the_graph_and_onnxruntime(product, switches):
+    proto, feeds = qdq_convs()
+    model = compare_on_off(proto, feeds, switches)
+    assert _rewritten(model) == REWRITTEN
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for got, want in zip(model(**feeds), session.run(None, feeds)):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_exact_where_float32_is_not(product):
+    # Sums float32 cannot hold: 8-bit values whose products add up past 2**24. The float
+    # convolution of the dequantized values rounds as it adds; the rewritten one is the integer
+    # sum times the scales (one rounding), as onnxruntime's integer kernel computes it.
+    rng = np.random.default_rng(5)
+    w = rng.integers(100, 128, (4, 300, 3, 3), dtype=np.int8)
+    x = rng.integers(200, 256, (1, 300, 5, 5), dtype=np.uint8)
+    inits = {"xs": np.float32(1.0), "xz": np.uint8(0), "wq": w, "ws": np.float32(1.0), "wz": np.int8(0)}
+    nodes = [
+        oh.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+        oh.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"]),
+        oh.make_node("Conv", ["xd", "wd"], ["y"]),
+    ]
+    x_info = oh.make_tensor_value_info("x", onnx.TensorProto.UINT8, [1, 300, 5, 5])
+    proto = _model(nodes, [x_info], [oh.make_tensor_value_info("y", F, None)], inits)
+    windows = np.lib.stride_tricks.sliding_window_view(x[0].astype(np.int64), (3, 3), axis=(1, 2))
+    exact = np.einsum("chwij,mcij->mhw", windows, w.astype(np.int64))[None]
+    assert exact.min() > 2**24
+    np.testing.assert_array_equal(np.asarray(jonnx.load(proto)(x)[0]), exact.astype(np.float32))
+
+
+def test_left_as_written_where_no_8_bit_product_pays(lowering, monkeypatch):
+    # Off the CPU (XLA's convolutions there, which integer_conv would run twice), and on a CPU
+    # where the product would be in float32 anyway, the graph keeps its float convolutions.
+    proto, feeds = qdq_convs()
+    if lowering == "cpu":
+        monkeypatch.setattr(quantize, "INTEGER_MATMUL", "float32")
+    model = compare_on_off(proto, feeds, ONLY, trains=(None,))
+    assert not _rewritten(model)
+
+
+def test_a_quantize_static_file(product):
+    # tests/models/contrib/make_contrib_models.py: a residual CNN through onnxruntime's
+    # quantize_static in QDQ form: every Conv is rewritten, and the outputs equal
+    # onnxruntime's (test_contrib_models compares the default call too).
+    proto = onnx.load(CONTRIB / "cnn_static_qdq.onnx")
+    convs = {n.name for n in proto.graph.node if n.op_type == "Conv"}
+    dims = [d.dim_value or 2 for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(0).standard_normal(dims).astype(np.float32)
+    on, off = jonnx.load(proto), jonnx.load(proto, optimize={"quantized_convs": False})
+    assert _rewritten(on) == convs and len(convs) >= 3 and not _rewritten(off)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {proto.graph.input[0].name: x})[0]
+    np.testing.assert_allclose(np.asarray(on(x)[0]), want, rtol=1e-4, atol=1e-4)
