@@ -373,9 +373,12 @@ def _centered_weights(w, zero_point):
 _PRODUCT_TAPS = 64
 
 
-def integer_conv(x, x_zero, w, w_zero, bias, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
+def integer_conv(
+    x, x_zero, w, w_zero, bias, attrs: Mapping[str, Any], ctx: OpContext, *, channels_last: bool = False
+) -> jax.Array:
     """Conv of 8-bit ``x - x_zero`` by ``w - w_zero`` (zero points per tensor, or per output
-    channel for ``w``) exactly, in int32, plus an int32 ``bias``.
+    channel for ``w``) exactly, in int32, plus an int32 ``bias``. With ``channels_last``, ``x``
+    and the result are N(D)HWC (``w`` stays OI(D)HW).
 
     XLA on CPU convolves int32 13-40 times slower than float32 (a 512-channel 7x7 3x3
     convolution: 314 ms against 8), and compiles some deep ones for up to a minute
@@ -387,11 +390,15 @@ def integer_conv(x, x_zero, w, w_zero, bias, attrs: Mapping[str, Any], ctx: OpCo
     """
     group = int(attrs["group"])
     per_tensor = x_zero is None or jnp.ndim(x_zero) == 0
-    if per_tensor and _well_formed(x, w, group) and runs_as_integer_product(jnp.shape(w), group):
-        y = _conv_as_integer_product(x, x_zero, w, w_zero, attrs, ctx)
+    if per_tensor and _well_formed(x, w, group, channels_last) and runs_as_integer_product(jnp.shape(w), group):
+        y = _conv_as_integer_product(x, x_zero, w, w_zero, attrs, ctx, channels_last)
     else:
+        if channels_last:  # (not on the layout pass's path: it takes only the product's convolutions)
+            x = jnp.moveaxis(x, -1, 1)
         y = _conv_in_float_halves(_centered(x, x_zero, False), _centered_weights(w, w_zero), attrs, ctx)
-    return geo.add_bias(y, None if bias is None else jnp.asarray(bias).astype(jnp.int32), ctx)
+        y = jnp.moveaxis(y, 1, -1) if channels_last else y
+    bias = None if bias is None else jnp.asarray(bias).astype(jnp.int32)
+    return geo.add_bias(y, bias, ctx, channels_last)
 
 
 def runs_as_integer_product(w_shape, group: int) -> bool:
@@ -401,20 +408,32 @@ def runs_as_integer_product(w_shape, group: int) -> bool:
     return group == 1 and lowers_for_cpu() and 0 < math.prod(w_shape[2:]) <= _PRODUCT_TAPS
 
 
-def _conv_as_integer_product(x, x_zero, w, w_zero, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
+def _conv_as_integer_product(
+    x, x_zero, w, w_zero, attrs: Mapping[str, Any], ctx: OpContext, channels_last: bool = False
+) -> jax.Array:
     """An ungrouped ConvInteger as ``integer_matmul`` of the weights (M, C * taps) by the
-    windows' taps (N, C * taps, positions), both in (channel, kernel position) order."""
+    windows' taps (N, C * taps, positions), both in (channel, kernel position) order; with
+    ``channels_last``, of the taps (N, positions, taps * C) by the weights (taps * C, M), both
+    in (kernel position, channel) order, which the product leaves N(D)HWC."""
     m, c, *kernel = jnp.shape(w)
-    n, _, *in_spatial = jnp.shape(x)
+    n, in_spatial = jnp.shape(x)[0], geo.spatial(jnp.shape(x), channels_last)
     geo.kernel_attr(attrs, kernel, ctx)
     strides, dilations = geo.strides_dilations(attrs, len(kernel), ctx)
     lo, hi, _ = geo.window_pads(in_spatial, kernel, strides, dilations, attrs, ctx)
     if any(lo) or any(hi):
         fill = jnp.zeros((), x.dtype) if x_zero is None else jnp.asarray(x_zero).astype(x.dtype)
-        x = lax.pad(jnp.asarray(x), fill, [(0, 0, 0), (0, 0, 0), *((a, b, 0) for a, b in zip(lo, hi))])
-    out = geo.out_spatial(x, kernel, strides, dilations)
-    windows = jnp.stack(list(geo.taps(x, kernel, strides, dilations, out)), axis=2)  # N, C, taps, *out
-    columns = jnp.reshape(windows, (n, c * math.prod(kernel), math.prod(out)))
+        pads = geo.full([(a, b, 0) for a, b in zip(lo, hi)], (0, 0, 0), channels_last)
+        x = lax.pad(jnp.asarray(x), fill, pads)
+    out = geo.out_spatial(x, kernel, strides, dilations, channels_last)
+    taps = list(geo.taps(x, kernel, strides, dilations, out, channels_last))
+    size, positions = c * math.prod(kernel), math.prod(out)
+    if channels_last:
+        columns = jnp.reshape(jnp.stack(taps, axis=-2), (n, positions, size))  # N, *out, taps, C
+        xp = np if isinstance(w, np.ndarray) else jnp  # numpy weights stay numpy
+        weights = xp.reshape(xp.transpose(w, (*range(2, 2 + len(kernel)), 1, 0)), (size, m))
+        y = integer_matmul(columns, weights, x_zero, w_zero)
+        return jnp.reshape(y, (n, *out, m))
+    columns = jnp.reshape(jnp.stack(taps, axis=2), (n, size, positions))  # N, C, taps, *out
     # The weights on the left keep NCHW's order: (M, K) @ (N, K, positions), no transposes.
     y = integer_matmul(w.reshape(m, -1), columns, w_zero, x_zero)  # numpy w stays numpy
     return jnp.reshape(y, (n, m, *out))
@@ -455,10 +474,11 @@ def _conv_in_float_halves(x, w, attrs: Mapping[str, Any], ctx: OpContext) -> jax
     return sum(part(hi, channels) * 16 + part(lo, channels) for channels in parts)
 
 
-def _well_formed(x, w, group: int) -> bool:
+def _well_formed(x, w, group: int, channels_last: bool = False) -> bool:
     """Whether ``x`` and ``w`` have the shapes a convolution with ``group`` groups needs."""
     x_shape, w_shape = jnp.shape(x), jnp.shape(w)
-    return len(w_shape) == len(x_shape) >= 3 and group >= 1 and x_shape[1] == w_shape[1] * group
+    channels = x_shape[-1 if channels_last else 1] if x_shape else None
+    return len(w_shape) == len(x_shape) >= 3 and group >= 1 and channels == w_shape[1] * group
 
 
 def _group_channels(x, group: int, channels: slice):
@@ -509,15 +529,18 @@ register_pass_domain(
     "Conv",
     since=1,
     domain=DEQUANTIZED_DOMAIN,
-    attributes=schema_defaults(onnx.defs.get_schema("Conv")),
+    attributes={**schema_defaults(onnx.defs.get_schema("Conv")), "channels_last": 0},
     n_inputs=7,
 )
 def dequantized_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Conv`` of ``DequantizeLinear(x, x_scale, x_zero)`` (per tensor) by
     ``DequantizeLinear(w, w_scale, w_zero)`` (per tensor or per output channel), plus ``B``:
     the integer sum exactly (:func:`integer_conv`), then scaled once. The float32 convolution
-    of the dequantized values gives the same up to its own rounding."""
+    of the dequantized values gives the same up to its own rounding. ``channels_last`` (set by
+    the layout pass): ``x`` and the result are N(D)HWC."""
     x, x_scale, x_zero, w, w_scale, w_zero, bias = inputs
-    acc = integer_conv(x, x_zero, w, w_zero, None, attrs, ctx)
-    scale = jnp.asarray(x_scale) * _output_channel_scale(w_scale, acc)
-    return (geo.add_bias(acc.astype(scale.dtype) * scale, bias, ctx),)
+    last = bool(attrs["channels_last"])
+    acc = integer_conv(x, x_zero, w, w_zero, None, attrs, ctx, channels_last=last)
+    w_scale = jnp.asarray(w_scale) if last else _output_channel_scale(w_scale, acc)
+    scale = jnp.asarray(x_scale) * w_scale  # per output channel: the last axis broadcasts as is
+    return (geo.add_bias(acc.astype(scale.dtype) * scale, bias, ctx, last),)

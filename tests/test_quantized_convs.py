@@ -17,10 +17,13 @@ import onnx
 import onnx.helper as oh
 import onnxruntime as ort
 import pytest
+from onnx.reference import ReferenceEvaluator
 
 import jonnx
+import jonnx.ops
 from jonnx.ops import quantize
 from tests._on_off import compare_on_off
+from tests.test_layout import _activation_transposes, qdq_block
 from tests.test_optimize import _model, rand
 
 F = onnx.TensorProto.FLOAT
@@ -152,3 +155,52 @@ def test_a_quantize_static_file(product):
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     want = session.run(None, {proto.graph.input[0].name: x})[0]
     np.testing.assert_allclose(np.asarray(on(x)[0]), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_the_internal_conv(product, group, channels_last, lowering):
+    # The op itself, in both layouts: the product (ungrouped, on CPU) and the float32 halves
+    # (grouped, or off the CPU), against the reference evaluator's float convolution of the
+    # dequantized values.
+    rng = np.random.default_rng(group)
+    xq = rng.integers(0, 256, (2, 4, 5, 6), dtype=np.uint8)
+    wq, w_scale = _int8_per_channel(rng.standard_normal((6, 4 // group, 3, 3)).astype(np.float32))
+    terms = {"xs": np.float32(0.1), "xz": np.uint8(7), "ws": w_scale, "wz": np.zeros(6, np.int8), "b": rand(6)}
+    attrs = {"group": group, "pads": [1, 0, 1, 2], "strides": [1, 2]}
+    nodes = [
+        oh.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+        oh.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
+        oh.make_node("Conv", ["xd", "wd", "b"], ["y"], **attrs),
+    ]
+    x_info = oh.make_tensor_value_info("x", onnx.TensorProto.UINT8, list(xq.shape))
+    proto = _model(nodes, [x_info], [oh.make_tensor_value_info("y", F, None)], {**terms, "wq": wq}, opset=21)
+    want = ReferenceEvaluator(proto).run(None, {"x": xq})[0]
+    x = np.moveaxis(xq, 1, -1) if channels_last else xq
+    got = jonnx.ops.call(
+        "Conv",
+        x,
+        *(terms[k] for k in ("xs", "xz")),
+        wq,
+        *(terms[k] for k in ("ws", "wz", "b")),
+        domain=quantize.DEQUANTIZED_DOMAIN,
+        opset=1,
+        channels_last=channels_last,
+        **attrs,
+    )
+    got = np.moveaxis(np.asarray(got), -1, 1) if channels_last else np.asarray(got)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_chains_run_channels_last(product):
+    # With the layout pass, the rewritten convolutions read and write N(D)HWC, as float ones
+    # do, and the QuantizeLinear/DequantizeLinear pairs between them follow: the activations
+    # are transposed only at the graph's input and output.
+    proto, feeds = qdq_block()
+    model = compare_on_off(proto, feeds, {"quantized_convs": True, "channels_last": True})
+    graph = model._graph_for(None)
+    convs = [n for n in graph.nodes if n.op_type == "Conv"]
+    assert len(convs) == 2 and all(n.domain == quantize.DEQUANTIZED_DOMAIN and n.attrs["channels_last"] for n in convs)
+    assert _activation_transposes(graph) <= 2, [n.op_type for n in graph.nodes]
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(np.asarray(model(**feeds)[0]), session.run(None, feeds)[0], rtol=1e-4, atol=1e-4)

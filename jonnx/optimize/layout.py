@@ -17,6 +17,9 @@ it, so that whole chains run channels-last:
   channels on 56x56 and over 512 on 7x7);
 * ConvTranspose: the input is brought to channels-last, the weights are read as stored, the
   output is channels-last;
+* the quantized_convs pass's Conv (domain ``jonnx.dequantized``): the 8-bit input is brought
+  to channels-last, the weights are read as stored (its product reads them as one matrix), the
+  output is channels-last;
 * pooling (Max/Average/Global*), BatchNormalization (inference and training: running statistics
   are per-channel vectors, unchanged), InstanceNormalization: their channels-last forms; a
   Max/AveragePool whose input is a Conv that runs as a loop of multiply-adds over its taps
@@ -57,6 +60,7 @@ from jonnx._ir import Graph, Node
 from jonnx._registry import lookup
 from jonnx.ops import conv
 from jonnx.ops.channels_last import DOMAIN, VERSION
+from jonnx.ops.quantize import DEQUANTIZED_DOMAIN
 from jonnx.optimize._util import int64, new_node, taken_names, unique_name
 
 __all__ = ["run"]
@@ -96,7 +100,7 @@ def _axis_last(axis: int, rank: int) -> int:
 
 
 def run(graph: Graph, train: bool | None) -> Graph:
-    if not any(n.op_type in ("Conv", "ConvTranspose") and n.domain == "" for n in graph.nodes):
+    if not any(n.op_type in ("Conv", "ConvTranspose") and n.domain in ("", DEQUANTIZED_DOMAIN) for n in graph.nodes):
         return graph
     return _Rewrite(graph).graph
 
@@ -209,6 +213,8 @@ class _Rewrite:
 
     def _rewrite(self, node: Node) -> bool | None:
         """Append ``node``'s channels-last form and return True, or None to keep it as it is."""
+        if node.domain == DEQUANTIZED_DOMAIN and node.op_type == "Conv":
+            return self._dequantized_conv(node)
         if node.domain != "":
             return None
         op = node.op_type
@@ -275,6 +281,20 @@ class _Rewrite:
         if tap_loop:
             self.tap_loops.add(out)
         return self._internal(node, inputs, [out], attrs)
+
+    def _dequantized_conv(self, node: Node) -> bool | None:
+        """The quantized_convs pass's Conv: its 8-bit input channels-last, its weights as
+        stored (the product reads them as one matrix), its output channels-last."""
+        w = self._static(node.inputs[3])
+        if w is None or w.ndim < 3 or len(node.outputs) != 1:
+            return None
+        inputs = [self._last(node.inputs[0], w.ndim), *node.inputs[1:]]
+        attrs = {**node.attrs, "channels_last": 1}
+        out = self._new_output(node.outputs[0], w.ndim)
+        self.nodes.append(
+            dataclasses.replace(node, inputs=tuple(inputs), outputs=(out,), attrs=types.MappingProxyType(attrs))
+        )
+        return True
 
     def _conv_transpose(self, node: Node) -> bool | None:
         if len(node.inputs) < 2 or not node.inputs[0] or not node.inputs[1] or len(node.outputs) != 1:

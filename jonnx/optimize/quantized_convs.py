@@ -13,8 +13,11 @@ with W an 8-bit initializer to the internal Conv of ops/quantize.py (domain
 QLinearConv runs it), times ``x_scale * w_scale``, plus B. The float32 convolution of the
 dequantized values gives the same up to its own rounding. The scales and B stay inputs, so
 gradients reach them as before; the DequantizeLinear nodes are left for the dead-node pass.
-ResNet-50 through ``quantize_static`` (QDQ), batch 1, Zen 4, one process alternating: 78.8
-against 57.3 ms (docs/performance.md, "Integer convolutions").
+The layout pass then runs these convolutions channels-last too (their taps and products in
+(position, channel) order), with the QuantizeLinear/DequantizeLinear pairs between them.
+ResNet-50 through ``quantize_static`` (QDQ), batch 1, Zen 4, one process alternating: float32
+convolutions 62.5 ms, the 8-bit products 52.1 in NCHW and 42.4 channels-last (the QOperator
+file, NCHW: 57-59; docs/performance.md, "Integer convolutions").
 
 Only convolutions that ``integer_conv`` runs as one product are rewritten (ungrouped, at most
 64 kernel positions, on CPU): grouped ones, and every one off the CPU, would run as two float32
