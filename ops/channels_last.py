@@ -14,6 +14,7 @@ the ONNX op computes on NC(D)HW data, except that
   them without a copy, "OIHW", ONNX's own, or on CPU "HWOI", the same bytes with the unit
   spatial axes first (a view); or "IHWO", for the kernels whose lowering reads them as one
   (C, taps x M) matrix (``jonnx.ops.conv.kernel_layout_for``);
+* QLinearConv's weights stay ONNX's OI(D)HW: its 8-bit product reads them as one matrix;
 * ConvTranspose's weights stay ONNX's (C, M/group, k...): both of its lowerings read them so;
   it carries ``legacy`` (1 for opsets 1-10, whose text splits an odd padding of an explicit
   ``output_shape`` the other way);
@@ -40,7 +41,7 @@ import onnx.defs
 
 from jonnx._attributes import schema_defaults
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register, register_pass_domain
-from jonnx.ops import conv as conv_ops, normalization, pool
+from jonnx.ops import conv as conv_ops, normalization, pool, quantize
 from jonnx.ops._util import lowers_for_cpu, static_sizes
 from jonnx.ops.reduce import reduce_max
 
@@ -63,6 +64,12 @@ def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Conv`` on N(D)HWC activations, its weights in ``kernel_layout``."""
     x, w, b = inputs
     return (conv_ops.convolve(x, w, b, attrs, ctx, channels_last=True, kernel_layout=attrs["kernel_layout"]),)
+
+
+@register("QLinearConv", since=VERSION, domain=DOMAIN, attributes=_attributes("QLinearConv"), n_inputs=9)
+def qlinear_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``QLinearConv`` on N(D)HWC activations, its weights as stored (OI(D)HW)."""
+    return (quantize.qlinear_convolve(inputs, attrs, ctx, channels_last=True),)
 
 
 @register(

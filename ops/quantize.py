@@ -509,11 +509,18 @@ def _output_channel_scale(w_scale, acc):
 @register("QLinearConv", since=10)
 def qlinear_conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``QLinearConv``, opset 10: quantized Conv with an int32 bias, requantized to y's type."""
+    return (qlinear_convolve(inputs, attrs, ctx),)
+
+
+def qlinear_convolve(inputs: Inputs, attrs: Attrs, ctx: OpContext, channels_last: bool = False) -> jax.Array:
+    """QLinearConv's result; with ``channels_last``, ``x`` and the result are N(D)HWC (the
+    layout pass's form, and com.microsoft's ``channels_last=1``)."""
     x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = inputs
-    acc = integer_conv(x, x_zero, w, w_zero, bias, attrs, ctx)
-    multiplier = _divide(jnp.asarray(x_scale) * _output_channel_scale(w_scale, acc), jnp.asarray(y_scale))
+    acc = integer_conv(x, x_zero, w, w_zero, bias, attrs, ctx, channels_last=channels_last)
+    w_scale = jnp.asarray(w_scale) if channels_last else _output_channel_scale(w_scale, acc)
+    multiplier = _divide(jnp.asarray(x_scale) * w_scale, jnp.asarray(y_scale))
     target = dtype_of(y_zero) if y_zero is not None else dtype_of(x)
-    return (_requantize(acc, multiplier, y_zero, target, ctx),)
+    return _requantize(acc, multiplier, y_zero, target, ctx)
 
 
 # The private domain of the quantized_convs pass (jonnx/optimize/quantized_convs.py).

@@ -303,6 +303,36 @@ def qdq_block(opset=17):
     return _model(nodes, *_io((2, 4, 8, 8)), inits, opset), {"x": rand(2, 4, 8, 8)}
 
 
+def qoperator_block(group=1):
+    """A block as ``quantize_static`` writes it in QOperator form: QLinearConv (weights per
+    channel, an int32 bias), onnxruntime's QLinearAdd (a residual) and QLinearSigmoid, uint8
+    MaxPool, QLinearGlobalAveragePool. The chain runs channels-last where the QLinearConvs run
+    as 8-bit products; a grouped one (``group=2``) keeps NCHW, between transposes."""
+    rng = np.random.default_rng(group)
+    (w0, s0), (w1, s1) = _int8_per_channel(rand(8, 4, 3, 3)), _int8_per_channel(rand(8, 8 // group, 1, 1))
+    inits = {"xs": np.float32(0.03), "xz": np.uint8(128), "as": np.float32(0.05), "az": np.uint8(10)}
+    inits |= {"w0": w0, "s0": s0, "z0": np.zeros(8, np.int8), "b0": rng.integers(-500, 500, 8).astype(np.int32)}
+    inits |= {"w1": w1, "s1": s1, "z1": np.zeros(8, np.int8), "cs": np.float32(0.04), "cz": np.uint8(120)}
+    inits |= {"ss": np.float32(0.07), "sz": np.uint8(100), "gs": np.float32(0.02), "gz": np.uint8(90)}
+    inits |= {"one": np.uint8(130), "sig_s": np.float32(1 / 255), "sig_z": np.uint8(0)}
+    ms = {"domain": "com.microsoft"}
+    nodes = [
+        oh.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        oh.make_node("QLinearConv", ["xq", "xs", "xz", "w0", "s0", "z0", "as", "az", "b0"], ["a"], pads=[1, 1, 1, 1]),
+        oh.make_node("QLinearConv", ["a", "as", "az", "w1", "s1", "z1", "cs", "cz"], ["c"], group=group),
+        oh.make_node("QLinearAdd", ["c", "cs", "cz", "a", "as", "az", "ss", "sz"], ["sum"], **ms),
+        oh.make_node("QLinearAdd", ["sum", "ss", "sz", "one", "ss", "sz", "ss", "sz"], ["shifted"], **ms),
+        oh.make_node("QLinearSigmoid", ["shifted", "ss", "sz", "sig_s", "sig_z"], ["gate"], **ms),
+        oh.make_node("MaxPool", ["gate"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        oh.make_node("QLinearGlobalAveragePool", ["p", "sig_s", "sig_z", "gs", "gz"], ["g"], **ms),
+        oh.make_node("DequantizeLinear", ["g", "gs", "gz"], ["gd"]),
+        oh.make_node("Flatten", ["gd"], ["out"]),
+    ]
+    proto = _model(nodes, *_io((2, 4, 8, 8)), inits)
+    proto.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    return proto, {"x": rand(2, 4, 8, 8)}
+
+
 BUILT = {
     "resnet_block": resnet_block,
     "mobilenet_block": mobilenet_block,
@@ -361,6 +391,31 @@ def test_layout_on_equals_off_and_onnxruntime(name, lowering):
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for got, want in zip(on(**feeds), session.run(None, feeds)):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_qoperator_chains(group, lowering):
+    # On CPU the QLinearConvs that run as 8-bit products run channels-last, and onnxruntime's
+    # quantized element-wise ops and pools between them follow; off the CPU (float32 halves,
+    # NCHW convolutions) the graph stays as written.
+    proto, feeds = qoperator_block(group)
+    on = compare_on_off(proto, feeds, ON)
+    graph = on._graph_for(None)
+    internal = [n.op_type for n in graph.nodes if n.domain == DOMAIN]
+    if lowering != "cpu":
+        assert not internal and _activation_transposes(graph) == 0
+    elif group == 1:
+        assert internal == ["QLinearConv", "QLinearConv", "MaxPool"]
+        following = {n.op_type: n for n in graph.nodes if n.domain == "com.microsoft"}
+        assert following["QLinearSigmoid"].inputs[0].endswith("channels_last")
+        assert following["QLinearGlobalAveragePool"].attrs["channels_last"] == 1
+        assert _activation_transposes(graph) == 2
+    else:  # the grouped one reads NCHW, and so does the QLinearAdd of its output, and the rest
+        assert internal == ["QLinearConv"] and _activation_transposes(graph) == 2
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    # Within one unit of the last quantization (onnxruntime's vectorized QLinearAdd may round
+    # the other way: docs/performance.md, "Integer convolutions").
+    np.testing.assert_allclose(np.asarray(on(**feeds)[0]), session.run(None, feeds)[0], rtol=0, atol=0.0201)
 
 
 def test_kernel_layouts_the_pass_picks(lowering):

@@ -29,7 +29,7 @@ from jonnx.ops.quantize import (
     dequantize_linear,
     dynamic_quantize_linear,
     integer_matmul,
-    qlinear_conv as _qlinear_conv,
+    qlinear_convolve,
     quantize_linear,
 )
 from jonnx.ops.rnn import quantized_lstm
@@ -381,14 +381,7 @@ _QCONV_ATTRS = {
 @register("QLinearConv", since=1, domain=DOMAIN, attributes=_QCONV_ATTRS, n_inputs=9)
 def qlinear_conv_ms(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """com.microsoft ``QLinearConv``: the default domain's QLinearConv, channels-last optionally."""
-    x, *rest = inputs
-    return (
-        _nhwc(
-            lambda v: _qlinear_conv((v, *rest), attrs, ctx)[0],
-            x,
-            bool(attrs["channels_last"]),
-        ),
-    )
+    return (qlinear_convolve(inputs, attrs, ctx, channels_last=bool(attrs["channels_last"])),)
 
 
 _QPOOL_ATTRS = {

@@ -950,8 +950,11 @@ def test_qgemm(requantize, trans_b, t):
     )
 
 
+@pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("channels_last", [0, 1])
-def test_qlinear_conv_channels_last(channels_last):
+def test_qlinear_conv_channels_last(channels_last, group, lowering):
+    # Ungrouped on CPU: the 8-bit product, whose taps and result are channels-last natively;
+    # grouped or elsewhere: the float32 halves, in NCHW between two transposes.
     t = np.uint8
     (sx, zx), (sy, zy) = _qparams(t), _qparams(t)
     x = _qdata(t, 1, 6, 6, 4) if channels_last else _qdata(t, 1, 4, 6, 6)
@@ -959,12 +962,12 @@ def test_qlinear_conv_channels_last(channels_last):
         "x": x,
         "sx": sx,
         "zx": zx,
-        "w": _qdata(np.int8, 3, 4, 3, 3),
-        "sw": np.float32(0.01),
-        "zw": np.array(0, np.int8),
+        "w": _qdata(np.int8, 4, 4 // group, 3, 3),
+        "sw": np.linspace(0.005, 0.02, 4, dtype=np.float32),
+        "zw": np.zeros(4, np.int8),
         "sy": np.float32(sy * 20),
         "zy": zy,
-        "b": RNG.integers(-100, 100, 3).astype(np.int32),
+        "b": RNG.integers(-100, 100, 4).astype(np.int32),
     }
     check(
         "QLinearConv",
@@ -972,6 +975,7 @@ def test_qlinear_conv_channels_last(channels_last):
         initializers=("sx", "zx", "w", "sw", "zw", "sy", "zy", "b"),
         channels_last=channels_last,
         pads=[1, 1, 1, 1],
+        group=group,
         **QTOL,
     )
 
