@@ -359,12 +359,14 @@ def qlinear_matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
 
 def _centered_weights(w, zero_point):
-    w = jnp.asarray(w).astype(jnp.int32)
+    """``w - zero_point`` (per tensor or per output channel) in int32; numpy weights stay numpy."""
+    xp = np if isinstance(w, np.ndarray) and (zero_point is None or isinstance(zero_point, np.ndarray)) else jnp
+    w = xp.asarray(w).astype(np.int32)
     if zero_point is None:
         return w
-    zero_point = jnp.asarray(zero_point).astype(jnp.int32)
-    if jnp.ndim(zero_point) == 1 and jnp.shape(zero_point)[0] == jnp.shape(w)[0]:
-        zero_point = jnp.reshape(zero_point, (-1,) + (1,) * (jnp.ndim(w) - 1))
+    zero_point = xp.asarray(zero_point).astype(np.int32)
+    if zero_point.ndim == 1 and zero_point.shape[0] == w.shape[0]:
+        zero_point = xp.reshape(zero_point, (-1,) + (1,) * (w.ndim - 1))
     return w - zero_point
 
 
@@ -393,10 +395,8 @@ def integer_conv(
     if per_tensor and _well_formed(x, w, group, channels_last) and runs_as_integer_product(jnp.shape(w), group):
         y = _conv_as_integer_product(x, x_zero, w, w_zero, attrs, ctx, channels_last)
     else:
-        if channels_last:  # (not on the layout pass's path: it takes only the product's convolutions)
-            x = jnp.moveaxis(x, -1, 1)
-        y = _conv_in_float_halves(_centered(x, x_zero, False), _centered_weights(w, w_zero), attrs, ctx)
-        y = jnp.moveaxis(y, 1, -1) if channels_last else y
+        x = _centered(x, x_zero, False)
+        y = _conv_in_float_halves(x, _centered_weights(w, w_zero), attrs, ctx, channels_last)
     bias = None if bias is None else jnp.asarray(bias).astype(jnp.int32)
     return geo.add_bias(y, bias, ctx, channels_last)
 
@@ -443,35 +443,56 @@ def _conv_as_integer_product(
 # of a 4-bit half of x with a centered weight is at most 16 * 255 in magnitude, and every
 # partial sum of fewer than 2**24 / (16 * 255) of them is an integer float32 holds exactly.
 _EXACT_FAN_IN = (2**24 - 1) // (16 * 255)
+# The same for products of the centered 8-bit values themselves (at most 255 * 255): windows of
+# this many multiply-adds (a depthwise 3 x 3 or 5 x 5, small groups) need no halves.
+_EXACT_WHOLE_FAN_IN = (2**24 - 1) // (255 * 255)
 
 
-def _conv_in_float_halves(x, w, attrs: Mapping[str, Any], ctx: OpContext) -> jax.Array:
+def _conv_in_float_halves(x, w, attrs: Mapping[str, Any], ctx: OpContext, channels_last: bool = False) -> jax.Array:
     """Conv of zero-point-centered 8-bit integers (each in [-255, 255]) exactly, in int32, by
-    float32 convolutions.
+    float32 convolutions. With ``channels_last``, ``x`` and the result are N(D)HWC (``w``
+    stays OI(D)HW here).
 
     Split ``x = 16 * hi + lo`` with ``lo`` in [0, 15] and ``hi`` in [-16, 15], and the input
     channels into parts of at most ``_EXACT_FAN_IN`` multiply-adds per output: every product
     and partial sum of each float32 convolution is then an integer below 2**24, which float32
     holds exactly, whatever the summation order; the parts' rounded results add up in int32.
-    Only a kernel whose window alone is too deep for that bound uses the int32 convolution.
+    A window of at most ``_EXACT_WHOLE_FAN_IN`` multiply-adds is one float32 convolution of
+    ``x`` itself; only a kernel whose window alone is too deep for the halves uses the int32
+    convolution.
     """
     group = int(attrs["group"])
     window = math.prod(jnp.shape(w)[2:])
-    if window > _EXACT_FAN_IN or not _well_formed(x, w, group):  # (convolve names what is wrong)
-        return convolve(x, w, None, attrs, ctx)
+
+    def conv(v, weights, context):
+        return convolve(v, _kernel_for(weights, channels_last), None, attrs, context, channels_last)
+
+    if window > _EXACT_FAN_IN or not _well_formed(x, w, group, channels_last):  # (convolve names what is wrong)
+        return conv(x, w, ctx)
     w_in = jnp.shape(w)[1]
     exact = dataclasses.replace(ctx, precision=lax.Precision.HIGHEST)  # no TF32 on accelerators
-    w = jnp.asarray(w).astype(jnp.float32)
+    w = _as_float(w, jnp.float32)
+    if window * w_in <= _EXACT_WHOLE_FAN_IN:
+        return jnp.round(conv(x.astype(jnp.float32), w, exact)).astype(jnp.int32)
     lo = jnp.bitwise_and(x, 15)
     hi = jnp.right_shift(x - lo, 4)
 
     def part(v, channels: slice):
-        v = _group_channels(v, group, channels).astype(jnp.float32)
-        return jnp.round(convolve(v, w[:, channels], None, attrs, exact)).astype(jnp.int32)
+        v = _group_channels(v, group, channels, channels_last).astype(jnp.float32)
+        return jnp.round(conv(v, w[:, channels], exact)).astype(jnp.int32)
 
     step = max(1, _EXACT_FAN_IN // max(window, 1))  # input channels of a group per part
     parts = [slice(start, min(w_in, start + step)) for start in range(0, max(w_in, 1), step)]
     return sum(part(hi, channels) * 16 + part(lo, channels) for channels in parts)
+
+
+def _kernel_for(w, channels_last: bool):
+    """OI(D)HW weights as ``convolve`` reads them: as they are, or (D)HWIO with the channels
+    last (numpy weights relaid out in numpy, at trace time)."""
+    if not channels_last:
+        return w
+    xp = np if isinstance(w, np.ndarray) else jnp
+    return xp.transpose(w, (*range(2, w.ndim), 1, 0))
 
 
 def _well_formed(x, w, group: int, channels_last: bool = False) -> bool:
@@ -481,12 +502,18 @@ def _well_formed(x, w, group: int, channels_last: bool = False) -> bool:
     return len(w_shape) == len(x_shape) >= 3 and group >= 1 and channels == w_shape[1] * group
 
 
-def _group_channels(x, group: int, channels: slice):
-    """The input channels ``channels`` of each of ``group`` groups of NC(D)HW ``x``, as a
-    grouped convolution with the same ``group`` reads them."""
-    n, c, *spatial = jnp.shape(x)
+def _group_channels(x, group: int, channels: slice, channels_last: bool = False):
+    """The input channels ``channels`` of each of ``group`` groups of NC(D)HW (or, with
+    ``channels_last``, N(D)HWC) ``x``, as a grouped convolution with the same ``group`` reads
+    them."""
+    shape = jnp.shape(x)
+    c = shape[-1] if channels_last else shape[1]
     if channels == slice(0, c // group):
         return x
+    if channels_last:
+        grouped = jnp.reshape(x, (*shape[:-1], group, c // group))[..., channels]
+        return jnp.reshape(grouped, (*shape[:-1], -1))
+    n, _, *spatial = shape
     grouped = jnp.reshape(x, (n, group, c // group, *spatial))[:, :, channels]
     return jnp.reshape(grouped, (n, -1, *spatial))
 

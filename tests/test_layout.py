@@ -306,8 +306,7 @@ def qdq_block(opset=17):
 def qoperator_block(group=1):
     """A block as ``quantize_static`` writes it in QOperator form: QLinearConv (weights per
     channel, an int32 bias), onnxruntime's QLinearAdd (a residual) and QLinearSigmoid, uint8
-    MaxPool, QLinearGlobalAveragePool. The chain runs channels-last where the QLinearConvs run
-    as 8-bit products; a grouped one (``group=2``) keeps NCHW, between transposes."""
+    MaxPool, QLinearGlobalAveragePool; the second QLinearConv grouped with ``group=2``."""
     rng = np.random.default_rng(group)
     (w0, s0), (w1, s1) = _int8_per_channel(rand(8, 4, 3, 3)), _int8_per_channel(rand(8, 8 // group, 1, 1))
     inits = {"xs": np.float32(0.03), "xz": np.uint8(128), "as": np.float32(0.05), "az": np.uint8(10)}
@@ -395,23 +394,18 @@ def test_layout_on_equals_off_and_onnxruntime(name, lowering):
 
 @pytest.mark.parametrize("group", [1, 2])
 def test_qoperator_chains(group, lowering):
-    # On CPU the QLinearConvs that run as 8-bit products run channels-last, and onnxruntime's
-    # quantized element-wise ops and pools between them follow; off the CPU (float32 halves,
-    # NCHW convolutions) the graph stays as written.
+    # QLinearConvs run channels-last (8-bit products on CPU, or float32 convolutions: a
+    # grouped one, and every one elsewhere), and onnxruntime's quantized element-wise ops and
+    # pools between them follow.
     proto, feeds = qoperator_block(group)
     on = compare_on_off(proto, feeds, ON)
     graph = on._graph_for(None)
     internal = [n.op_type for n in graph.nodes if n.domain == DOMAIN]
-    if lowering != "cpu":
-        assert not internal and _activation_transposes(graph) == 0
-    elif group == 1:
-        assert internal == ["QLinearConv", "QLinearConv", "MaxPool"]
-        following = {n.op_type: n for n in graph.nodes if n.domain == "com.microsoft"}
-        assert following["QLinearSigmoid"].inputs[0].endswith("channels_last")
-        assert following["QLinearGlobalAveragePool"].attrs["channels_last"] == 1
-        assert _activation_transposes(graph) == 2
-    else:  # the grouped one reads NCHW, and so does the QLinearAdd of its output, and the rest
-        assert internal == ["QLinearConv"] and _activation_transposes(graph) == 2
+    assert internal == ["QLinearConv", "QLinearConv", "MaxPool"]
+    following = {n.op_type: n for n in graph.nodes if n.domain == "com.microsoft"}
+    assert following["QLinearSigmoid"].inputs[0].endswith("channels_last")
+    assert following["QLinearGlobalAveragePool"].attrs["channels_last"] == 1
+    assert _activation_transposes(graph) == 2
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     # Within one unit of the last quantization (onnxruntime's vectorized QLinearAdd may round
     # the other way: docs/performance.md, "Integer convolutions").

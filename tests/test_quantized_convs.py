@@ -204,3 +204,36 @@ def test_chains_run_channels_last(product):
     assert _activation_transposes(graph) <= 2, [n.op_type for n in graph.nodes]
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(np.asarray(model(**feeds)[0]), session.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_the_internal_conv_over_deep_windows(group, channels_last, lowering):
+    # 464 channels of 3x3 per group: the float32 halves split each group's channels in two
+    # parts (channels-last too), the product contracts 4,176 values in chunks. Small values,
+    # so that the float output holds the integer sums exactly; against numpy's int64 sums.
+    rng = np.random.default_rng(group)
+    xq = rng.integers(125, 132, (1, 464 * group, 4, 4), dtype=np.uint8)
+    wq = rng.integers(-3, 4, (2 * group, 464, 3, 3), dtype=np.int8)
+    windows = np.lib.stride_tricks.sliding_window_view(xq[0].astype(np.int64) - 128, (3, 3), axis=(1, 2))
+    windows = windows.reshape(group, 464, 2, 2, 3, 3)
+    w = wq.astype(np.int64).reshape(group, 2, 464, 3, 3)
+    want = np.einsum("gchwij,gocij->gohw", windows, w).reshape(1, 2 * group, 2, 2)
+    x = np.moveaxis(xq, 1, -1) if channels_last else xq
+    one = np.float32(1)
+    got = jonnx.ops.call(
+        "Conv",
+        x,
+        one,
+        np.uint8(128),
+        wq,
+        one,
+        np.int8(0),
+        None,
+        domain=quantize.DEQUANTIZED_DOMAIN,
+        opset=1,
+        channels_last=channels_last,
+        group=group,
+    )
+    got = np.moveaxis(np.asarray(got), -1, 1) if channels_last else np.asarray(got)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
