@@ -14,7 +14,8 @@ the ONNX op computes on NC(D)HW data, except that
   them without a copy, "OIHW", ONNX's own, or on CPU "HWOI", the same bytes with the unit
   spatial axes first (a view); or "IHWO", for the kernels whose lowering reads them as one
   (C, taps x M) matrix (``jonnx.ops.conv.kernel_layout_for``);
-* QLinearConv's weights stay ONNX's OI(D)HW: its 8-bit product reads them as one matrix;
+* QLinearConv's and ConvInteger's weights stay ONNX's OI(D)HW: an 8-bit product reads them
+  as one matrix;
 * ConvTranspose's weights stay ONNX's (C, M/group, k...): both of its lowerings read them so;
   it carries ``legacy`` (1 for opsets 1-10, whose text splits an odd padding of an explicit
   ``output_shape`` the other way);
@@ -64,6 +65,13 @@ def conv(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     """ONNX ``Conv`` on N(D)HWC activations, its weights in ``kernel_layout``."""
     x, w, b = inputs
     return (conv_ops.convolve(x, w, b, attrs, ctx, channels_last=True, kernel_layout=attrs["kernel_layout"]),)
+
+
+@register("ConvInteger", since=VERSION, domain=DOMAIN, attributes=_attributes("ConvInteger"), n_inputs=4)
+def conv_integer(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
+    """ONNX ``ConvInteger`` on N(D)HWC activations, its weights as stored (OI(D)HW)."""
+    x, w, x_zero, w_zero = inputs
+    return (quantize.integer_conv(x, x_zero, w, w_zero, None, attrs, ctx, channels_last=True),)
 
 
 @register("QLinearConv", since=VERSION, domain=DOMAIN, attributes=_attributes("QLinearConv"), n_inputs=9)

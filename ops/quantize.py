@@ -429,8 +429,7 @@ def _conv_as_integer_product(
     size, positions = c * math.prod(kernel), math.prod(out)
     if channels_last:
         columns = jnp.reshape(jnp.stack(taps, axis=-2), (n, positions, size))  # N, *out, taps, C
-        xp = np if isinstance(w, np.ndarray) else jnp  # numpy weights stay numpy
-        weights = xp.reshape(xp.transpose(w, (*range(2, 2 + len(kernel)), 1, 0)), (size, m))
+        weights = _kernel_for(w, True).reshape(size, m)  # numpy weights stay numpy
         y = integer_matmul(columns, weights, x_zero, w_zero)
         return jnp.reshape(y, (n, *out, m))
     columns = jnp.reshape(jnp.stack(taps, axis=2), (n, size, positions))  # N, C, taps, *out

@@ -412,6 +412,45 @@ def test_qoperator_chains(group, lowering):
     np.testing.assert_allclose(np.asarray(on(**feeds)[0]), session.run(None, feeds)[0], rtol=0, atol=0.0201)
 
 
+def dynamic_block(group=1):
+    """A block as ``quantize_dynamic`` writes it: DynamicQuantizeLinear, ConvInteger of uint8
+    weights, Cast, a Mul by the product of the two scales, an Add of the bias reshaped to
+    (1, C, 1, 1); the second ConvInteger grouped with ``group=2``."""
+    rng = np.random.default_rng(group)
+    inits = {"w0": rng.integers(0, 256, (8, 4, 3, 3), dtype=np.uint8), "z0": np.uint8(127), "s0": np.float32(0.01)}
+    inits |= {"w1": rng.integers(0, 256, (6, 8 // group, 1, 1), dtype=np.uint8), "z1": np.uint8(130)}
+    inits |= {"s1": np.float32(0.02), "b0": rand(8), "shape": np.array([1, -1, 1, 1], np.int64)}
+    nodes = [
+        oh.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        oh.make_node("ConvInteger", ["xq", "w0", "xz", "z0"], ["i0"], pads=[1, 1, 1, 1]),
+        oh.make_node("Cast", ["i0"], ["f0"], to=onnx.TensorProto.FLOAT),
+        oh.make_node("Mul", ["xs", "s0"], ["scale0"]),
+        oh.make_node("Mul", ["f0", "scale0"], ["y0"]),
+        oh.make_node("Reshape", ["b0", "shape"], ["bias0"]),
+        oh.make_node("Add", ["y0", "bias0"], ["a0"]),
+        oh.make_node("Relu", ["a0"], ["r0"]),
+        oh.make_node("DynamicQuantizeLinear", ["r0"], ["rq", "rs", "rz"]),
+        oh.make_node("ConvInteger", ["rq", "w1", "rz", "z1"], ["i1"], group=group),
+        oh.make_node("Cast", ["i1"], ["f1"], to=onnx.TensorProto.FLOAT),
+        oh.make_node("Mul", ["rs", "s1"], ["scale1"]),
+        oh.make_node("Mul", ["f1", "scale1"], ["out"]),
+    ]
+    return _model(nodes, *_io((2, 4, 6, 6)), inits), {"x": rand(2, 4, 6, 6)}
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_dynamic_quantization_chains(group, lowering):
+    # ConvInteger runs channels-last, and DynamicQuantizeLinear (its range is the whole
+    # tensor's in any layout), the scales' products and the reshaped bias follow it.
+    proto, feeds = dynamic_block(group)
+    on = compare_on_off(proto, feeds, ON)
+    graph = on._graph_for(None)
+    assert [n.op_type for n in graph.nodes if n.domain == DOMAIN] == ["ConvInteger", "ConvInteger"]
+    assert _activation_transposes(graph) == 2  # the quantized input, the output
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(np.asarray(on(**feeds)[0]), session.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_layouts_the_pass_picks(lowering):
     # Big 1x1 kernels keep their stored bytes: no relayout copy is kept beside them (ResNet-50's
     # first call held 3.2x its weights' bytes with them, 2.5-2.7x without), on CPU as an 11OI
