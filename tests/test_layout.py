@@ -305,8 +305,9 @@ def qdq_block(opset=17):
 
 def qoperator_block(group=1):
     """A block as ``quantize_static`` writes it in QOperator form: QLinearConv (weights per
-    channel, an int32 bias), onnxruntime's QLinearAdd (a residual) and QLinearSigmoid, uint8
-    MaxPool, QLinearGlobalAveragePool; the second QLinearConv grouped with ``group=2``."""
+    channel, an int32 bias), onnxruntime's QLinearAdd (a residual), QLinearSigmoid and
+    QLinearConcat, uint8 MaxPool, QLinearGlobalAveragePool; the second QLinearConv grouped
+    with ``group=2``."""
     rng = np.random.default_rng(group)
     (w0, s0), (w1, s1) = _int8_per_channel(rand(8, 4, 3, 3)), _int8_per_channel(rand(8, 8 // group, 1, 1))
     inits = {"xs": np.float32(0.03), "xz": np.uint8(128), "as": np.float32(0.05), "az": np.uint8(10)}
@@ -322,7 +323,10 @@ def qoperator_block(group=1):
         oh.make_node("QLinearAdd", ["c", "cs", "cz", "a", "as", "az", "ss", "sz"], ["sum"], **ms),
         oh.make_node("QLinearAdd", ["sum", "ss", "sz", "one", "ss", "sz", "ss", "sz"], ["shifted"], **ms),
         oh.make_node("QLinearSigmoid", ["shifted", "ss", "sz", "sig_s", "sig_z"], ["gate"], **ms),
-        oh.make_node("MaxPool", ["gate"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        oh.make_node(
+            "QLinearConcat", ["sig_s", "sig_z", "gate", "sig_s", "sig_z", "a", "as", "az"], ["cat"], axis=1, **ms
+        ),
+        oh.make_node("MaxPool", ["cat"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
         oh.make_node("QLinearGlobalAveragePool", ["p", "sig_s", "sig_z", "gs", "gz"], ["g"], **ms),
         oh.make_node("DequantizeLinear", ["g", "gs", "gz"], ["gd"]),
         oh.make_node("Flatten", ["gd"], ["out"]),
@@ -404,6 +408,7 @@ def test_qoperator_chains(group, lowering):
     assert internal == ["QLinearConv", "QLinearConv", "MaxPool"]
     following = {n.op_type: n for n in graph.nodes if n.domain == "com.microsoft"}
     assert following["QLinearSigmoid"].inputs[0].endswith("channels_last")
+    assert following["QLinearConcat"].attrs["axis"] == 3
     assert following["QLinearGlobalAveragePool"].attrs["channels_last"] == 1
     assert _activation_transposes(graph) == 2
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])

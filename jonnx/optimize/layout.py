@@ -24,7 +24,8 @@ it, so that whole chains run channels-last:
   QOperator files at batch 1: ResNet-50 45.7 -> 36.9 ms, MobileNetV2 17.3 -> 7.0 ms; a QDQ
   ResNet-50 (after quantized_convs) 52.1 -> 42.4 ms;
 * onnxruntime's QLinearAdd, QLinearMul, QLinearSigmoid and QLinearLeakyRelu (the other operand
-  channels-last too, or one value), and its QLinearGlobalAveragePool (told ``channels_last``);
+  channels-last too, or one value), QLinearConcat of channels-last values (its axis
+  renumbered) and QLinearGlobalAveragePool (told ``channels_last``);
 * DynamicQuantizeLinear (its scale and zero point are the whole tensor's, in any layout): with
   ConvInteger, what ``quantize_dynamic`` writes for a Conv, whose scales' products are one
   value and whose bias is a Reshape of a constant to (1, C, 1, 1); a quantize_dynamic ResNet-50
@@ -379,6 +380,14 @@ class _Rewrite:
             if any(self._static(n) is None or self._static(n).size != 1 for n in plain):
                 return None  # another activation, or a constant that broadcasts by axis
             return self._with_attrs(node, {i for i in activations if node.inputs[i] in self.last}, {}, ranks.pop())
+        if node.op_type == "QLinearConcat" and node.attrs["axis"] is not None and len(node.outputs) == 1:
+            parts = range(2, len(node.inputs), 3)
+            ranks = {self.rank[self.last[node.inputs[i]]] for i in parts if node.inputs[i] in self.last}
+            if len(ranks) != 1 or any(node.inputs[i] not in self.last for i in parts):
+                return None
+            rank = ranks.pop()
+            axis = _axis_last(int(node.attrs["axis"]) % rank, rank)
+            return self._with_attrs(node, set(parts), {"axis": axis}, rank)
         if node.op_type == "QLinearGlobalAveragePool" and not node.attrs["channels_last"]:
             if node.inputs[0] not in self.last or len(node.outputs) != 1:
                 return None
