@@ -24,11 +24,16 @@ import jonnx.ops
 from jonnx.ops import quantize
 from tests._on_off import compare_on_off
 from tests.test_layout import _activation_transposes, qdq_block
-from tests.test_optimize import _model, rand
+from tests.test_optimize import _model
 
 F = onnx.TensorProto.FLOAT
 ONLY = {"quantized_convs": True, "channels_last": False, "dead_nodes": False}
 CONTRIB = pathlib.Path(__file__).resolve().parent / "models" / "contrib"
+RNG = np.random.default_rng(0)  # reseeded per test (tests/conftest.py): data independent of test order
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
 
 
 @pytest.fixture(params=["bfloat16", "int8"])
@@ -104,7 +109,9 @@ def _rewritten(model) -> set[str]:
 @pytest.mark.parametrize("switches", [ONLY, True], ids=["alone", "all passes"])
 def test_rewritten_convolutions_equal_the_graph_and_onnxruntime(product, switches):
     proto, feeds = qdq_convs()
-    model = compare_on_off(proto, feeds, switches)
+    # The scales' gradients sum thousands of products of both signs to a few units: the
+    # integer sum and the float32 convolution round them apart by up to 3e-4 of their value.
+    model = compare_on_off(proto, feeds, switches, grad_tol=1e-3)
     assert _rewritten(model) == REWRITTEN
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for got, want in zip(model(**feeds), session.run(None, feeds)):
@@ -196,7 +203,7 @@ def test_chains_run_channels_last(product):
     # With the layout pass, the rewritten convolutions read and write N(D)HWC, as float ones
     # do, and the QuantizeLinear/DequantizeLinear pairs between them follow: the activations
     # are transposed only at the graph's input and output.
-    proto, feeds = qdq_block()
+    proto, feeds = qdq_block()  # fixed data: see its docstring
     model = compare_on_off(proto, feeds, {"quantized_convs": True, "channels_last": True})
     graph = model._graph_for(None)
     convs = [n for n in graph.nodes if n.op_type == "Conv"]
