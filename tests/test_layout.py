@@ -317,7 +317,11 @@ def qoperator_block(group=1):
     channel, an int32 bias), onnxruntime's QLinearAdd (a residual), QLinearSigmoid and
     QLinearConcat, uint8 MaxPool, QLinearGlobalAveragePool; the second QLinearConv grouped
     with ``group=2``."""
-    rng = np.random.default_rng(group)
+    rng = np.random.default_rng(group)  # fixed data, as qdq_block's
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
     (w0, s0), (w1, s1) = _int8_per_channel(rand(8, 4, 3, 3)), _int8_per_channel(rand(8, 8 // group, 1, 1))
     inits = {"xs": np.float32(0.03), "xz": np.uint8(128), "as": np.float32(0.05), "az": np.uint8(10)}
     inits |= {"w0": w0, "s0": s0, "z0": np.zeros(8, np.int8), "b0": rng.integers(-500, 500, 8).astype(np.int32)}
@@ -430,7 +434,11 @@ def dynamic_block(group=1):
     """A block as ``quantize_dynamic`` writes it: DynamicQuantizeLinear, ConvInteger of uint8
     weights, Cast, a Mul by the product of the two scales, an Add of the bias reshaped to
     (1, C, 1, 1); the second ConvInteger grouped with ``group=2``."""
-    rng = np.random.default_rng(group)
+    rng = np.random.default_rng(group)  # fixed data, as qdq_block's
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
     inits = {"w0": rng.integers(0, 256, (8, 4, 3, 3), dtype=np.uint8), "z0": np.uint8(127), "s0": np.float32(0.01)}
     inits |= {"w1": rng.integers(0, 256, (6, 8 // group, 1, 1), dtype=np.uint8), "z1": np.uint8(130)}
     inits |= {"s1": np.float32(0.02), "b0": rand(8), "shape": np.array([1, -1, 1, 1], np.int64)}
