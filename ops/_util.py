@@ -20,6 +20,7 @@ from jonnx._tensors import np_dtype
 T = TypeVar("T")
 
 __all__ = [
+    "array_module",
     "as_strings",
     "canonical",
     "compute_type",
@@ -44,6 +45,13 @@ __all__ = [
     "stored_transpose",
     "widen_halves",
 ]
+
+
+def array_module(*values: Any) -> Any:
+    """numpy where every value is a numpy array (or None: an absent optional input), else
+    jax.numpy: initializers, numpy at trace time, stay numpy through an op's arithmetic on
+    them, computed once while tracing instead of compiled."""
+    return np if all(v is None or isinstance(v, np.ndarray) for v in values) else jnp
 
 
 def lowers_for_cpu() -> bool:

@@ -25,7 +25,15 @@ from jonnx import _cpu
 from jonnx._attributes import schema_defaults
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register, register_pass_domain
 from jonnx.ops import _window as geo
-from jonnx.ops._util import canonical, compute_type, dtype_of, lowers_for_cpu, normalize_axis, onnx_dtype
+from jonnx.ops._util import (
+    array_module,
+    canonical,
+    compute_type,
+    dtype_of,
+    lowers_for_cpu,
+    normalize_axis,
+    onnx_dtype,
+)
 from jonnx.ops.cast import cast_numeric
 from jonnx.ops.conv import convolve  # Conv's geometry (pads, auto_pad, groups) lives there
 
@@ -58,7 +66,7 @@ def _param(p, x_shape, axis, block_size, ctx, what: str):
     numpy one (an initializer) stays numpy."""
     if p is None:
         return None
-    xp = np if isinstance(p, np.ndarray) else jnp
+    xp = array_module(p)
     rank = len(x_shape)
     if jnp.ndim(p) == 0 or (jnp.ndim(p) == 1 and jnp.shape(p)[0] == 1):
         return xp.reshape(p, ())
@@ -158,7 +166,7 @@ def dequantize_linear(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     # while tracing, where the scale is a parameter (a per-channel one): in JAX each weight's
     # shape compiled its own small computations (30 of a QDQ ResNet-50's 93 compilations).
     # One float32 operation each, so numpy's result is XLA's.
-    xp = np if isinstance(x, np.ndarray) and (zero_point is None or isinstance(zero_point, np.ndarray)) else jnp
+    xp = array_module(x, zero_point)
     dx = xp.asarray(x).astype(compute)
     if zero_point is not None:
         dx = dx - xp.asarray(zero_point).astype(compute)
@@ -230,7 +238,7 @@ def _as_int8(x) -> tuple[Any, int]:
     Weights (integer initializers) are numpy here and stay numpy, so that their shift and
     sums are computed once at trace time rather than constant-folded by XLA, which is slow.
     """
-    xp = np if isinstance(x, np.ndarray) else jnp
+    xp = array_module(x)
     if x.dtype == np.uint8:
         return (x.astype(np.int16) - 128).astype(np.int8), 128
     return xp.asarray(x).astype(np.int8), 0
@@ -332,7 +340,7 @@ def integer_matmul(a, b, a_zero, b_zero) -> jax.Array:
 
 
 def _int32_sum(x, axis: int):
-    xp = np if isinstance(x, np.ndarray) else jnp
+    xp = array_module(x)
     return xp.sum(x, axis=axis, keepdims=True, dtype=np.int32)
 
 
@@ -360,7 +368,7 @@ def qlinear_matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
 
 def _centered_weights(w, zero_point):
     """``w - zero_point`` (per tensor or per output channel) in int32; numpy weights stay numpy."""
-    xp = np if isinstance(w, np.ndarray) and (zero_point is None or isinstance(zero_point, np.ndarray)) else jnp
+    xp = array_module(w, zero_point)
     w = xp.asarray(w).astype(np.int32)
     if zero_point is None:
         return w
@@ -490,7 +498,7 @@ def _kernel_for(w, channels_last: bool):
     last (numpy weights relaid out in numpy, at trace time)."""
     if not channels_last:
         return w
-    xp = np if isinstance(w, np.ndarray) else jnp
+    xp = array_module(w)
     return xp.transpose(w, (*range(2, w.ndim), 1, 0))
 
 

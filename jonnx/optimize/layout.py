@@ -18,9 +18,10 @@ it, so that whole chains run channels-last:
 * ConvTranspose: the input is brought to channels-last, the weights are read as stored, the
   output is channels-last;
 * the quantized_convs pass's Conv (domain ``jonnx.dequantized``), and QLinearConv and
-  ConvInteger with fixed weights: the 8-bit input is brought to channels-last, the weights are read as stored (an
-  8-bit product reads them as one matrix; the float32 convolutions of grouped ones, or of
-  every one off the CPU, get them relaid out at trace time), the output is channels-last.
+  ConvInteger with fixed weights: the 8-bit input is brought to channels-last, the weights
+  are read as stored (an 8-bit product reads them as one matrix; the float32 convolutions of
+  grouped ones, or of every one off the CPU, get them relaid out at trace time), the output
+  is channels-last.
   QOperator files at batch 1: ResNet-50 45.7 -> 36.9 ms, MobileNetV2 17.3 -> 7.0 ms; a QDQ
   ResNet-50 (after quantized_convs) 52.1 -> 42.4 ms;
 * onnxruntime's QLinearAdd, QLinearMul, QLinearSigmoid and QLinearLeakyRelu (the other operand
@@ -36,8 +37,9 @@ it, so that whole chains run channels-last:
   (``conv.runs_as_tap_loop``), through elementwise ops and inference BatchNorms, is marked
   ``after_tap_loop`` (ops/pool.py);
 * elementwise ops (unary ones, and Add/Mul/... whose other operands are channels-last too,
-  constants, Reshapes of constants or computed one-value tensors): a constant operand of shape (C, 1, 1), (1, C, 1, 1), ... gets a weight-only
-  Reshape/Transpose to the channels-last broadcast shape;
+  constants, Reshapes of constants or computed one-value tensors): a constant operand of
+  shape (C, 1, 1), (1, C, 1, 1), ... gets a weight-only Reshape/Transpose to the
+  channels-last broadcast shape;
 * Concat (any axis: it is renumbered), Pad, Slice and Resize with constant operands (permuted);
 * QuantizeLinear and DequantizeLinear (per tensor, or per channel with ``axis`` renumbered; not
   blocked): the pairs a QDQ file (``quantize_static``) puts around every activation, which
@@ -86,6 +88,10 @@ _UNARY = frozenset(
 _BROADCASTING = frozenset("Add Sub Mul Div Pow Max Min Sum Mean PRelu".split())
 # com.microsoft's quantized element-wise ops -> their activations' input positions.
 _MICROSOFT_ELEMENTWISE = {"QLinearAdd": (0, 3), "QLinearMul": (0, 3), "QLinearSigmoid": (0,), "QLinearLeakyRelu": (0,)}
+# (domain, op) of the nodes that start a channels-last chain.
+_CONVOLUTIONS = frozenset(
+    [("", "Conv"), ("", "ConvTranspose"), ("", "QLinearConv"), ("", "ConvInteger"), (DEQUANTIZED_DOMAIN, "Conv")]
+)
 # ai.onnx op -> (its channels-last form's input positions that are activations).
 _SPATIAL = {
     "MaxPool": (0,),
@@ -113,9 +119,7 @@ def _axis_last(axis: int, rank: int) -> int:
 
 
 def run(graph: Graph, train: bool | None) -> Graph:
-    convolutions = {("", op) for op in ("Conv", "ConvTranspose", "QLinearConv", "ConvInteger")}
-    convolutions.add((DEQUANTIZED_DOMAIN, "Conv"))
-    if not any((n.domain, n.op_type) in convolutions for n in graph.nodes):
+    if not any((n.domain, n.op_type) in _CONVOLUTIONS for n in graph.nodes):
         return graph
     return _Rewrite(graph).graph
 
@@ -361,10 +365,7 @@ class _Rewrite:
     def _dynamic_quantization(self, node: Node) -> bool:
         """DynamicQuantizeLinear: its scale and zero point come from the whole tensor's range,
         the same in any layout; the quantized values keep the input's."""
-        rank = self.rank[self.last[node.inputs[0]]]
-        outputs = (self._new_output(node.outputs[0], rank), *node.outputs[1:])
-        self.nodes.append(dataclasses.replace(node, inputs=(self.last[node.inputs[0]],), outputs=outputs))
-        return True
+        return self._with_attrs(node, {0}, {}, self.rank[self.last[node.inputs[0]]])
 
     def _microsoft(self, node: Node) -> bool | None:
         """onnxruntime's quantized element-wise ops and global average pool (its QOperator
@@ -396,14 +397,14 @@ class _Rewrite:
 
     def _with_attrs(self, node: Node, activations: set[int], attrs: dict, rank: int) -> bool:
         """``node`` reading the channels-last forms of its inputs at ``activations``, with
-        ``attrs`` set, its output channels-last."""
+        ``attrs`` set, its first output channels-last (any others, one-value ones, as they are)."""
         inputs = [self._last(name, rank) if i in activations else name for i, name in enumerate(node.inputs)]
         out = self._new_output(node.outputs[0], rank)
         self.nodes.append(
             dataclasses.replace(
                 node,
                 inputs=tuple(inputs),
-                outputs=(out,),
+                outputs=(out, *node.outputs[1:]),
                 attrs=types.MappingProxyType({**node.attrs, **attrs}),
             )
         )
@@ -486,18 +487,10 @@ class _Rewrite:
         if node.attrs.get("block_size") or len(node.outputs) != 1:
             return None
         rank = self.rank[self.last[node.inputs[0]]]
-        attrs = dict(node.attrs)
+        attrs = {}
         if node.opset >= 13:  # the first version with per-axis scales, and an axis attribute
-            attrs["axis"] = _axis_last(int(attrs.get("axis", 1)) % rank, rank)
-        self.nodes.append(
-            dataclasses.replace(
-                node,
-                inputs=(self.last[node.inputs[0]], *node.inputs[1:]),
-                outputs=(self._new_output(node.outputs[0], rank),),
-                attrs=types.MappingProxyType(attrs),
-            )
-        )
-        return True
+            attrs["axis"] = _axis_last(int(node.attrs.get("axis", 1)) % rank, rank)
+        return self._with_attrs(node, {0}, attrs, rank)
 
     def _transpose(self, node: Node) -> bool:
         rank = self.rank[self.last[node.inputs[0]]]

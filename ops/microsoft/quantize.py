@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import compute_type, dtype_of, normalize_axis
+from jonnx.ops._util import array_module, compute_type, dtype_of, normalize_axis
 from jonnx.ops.activation import softmax_2d, softmax_axis
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.microsoft.normalization import embed_layer_normalization
@@ -35,13 +35,9 @@ from jonnx.ops.quantize import (
 from jonnx.ops.rnn import quantized_lstm
 
 
-def _xp(x):
-    return np if isinstance(x, np.ndarray) else jnp
-
-
 def unpack_bits(packed, bits: int):
     """uint8 bytes -> their ``8 // bits`` fields each, low-order bits first, along the last axis."""
-    xp = _xp(packed)
+    xp = array_module(packed)
     packed = xp.asarray(packed).astype(np.uint8)
     if bits == 8:
         return packed.astype(np.int32)
@@ -73,7 +69,7 @@ def dequantize_nbits(b, scales, zero_points, g_idx, *, n: int, k: int, bits: int
     if zero_points is None:
         zp = np.full((n, k_blocks), 1 << (bits - 1), np.int32)
     elif dtype_of(zero_points) == np.uint8:
-        zp = unpack_bits(_xp(zero_points).reshape(zero_points, (n, -1)), bits)[:, :k_blocks]
+        zp = unpack_bits(array_module(zero_points).reshape(zero_points, (n, -1)), bits)[:, :k_blocks]
     else:  # unpacked, in the scales' float type
         zp = jnp.reshape(zero_points, (n, k_blocks))
     blocks = np.arange(k) // block_size if g_idx is None else g_idx
@@ -152,9 +148,9 @@ def gather_block_quantized(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outp
     gather_axis = normalize_axis(attrs["gather_axis"], rank, ctx, "gather_axis")
     quantize_axis = normalize_axis(attrs["quantize_axis"], rank, ctx, "quantize_axis")
     if dtype_of(data) in _INT4:
-        q = _xp(data).asarray(data).astype(np.int32)
+        q = array_module(data).asarray(data).astype(np.int32)
         zp_default = 0
-        zp = None if zero_points is None else _xp(zero_points).asarray(zero_points).astype(np.int32)
+        zp = None if zero_points is None else array_module(zero_points).asarray(zero_points).astype(np.int32)
     elif dtype_of(data) == np.uint8:
         _check_bits(bits, ctx)
         if bits < 8 and (quantize_axis != rank - 1 or gather_axis == quantize_axis):
