@@ -24,10 +24,13 @@ from jonnx.ops import conv as conv_ops
 from jonnx.ops.channels_last import DOMAIN
 from tests._on_off import compare_on_off
 from tests.ops.test_conv_lowering import CASES as CONV_CASES, conv_reference
-from tests.test_optimize import MODELS, _model, rand
+from tests.test_optimize import MODELS, _model
 
 EXPORTS = pathlib.Path(__file__).resolve().parent / "models" / "exports"
 F = onnx.TensorProto.FLOAT
+# This module's own generator, reseeded per test by conftest: a generator borrowed from
+# another module would make the data depend on which tests ran before in the worker.
+RNG = np.random.default_rng(0)
 ON = {
     "channels_last": True,
     "fold_batchnorm": False,
@@ -35,6 +38,10 @@ ON = {
     "quantized_convs": False,
     "dead_nodes": False,
 }
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
 
 
 def _bn(prefix, c, inits, **attrs):
