@@ -433,16 +433,15 @@ def _conv_as_integer_product(
         pads = geo.full([(a, b, 0) for a, b in zip(lo, hi)], (0, 0, 0), channels_last)
         x = lax.pad(jnp.asarray(x), fill, pads)
     out = geo.out_spatial(x, kernel, strides, dilations, channels_last)
-    taps = list(geo.taps(x, kernel, strides, dilations, out, channels_last))
-    size, positions = c * math.prod(kernel), math.prod(out)
+    size, positions, rank = c * math.prod(kernel), math.prod(out), len(kernel)
     if channels_last:
-        columns = jnp.reshape(jnp.stack(taps, axis=-2), (n, positions, size))  # N, *out, taps, C
+        windows = geo.stacked_windows(x, kernel, strides, dilations, out, True, at=1 + rank)  # N, *out, *kernel, C
         weights = _kernel_for(w, True).reshape(size, m)  # numpy weights stay numpy
-        y = integer_matmul(columns, weights, x_zero, w_zero)
+        y = integer_matmul(jnp.reshape(windows, (n, positions, size)), weights, x_zero, w_zero)
         return jnp.reshape(y, (n, *out, m))
-    columns = jnp.reshape(jnp.stack(taps, axis=2), (n, size, positions))  # N, C, taps, *out
+    windows = geo.stacked_windows(x, kernel, strides, dilations, out, False, at=2)  # N, C, *kernel, *out
     # The weights on the left keep NCHW's order: (M, K) @ (N, K, positions), no transposes.
-    y = integer_matmul(w.reshape(m, -1), columns, w_zero, x_zero)  # numpy w stays numpy
+    y = integer_matmul(w.reshape(m, -1), jnp.reshape(windows, (n, size, positions)), w_zero, x_zero)  # numpy w stays
     return jnp.reshape(y, (n, m, *out))
 
 
