@@ -351,6 +351,34 @@ def test_opaque_window_is_a_slice_with_the_slices_derivatives():
     np.testing.assert_array_equal(jax.vmap(opaque)(np.stack([x, -x])), np.stack([plain(x), plain(-x)]))
 
 
+@pytest.mark.parametrize(
+    "spatial,kernel,strides,dilations",
+    [((9,), (3,), (2,), (2,)), ((7, 8), (3, 2), (1, 2), (2, 1)), ((5, 6, 7), (2, 3, 2), (2, 1, 3), (1, 2, 1))],
+    ids=["1d", "2d", "3d"],
+)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_stacked_windows_are_every_kernel_positions_window(spatial, kernel, strides, dilations, channels_last):
+    # geo.stacked_windows (the 8-bit products' columns) against numpy's sliding windows: every
+    # kernel position's strided window, positions row-major, where the layout puts them.
+    rank = len(spatial)
+    x = RNG.standard_normal((2, *spatial, 3) if channels_last else (2, 3, *spatial)).astype(np.float32)
+    first = 1 if channels_last else 2
+    reach = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    out = tuple((n - r) // s + 1 for n, r, s in zip(spatial, reach, strides))
+    axes = tuple(range(first, first + rank))
+    view = np.lib.stride_tricks.sliding_window_view(x, reach, axis=axes)  # (..., *spatial', *reach)
+    view = view[(slice(None),) * first + tuple(slice(None, None, s) for s in strides)]
+    view = view[(Ellipsis, *(slice(None, None, d) for d in dilations))]  # (..., *out, *kernel)
+    if channels_last:  # (N, *out, C, *kernel) -> (N, *out, *kernel, C)
+        want = np.moveaxis(view, 1 + rank, -1)
+        at = 1 + rank
+    else:  # (N, C, *out, *kernel) -> (N, C, *kernel, *out)
+        want = np.moveaxis(view, tuple(range(2 + rank, 2 + 2 * rank)), tuple(range(2, 2 + rank)))
+        at = 2
+    got = _window.stacked_windows(x, kernel, strides, dilations, out, channels_last, at=at)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13])
 def test_spread_product_is_a_broadcast_product(n):
     # spread / spread_product build a broadcast from doubling concatenations so that their
