@@ -23,7 +23,7 @@ import numpy as np
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx._values import is_concrete
-from jonnx.ops._util import index_dtype, normalize_axis, static_ints, take, widen_halves
+from jonnx.ops._util import array_module, index_dtype, normalize_axis, static_ints, take, widen_halves
 
 # --------------------------------------------------------------------------------------
 # Shared helpers
@@ -60,7 +60,7 @@ def _check_range(indices, size: int, ctx, what: str = "index") -> None:
 
 def _wrap(indices, size):
     """Negative indices count from the end, as ONNX (opset 11+) defines."""
-    xp = np if isinstance(indices, np.ndarray) else jnp
+    xp = array_module(indices)
     return xp.where(indices < 0, indices + size, indices)
 
 
@@ -141,7 +141,7 @@ def _nd_index(data, indices, batch_dims, ctx):
     sizes_arr = np.asarray(sizes, dtype=index_dtype()).reshape((1,) * (len(ishape) - 1) + (k,))
     idx = _as_int_indices(_wrap(indices, sizes_arr))
     nbatch = math.prod(dshape[:batch_dims])
-    xp = np if isinstance(idx, np.ndarray) else jnp
+    xp = array_module(idx)
     idx = xp.reshape(idx, (nbatch,) + ishape[batch_dims:])
     batch = np.arange(nbatch, dtype=index_dtype()).reshape((nbatch,) + (1,) * (idx.ndim - 2))
     index = (batch,) + tuple(idx[..., j] for j in range(k))
@@ -350,7 +350,7 @@ def tensor_scatter(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
                 f"write_indices {write_indices.tolist()} with an update of length {seq_len} "
                 f"do not fit a cache of length {max_len} in {mode} mode"
             )
-    xp = np if isinstance(write_indices, np.ndarray) else jnp
+    xp = array_module(write_indices)
     pos = xp.reshape(write_indices, (batch, 1)) + np.arange(seq_len, dtype=index_dtype())
     if mode == "circular":
         pos = pos % max_len
@@ -633,7 +633,7 @@ def reverse_sequence(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
         raise ctx.error(f"sequence_lens has shape {np.shape(lens)}; expected ({batch},)")
     if isinstance(lens, np.ndarray) and ((lens < 0) | (lens > steps)).any():
         raise ctx.error(f"sequence_lens {lens.tolist()} must lie in [0, {steps}]")
-    xp = np if isinstance(lens, np.ndarray) else jnp
+    xp = array_module(lens)
     t = np.arange(steps, dtype=index_dtype())[:, None]  # (time, batch)
     lens = _as_int_indices(xp.reshape(lens, (1, batch)))
     src = xp.where(t < lens, lens - 1 - t, t)
