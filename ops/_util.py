@@ -186,6 +186,22 @@ def opaque(x: Any) -> Any:
     return jax.lax.optimization_barrier(x) if isinstance(x, jax.core.Tracer) else x
 
 
+def exact_divide(x, divisor):
+    """``x / divisor``, correctly rounded, as ONNX's Div and quantization want it.
+
+    XLA's algebraic simplifier turns ``x / broadcast(s)`` into ``x * broadcast(1 / s)`` and ``x
+    / c`` for a constant ``c`` into ``x * (1 / c)``, one unit in the last place off in about
+    70% of float32 quotients (and so moving ``round(x / s)`` across a tie: DynamicQuantizeLinear
+    gave 25 instead of 26 on ONNX's own example). The divisor here is ``divisor`` where ``x`` is
+    a number and 1 where it is NaN (whose quotient is NaN either way): no broadcast or constant
+    for the simplifier to take, and computed inside the dividing loop. (An optimization barrier
+    on the broadcast divisor kept the division too but wrote the divisor out in full: a 256 x
+    56 x 56 quantization 0.24 against 0.14 ms.)
+    """
+    divisor = jnp.asarray(divisor)
+    return x / jnp.where(jnp.isnan(x), jnp.ones_like(divisor), divisor)
+
+
 def opaque_constants(*values: Any) -> tuple:
     """The values, with each floating-point constant hidden from XLA's algebraic simplifier
     where another of them is traced (a constant: a concrete array, as Constant nodes and

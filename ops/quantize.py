@@ -30,6 +30,7 @@ from jonnx.ops._util import (
     canonical,
     compute_type,
     dtype_of,
+    exact_divide,
     lowers_for_cpu,
     normalize_axis,
     onnx_dtype,
@@ -90,22 +91,6 @@ def _param(p, x_shape, axis, block_size, ctx, what: str):
     return xp.take(p, xp.arange(x_shape[axis]), axis=axis)
 
 
-def _divide(x, scale):
-    """``x / scale``, correctly rounded.
-
-    XLA's algebraic simplifier turns ``x / broadcast(s)`` into ``x * broadcast(1 / s)``, which
-    is off by an ulp often enough to move ``round(x / s)`` across a tie (DynamicQuantizeLinear
-    gives 25 instead of 26 on ONNX's own example; a third of 200,000 quotients differ from
-    numpy's). The divisor is ``s`` where ``x`` is a number and 1 where it is NaN (whose quotient
-    is NaN either way): no broadcast for the simplifier to take, and computed inside the
-    dividing loop. (An optimization barrier on the broadcast divisor, as before, kept the
-    division too but wrote the divisor out in full: a 256 x 56 x 56 quantization 0.24 against
-    0.14 ms, about 15% of a QDQ ResNet-50's call.)
-    """
-    scale = jnp.asarray(scale)
-    return x / jnp.where(jnp.isnan(x), jnp.ones_like(scale), scale)
-
-
 def _saturate_round(q, zero_point, target: np.dtype, saturate: bool, ctx):
     """``saturate(round(q) + zero_point)`` into ``target`` (round half to even)."""
     if target in _INT_RANGES:
@@ -143,7 +128,7 @@ def quantize_linear(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     # The division runs in the precision attribute's type, else numpy's promotion of x and
     # the scale (what ONNX's reference and onnxruntime do).
     compute = onnx_dtype(precision) if precision else jnp.promote_types(dtype_of(x), dtype_of(scale))
-    q = _divide(jnp.asarray(x).astype(compute), jnp.asarray(scale).astype(compute))
+    q = exact_divide(jnp.asarray(x).astype(compute), jnp.asarray(scale).astype(compute))
     saturate = attrs.get("saturate")
     return (_saturate_round(q, zero_point, target, True if saturate is None else bool(saturate), ctx),)
 
@@ -184,9 +169,9 @@ def dynamic_quantize_linear(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Out
     hi, lo = _extremes(x)
     hi = jnp.maximum(0, hi).astype(jnp.float32)
     lo = jnp.minimum(0, lo).astype(jnp.float32)
-    scale = jnp.where(hi == lo, jnp.float32(1), hi - lo) / jnp.float32(255)
-    zero_point = jnp.round(jnp.clip(-lo / scale, 0, 255))
-    y = jnp.clip(jnp.round(_divide(x.astype(jnp.float32), scale)) + zero_point, 0, 255).astype(jnp.uint8)
+    scale = exact_divide(jnp.where(hi == lo, jnp.float32(1), hi - lo), jnp.float32(255))
+    zero_point = jnp.round(jnp.clip(exact_divide(-lo, scale), 0, 255))
+    y = jnp.clip(jnp.round(exact_divide(x.astype(jnp.float32), scale)) + zero_point, 0, 255).astype(jnp.uint8)
     return y, scale.astype(x.dtype), zero_point.astype(jnp.uint8)
 
 
@@ -361,7 +346,7 @@ def qlinear_matmul(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero = inputs
     acc = integer_matmul(a, b, a_zero, b_zero)
     # The scales combine in their own type first, as onnxruntime and the reference do.
-    multiplier = _divide(_row_scale(jnp.asarray(a_scale)) * jnp.asarray(b_scale), jnp.asarray(y_scale))
+    multiplier = exact_divide(_row_scale(jnp.asarray(a_scale)) * jnp.asarray(b_scale), jnp.asarray(y_scale))
     target = dtype_of(y_zero) if y_zero is not None else dtype_of(a)
     return (_requantize(acc, multiplier, y_zero, target, ctx),)
 
@@ -551,7 +536,7 @@ def qlinear_convolve(inputs: Inputs, attrs: Attrs, ctx: OpContext, channels_last
     x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = inputs
     acc = integer_conv(x, x_zero, w, w_zero, bias, attrs, ctx, channels_last=channels_last)
     w_scale = jnp.asarray(w_scale) if channels_last else _output_channel_scale(w_scale, acc)
-    multiplier = _divide(jnp.asarray(x_scale) * w_scale, jnp.asarray(y_scale))
+    multiplier = exact_divide(jnp.asarray(x_scale) * w_scale, jnp.asarray(y_scale))
     target = dtype_of(y_zero) if y_zero is not None else dtype_of(x)
     return _requantize(acc, multiplier, y_zero, target, ctx)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 
+import jonnx
 from jonnx import errors
 from jonnx.ops import quantize
 from tests.ops._harness import assert_matches_reference, check_op_grads, node_model, run_jonnx
@@ -185,6 +187,22 @@ def test_dequantize_differentiable_in_scale():
 )
 def test_dynamic_quantize_linear(x):
     assert_matches_reference("DynamicQuantizeLinear", {"x": x}, 3, opset=11)
+
+
+def test_dynamic_quantize_linear_scale_is_the_quotient_rounded_once():
+    # The scale is (max - min) / 255 rounded once, as onnxruntime and the reference compute it.
+    # XLA multiplies by a constant divisor's reciprocal instead, one unit in the last place off
+    # for these ranges (and the zero point and the quantized values would follow).
+    ranges = np.random.default_rng(5).uniform(0.5, 8, 400).astype(np.float32)
+    ranges = ranges[ranges * np.float32(1 / 255) != ranges / np.float32(255)][:8]
+    assert len(ranges) == 8  # the premise
+    model = node_model("DynamicQuantizeLinear", {"x": np.zeros(2, np.float32)}, 3, opset=11)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    loaded = jonnx.load(model)
+    for r in ranges:
+        x = np.array([0, r], np.float32)
+        scale = np.asarray(loaded(x)[1])
+        assert scale == r / np.float32(255) == session.run(None, {"x": x})[1], r
 
 
 def test_dynamic_quantize_linear_scale_differentiable():
