@@ -849,6 +849,39 @@ def test_qlinear_binary(op, t, broadcast):
 
 
 @pytest.mark.parametrize("t", [np.uint8, np.int8])
+@pytest.mark.parametrize(
+    "op,attrs",
+    [
+        ("QLinearAdd", {}),
+        ("QLinearMul", {}),
+        ("QLinearAveragePool", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        ("QLinearLeakyRelu", {"alpha": 0.125}),
+        ("QLinearConcat", {"axis": 1}),
+    ],
+)
+def test_qlinear_ops_round_ties_as_onnxruntime(op, attrs, t):
+    # Power-of-two scales put many results exactly on a tie (a pair's average is one half the
+    # time), and an odd output zero point tells the two orders apart: onnxruntime's QLinearAdd,
+    # QLinearMul and QLinearAveragePool add the zero point before rounding half to even, its
+    # QLinearLeakyRelu and QLinearConcat (lookup tables built by QuantizeLinear) round first.
+    # Exact, where random scales leave the two a unit apart once in a while (QTOL above).
+    zero = np.array(101 if t == np.uint8 else -27, t)
+    scales = [np.float32(2.0**-k) for k in (3, 4, 2)]
+    x = [_qdata(t, 2, 3, 6, 6) for _ in range(2)]
+    quantized = [(x[0], scales[0], np.array(zero - 6, t)), (x[1], scales[1], np.array(zero + 4, t))]
+    if op in ("QLinearAveragePool", "QLinearLeakyRelu"):
+        quantized = quantized[:1]
+    if op == "QLinearConcat":
+        names = ["sy", "zy"] + [f"{k}{i}" for i in range(2) for k in ("x", "s", "z")]
+        values = [scales[2], zero] + [v for q in quantized for v in q]
+    else:
+        names = [f"{k}{i}" for i in range(len(quantized)) for k in ("x", "s", "z")] + ["sy", "zy"]
+        values = [v for q in quantized for v in q] + [scales[2], zero]
+    inputs = dict(zip(names, values))
+    check(op, inputs, initializers=tuple(n for n in names if not n.startswith("x")), rtol=0, atol=0, **attrs)
+
+
+@pytest.mark.parametrize("t", [np.uint8, np.int8])
 @pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])
 def test_qlinear_unary(op, t):
     (sx, zx), (sy, zy) = _qparams(t), _qparams(t)

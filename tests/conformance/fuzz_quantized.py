@@ -1,0 +1,466 @@
+"""Differential fuzzing of quantized CNN graphs through the optimization passes.
+
+A developer's tool, not a test: ``python -m tests.conformance.fuzz_quantized [--seed S]
+[--cases N] [--lowering elsewhere] [--trace]`` draws graphs of up to 12 steps in the three
+forms onnxruntime's quantization tools write, each step reading a random earlier value:
+
+- **QDQ** (``quantize_static``'s default): float operators between DequantizeLinear and
+  QuantizeLinear pairs: Conv of dequantized 8-bit weights (per tensor, or per output channel
+  from opset 13; grouped, depthwise, strided, dilated, padded; a float bias or a dequantized
+  int32 one), Add, Mul, Concat, MaxPool, AveragePool, GlobalAveragePool, Relu, Sigmoid,
+  LeakyRelu, and at times a float op straight after another, or a per-channel pair on an
+  activation, which the ``quantized_convs`` pass must leave in float;
+- **QOperator**: QLinearConv (uint8 or int8 weights, per tensor or per channel, int32 bias),
+  MaxPool on uint8 (opset 12+) and onnxruntime's com.microsoft QLinearAdd, QLinearMul,
+  QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearAveragePool and
+  QLinearConcat;
+- **dynamic** (``quantize_dynamic``): DynamicQuantizeLinear, ConvInteger, Cast, the scales'
+  product, a bias through a Reshape of a constant, Relu, Add.
+
+Every scale is a power of two and the drawn fan-ins are small, so every dequantized value,
+product and sum is an integer multiple of a power of two that float32 holds exactly, and each
+engine rounds the same numbers. The outputs (the last value dequantized, and some 8-bit values
+on the way) of jonnx's ``Model(*inputs)`` (the default passes: channels-last,
+``quantized_convs``), with ``constant_weights``, without ``quantized_convs`` and with
+``optimize=False`` must equal one another to the bit: the passes may not move a value. Against
+onnxruntime (its graph optimizations off, ``_onnxruntime_unfused``; the ReferenceEvaluator where
+it refuses the graph) they are ``ok`` when equal and ``near`` (not a finding) where a few values
+differ within ``NEAR`` and ``NEAR_SHARE``, or all within ``FLOAT_NEAR``: a value on a near tie
+(a sigmoid's or an average's last bit, the dynamic form's computed scales and XLA's fused
+multiply-adds) rounds to the other side, and what follows from it moves by a unit of its own
+scale.
+
+Graphs of float operators are ``fuzz_graphs.py``'s; single ops against the references,
+``fuzz.py``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import jonnx
+from tests.conformance.fuzz import add_lowering_option, lower_as
+from tests.conformance.fuzz_graphs import Graph, _pick
+
+MS = "com.microsoft"
+FORMS = ("qdq", "qoperator", "dynamic")
+OPSETS = {"qdq": (10, 13, 19, 21), "qoperator": (10, 13, 21), "dynamic": (11, 13, 21)}
+CONFIGS = {
+    "default": True,
+    "constant weights": {"constant_weights": True},
+    "no quantized_convs": {"quantized_convs": False},
+    "unoptimized": False,
+}
+U8, I8, I32, F32 = (onnx.TensorProto.UINT8, onnx.TensorProto.INT8, onnx.TensorProto.INT32, onnx.TensorProto.FLOAT)
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantized:
+    """An 8-bit value and its scale and zero point (initializer names; ``axis`` for a
+    per-channel pair)."""
+
+    name: str
+    scale: str
+    zero: str
+    axis: int | None = None
+
+
+class QGraph(Graph):
+    """A graph under construction, with com.microsoft nodes (whose shapes onnx cannot infer:
+    :meth:`add_known` takes them from the caller) and the 8-bit values drawn so far."""
+
+    def __init__(self, rng: np.random.Generator, opset: int, form: str):
+        super().__init__(rng, opset, np.float32)
+        self.form = form
+        self.values: list[Quantized] = []
+
+    def model(self, outputs: list[str]) -> onnx.ModelProto:
+        model = super().model(outputs)
+        ours = [o for n in self.nodes if n.domain == MS for o in n.output]
+        if ours:  # their shapes, for onnx's inference of what follows them
+            model.opset_import.append(helper.make_opsetid(MS, 1))
+            model.graph.value_info.extend(helper.make_tensor_value_info(o, self.elems[o], self.shapes[o]) for o in ours)
+        return model
+
+    def add_known(self, op: str, inputs: list[str], shape: tuple[int, ...], elem: int, **attrs) -> str:
+        out = self.name(op.lower()) + "_0"
+        self.nodes.append(helper.make_node(op, inputs, [out], domain=MS, **attrs))
+        self.shapes[out], self.elems[out] = tuple(shape), elem
+        return out
+
+    def const(self, values, dtype) -> str:
+        name = self.name("c")
+        self.inits.append(numpy_helper.from_array(np.asarray(values).astype(dtype), name))
+        return name
+
+    def scale(self, shape=(), low: int = 2, high: int = 7) -> str:
+        """Powers of two: every dequantized value and product is exact in float32."""
+        return self.const(2.0 ** -self.rng.integers(low, high, shape), np.float32)
+
+    def zero(self, dtype, shape=()) -> str:
+        low, high = (100, 156) if dtype == np.uint8 else (-20, 21)
+        return self.const(self.rng.integers(low, high, shape), dtype)
+
+    def ints8(self, shape, dtype) -> str:
+        low, high = (0, 256) if dtype == np.uint8 else (-128, 128)
+        return self.const(self.rng.integers(low, high, shape), dtype)
+
+
+def _scalar(g: QGraph, name: str) -> float:
+    return float(next(numpy_helper.to_array(i) for i in g.inits if i.name == name))
+
+
+# ---- QDQ: float operators between DequantizeLinear and QuantizeLinear
+
+
+def _dequantize(g: QGraph, q: Quantized) -> str:
+    attrs = {} if q.axis is None else {"axis": q.axis}
+    return g.add("DequantizeLinear", [q.name, q.scale, q.zero], **attrs)[0]
+
+
+def _quantize(g: QGraph, x: str) -> Quantized | None:
+    """A QuantizeLinear to uint8, per tensor, or (QDQ from opset 13, at times) per channel."""
+    channels = g.shape_of(x)[1]
+    if g.form == "qdq" and g.opset >= 13 and g.rng.random() < 0.15:
+        q = Quantized("", g.scale((channels,)), g.zero(np.uint8, (channels,)), axis=1)
+    else:
+        q = Quantized("", g.scale(), g.zero(np.uint8))
+    attrs = {} if q.axis is None else {"axis": 1}
+    made = g.add("QuantizeLinear", [x, q.scale, q.zero], **attrs)
+    return made and dataclasses.replace(q, name=made[0])
+
+
+def _conv_geometry(g: QGraph, shape) -> tuple[int, int, list[int], dict]:
+    """Groups, output channels, kernel and attributes of a small convolution over ``shape``."""
+    channels, spatial = shape[1], shape[2:]
+    groups = _pick(g.rng, [1, 1, 1, channels, *[k for k in (2, 3) if channels % k == 0]])
+    out = groups * int(g.rng.integers(1, 3)) if groups > 1 else int(g.rng.integers(1, 7))
+    kernel = [int(g.rng.integers(1, min(3, s) + 1)) for s in spatial]
+    attrs: dict = {"kernel_shape": kernel, "group": groups}
+    if g.rng.random() < 0.4:
+        attrs["strides"] = [int(g.rng.integers(1, 3)) for _ in spatial]
+    if g.rng.random() < 0.2:
+        attrs["dilations"] = [2 if (k - 1) * 2 < s else 1 for k, s in zip(kernel, spatial)]
+    if g.rng.random() < 0.6:
+        attrs["pads"] = [int(g.rng.integers(0, k)) for k in kernel * 2]
+    return groups, out, kernel, attrs
+
+
+def _qdq_conv(g: QGraph, q: Quantized) -> str | None:
+    shape = g.shape_of(q.name)
+    groups, out, kernel, attrs = _conv_geometry(g, shape)
+    per_channel = g.opset >= 13 and g.rng.random() < 0.5
+    w_scale = g.scale((out,) if per_channel else ())
+    w_zero = g.const(np.zeros((out,) if per_channel else ()), np.int8)
+    w = g.add(
+        "DequantizeLinear",
+        [g.ints8((out, shape[1] // groups, *kernel), np.int8), w_scale, w_zero],
+        **({"axis": 0} if per_channel else {}),
+    )[0]
+    inputs = [_dequantize(g, q), w]
+    if g.rng.random() < 0.4:  # a float bias of multiples of 1/256
+        inputs.append(g.const(g.rng.integers(-64, 64, out) / 256, np.float32))
+    elif g.rng.random() < 0.5 and q.axis is None:  # quantize_static's: int32, scaled by x_scale * w_scale
+        b_scale = g.const(_scalar(g, q.scale) * numpy_helper.to_array(_init(g, w_scale)), np.float32)
+        zeros = g.const(np.zeros(np.shape(numpy_helper.to_array(_init(g, w_scale)))), np.int32)
+        b = g.const(g.rng.integers(-500, 500, out), np.int32)
+        inputs.append(g.add("DequantizeLinear", [b, b_scale, zeros], **({"axis": 0} if per_channel else {}))[0])
+    made = g.add("Conv", inputs, **attrs)
+    return made and made[0]
+
+
+def _init(g: QGraph, name: str) -> onnx.TensorProto:
+    return next(i for i in g.inits if i.name == name)
+
+
+def _qdq_step(g: QGraph, q: Quantized) -> Quantized | None:
+    step = _pick(g.rng, ["conv", "conv", "conv", "add", "mul", "concat", "pool", "activation"])
+    if step == "conv":
+        y = _qdq_conv(g, q)
+    elif step in ("add", "mul", "concat"):
+        same = [v for v in g.values if g.shape_of(v.name)[0] == g.shape_of(q.name)[0]]
+        if step == "concat":
+            same = [v for v in same if g.shape_of(v.name)[2:] == g.shape_of(q.name)[2:]]
+        else:
+            same = [v for v in same if g.shape_of(v.name) == g.shape_of(q.name)]
+        other = _pick(g.rng, same or [q])
+        a, b = _dequantize(g, q), _dequantize(g, other)
+        made = g.add(
+            {"add": "Add", "mul": "Mul", "concat": "Concat"}[step], [a, b], **({"axis": 1} if step == "concat" else {})
+        )
+        y = made and made[0]
+    elif step == "pool":
+        y = _pool(g, _dequantize(g, q))
+    else:
+        y = _activation(g, _dequantize(g, q))
+    if y is None:
+        return None
+    if g.rng.random() < 0.3:  # a float op straight after another: no pair between them
+        y = _activation(g, y) or y
+    return _quantize(g, y)
+
+
+def _pool(g: QGraph, x: str, op: str | None = None) -> str | None:
+    spatial = g.shape_of(x)[2:]
+    op = op or _pick(g.rng, ["MaxPool", "AveragePool", "GlobalAveragePool"])
+    if op == "GlobalAveragePool":
+        made = g.add(op, [x])
+        return made and made[0]
+    kernel = [int(g.rng.integers(1, min(3, s) + 1)) for s in spatial]
+    attrs: dict = {"kernel_shape": kernel, "strides": [int(g.rng.integers(1, 3)) for _ in spatial]}
+    if g.rng.random() < 0.5:
+        attrs["pads"] = [int(g.rng.integers(0, k)) for k in kernel * 2]
+    made = g.add(op, [x], **attrs)
+    return made and made[0]
+
+
+def _activation(g: QGraph, x: str) -> str | None:
+    op = _pick(g.rng, ["Relu", "Relu", "Sigmoid", "LeakyRelu"])
+    made = g.add(op, [x], **({"alpha": 0.125} if op == "LeakyRelu" else {}))
+    return made and made[0]
+
+
+# ---- QOperator: onnxruntime's quantized operators on uint8 values
+
+
+def _qop_step(g: QGraph, q: Quantized) -> Quantized | None:
+    shape = g.shape_of(q.name)
+    step = _pick(g.rng, ["conv", "conv", "conv", "add", "mul", "concat", "pool", "maxpool", "sigmoid", "leaky"])
+    y = Quantized("", g.scale(), g.zero(np.uint8))
+    if step == "conv":
+        groups, out, kernel, attrs = _conv_geometry(g, shape)
+        per_channel = g.rng.random() < 0.5
+        wtype = _pick(g.rng, [np.int8, np.int8, np.uint8])
+        w = g.ints8((out, shape[1] // groups, *kernel), wtype)
+        w_zero = g.zero(wtype, (out,) if per_channel and wtype == np.int8 else ())
+        if wtype == np.int8:
+            w_zero = g.const(np.zeros(np.shape(numpy_helper.to_array(_init(g, w_zero)))), np.int8)
+        inputs = [q.name, q.scale, q.zero, w, g.scale((out,) if per_channel else ()), w_zero, y.scale, y.zero]
+        if g.rng.random() < 0.6:
+            inputs.append(g.const(g.rng.integers(-500, 500, out), np.int32))
+        made = g.add("QLinearConv", inputs, **attrs)
+        return made and dataclasses.replace(y, name=made[0])
+    if step == "maxpool":
+        if g.opset < 12:
+            return None
+        x = _pool(g, q.name, "MaxPool")
+        return x and Quantized(x, q.scale, q.zero)
+    if step in ("add", "mul"):
+        same = [v for v in g.values if g.shape_of(v.name) == shape] or [q]
+        other = _pick(g.rng, same)
+        op = "QLinearAdd" if step == "add" else "QLinearMul"
+        inputs = [q.name, q.scale, q.zero, other.name, other.scale, other.zero, y.scale, y.zero]
+        return dataclasses.replace(y, name=g.add_known(op, inputs, shape, U8))
+    if step == "concat":
+        same = [v for v in g.values if g.shape_of(v.name)[0] == shape[0] and g.shape_of(v.name)[2:] == shape[2:]]
+        others = [q, _pick(g.rng, same or [q])]
+        inputs = [y.scale, y.zero] + [n for v in others for n in (v.name, v.scale, v.zero)]
+        out = (shape[0], sum(g.shape_of(v.name)[1] for v in others), *shape[2:])
+        return dataclasses.replace(y, name=g.add_known("QLinearConcat", inputs, out, U8, axis=1))
+    if step == "pool":
+        if g.rng.random() < 0.5:
+            out = (*shape[:2], *(1 for _ in shape[2:]))
+            name = g.add_known(
+                "QLinearGlobalAveragePool", [q.name, q.scale, q.zero, y.scale, y.zero], out, U8, channels_last=0
+            )
+            return dataclasses.replace(y, name=name)
+        spatial = shape[2:]
+        kernel = [int(g.rng.integers(1, min(3, s) + 1)) for s in spatial]
+        strides = [int(g.rng.integers(1, 3)) for _ in spatial]
+        out = (*shape[:2], *((s - k) // t + 1 for s, k, t in zip(spatial, kernel, strides)))
+        inputs = [q.name, q.scale, q.zero, y.scale, y.zero]
+        name = g.add_known("QLinearAveragePool", inputs, out, U8, kernel_shape=kernel, strides=strides)
+        return dataclasses.replace(y, name=name)
+    op = "QLinearSigmoid" if step == "sigmoid" else "QLinearLeakyRelu"
+    attrs = {"alpha": 0.125} if step == "leaky" else {}
+    return dataclasses.replace(y, name=g.add_known(op, [q.name, q.scale, q.zero, y.scale, y.zero], shape, U8, **attrs))
+
+
+# ---- dynamic: DynamicQuantizeLinear before each ConvInteger, the scales applied in float
+
+
+def _dynamic_step(g: QGraph, x: str) -> str | None:
+    """``x`` (float) through DynamicQuantizeLinear, ConvInteger, the scales and a bias; or a
+    Relu, or an Add of two float values."""
+    step = _pick(g.rng, ["conv", "conv", "conv", "relu", "add"])
+    if step == "relu":
+        return g.add("Relu", [x])[0]
+    if step == "add":
+        same = [v for v in g.shapes if g.shape_of(v) == g.shape_of(x) and g.elems[v] == F32] or [x]
+        return g.add("Add", [x, _pick(g.rng, same)])[0]
+    q, q_scale, q_zero = g.add("DynamicQuantizeLinear", [x], 3)
+    groups, out, kernel, attrs = _conv_geometry(g, g.shape_of(x))
+    wtype = _pick(g.rng, [np.uint8, np.int8])
+    w = g.ints8((out, g.shape_of(x)[1] // groups, *kernel), wtype)
+    made = g.add("ConvInteger", [q, w, q_zero, g.zero(wtype)], **attrs)
+    if made is None:
+        return None
+    y = g.add("Cast", made, to=F32)[0]
+    scale = g.add("Mul", [q_scale, g.scale()])[0]
+    y = g.add("Mul", [y, scale])[0]
+    if g.rng.random() < 0.6:
+        bias = g.const(g.rng.integers(-64, 64, out) / 256, np.float32)  # (C,) to (1, C, 1, ...)
+        y = g.add("Add", [y, g.add("Reshape", [bias, g.ints([1, -1] + [1] * len(kernel))])[0]])[0]
+    return y
+
+
+def draw(seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The quantized graph of ``seed`` and its input."""
+    rng = np.random.default_rng(seed)
+    form = _pick(rng, FORMS)
+    g = QGraph(rng, int(_pick(rng, OPSETS[form])), form)
+    spatial = [int(rng.integers(3, 9)) for _ in range(_pick(rng, [1, 2, 2, 2, 3]))]
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 7)), *spatial)
+    g.inputs.append(helper.make_tensor_value_info("x", F32, shape))
+    g.shapes["x"], g.elems["x"] = shape, F32
+    x = (rng.standard_normal(shape) * 2).astype(np.float32)
+    outputs = []
+    if form == "dynamic":
+        value = "x"
+        for _ in range(int(rng.integers(1, 8))):
+            floats = [v for v in g.shapes if g.elems[v] == F32 and len(g.shapes[v]) == len(shape) and v != "x"]
+            value = _dynamic_step(g, value if rng.random() < 0.6 or not floats else _pick(rng, floats)) or value
+        return _named(g.model([value]), form), {"x": x}
+    first = _quantize(g, "x")
+    g.values.append(first)
+    step = _qdq_step if form == "qdq" else _qop_step
+    for _ in range(int(rng.integers(1, 12))):
+        source = g.values[-1] if rng.random() < 0.6 else _pick(rng, g.values)
+        made = step(g, source)
+        if made is not None:
+            g.values.append(made)
+            if rng.random() < 0.15:
+                outputs.append(made.name)  # an 8-bit value on the way, as the graph has it
+    last = g.values[-1]
+    end = g.add(
+        "DequantizeLinear", [last.name, last.scale, last.zero], **({"axis": 1} if last.axis is not None else {})
+    )
+    return _named(g.model([end[0], *[o for o in outputs if o != last.name]]), form), {"x": x}
+
+
+def _named(model: onnx.ModelProto, form: str) -> onnx.ModelProto:
+    model.doc_string = form
+    return model
+
+
+# How far a configuration may differ from the references where it does not equal them: a few
+# values (at most NEAR_SHARE of an output) by at most NEAR of the output's largest magnitude.
+# At a near tie an 8-bit value can round to the other side (a sigmoid's or an average's last
+# bit, XLA's fused multiply-adds in the dynamic form's float ops), and what is computed from
+# that value moves by a unit of its own scale.
+NEAR, NEAR_SHARE = 0.1, 0.3
+# Or every value within float32 rounding: the dynamic form's float values (its scales computed
+# from the data) can differ by a unit in their last place everywhere after one such move.
+FLOAT_NEAR = 1e-5
+
+
+def _differences(got: list, want: list) -> tuple[str | None, bool]:
+    """Where ``got`` differs from ``want`` at all, or None; and whether the differences are
+    near (``NEAR`` and ``NEAR_SHARE``, or ``FLOAT_NEAR``)."""
+    found, near = [], True
+    for i, (a, b) in enumerate(zip(got, want)):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            found.append(f"output {i}: {a.dtype}{list(a.shape)} against {b.dtype}{list(b.shape)}")
+            near = False
+        elif not np.array_equal(a, b):
+            gap = np.abs(a.astype(np.float64) - b.astype(np.float64))
+            found.append(f"output {i}: {int(np.sum(gap > 0))} of {a.size} values differ, by up to {gap.max():.3g}")
+            scale = max(1.0, float(np.abs(b.astype(np.float64)).max()))
+            few = np.sum(gap > 0) <= max(1.0, NEAR_SHARE * a.size) and gap.max() <= NEAR * scale
+            near &= bool(few or gap.max() <= FLOAT_NEAR * scale)
+    return "; ".join(found) or None, near
+
+
+def _onnxruntime_unfused(model: onnx.ModelProto, feeds: dict) -> list | None:
+    """onnxruntime's outputs with its graph optimizations off, or None where it refuses the
+    graph. Optimized, it fuses QDQ pairs into its QLinear kernels (their fixed-point rounding,
+    and their own refusals: per-channel activations); unfused, a QDQ graph runs as the float
+    operators it holds, which is what ONNX defines."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return session.run(None, feeds)
+    except Exception:  # noqa: BLE001 -- a draw it does not implement
+        return None
+
+
+def check(seed: int) -> tuple[str, str | None]:
+    """``(verdict, detail)``: ``ok`` (every configuration equals onnxruntime, or where it
+    refuses the graph the ReferenceEvaluator), ``near`` (the configurations equal one another
+    and differ from the references within ``NEAR``), ``references fail``, ``differs`` (a
+    configuration against another, or against the references by more) or ``raises``."""
+    model, feeds = draw(seed)
+    want = _onnxruntime_unfused(model, feeds)
+    if want is None:
+        try:
+            want = [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
+        except Exception:  # noqa: BLE001
+            return "references fail", None
+    got = {}
+    for config, option in CONFIGS.items():
+        try:
+            got[config] = [np.asarray(y) for y in jonnx.load(model, optimize=option)(*feeds.values())]
+        except Exception as e:  # noqa: BLE001 -- every error is a finding
+            return "raises", f"{config}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    plain = got["unoptimized"]
+    for config, outputs in got.items():  # the passes must not move a single bit
+        if (why := _differences(outputs, plain)[0]) is not None:
+            return "differs", f"{config} against unoptimized: {why}"
+    why, near = _differences(plain, want)
+    if why is None:
+        return "ok", None
+    return ("near", why) if near else ("differs", f"against the references: {why}")
+
+
+def describe(seed: int) -> str:
+    model, feeds = draw(seed)
+    ops = [n.op_type for n in model.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
+    return f"seed {seed}, {model.doc_string}, opset {model.opset_import[0].version}, x {list(feeds['x'].shape)}: {' -> '.join(ops)}"
+
+
+def run(seed: int, cases: int, *, trace: bool = False) -> tuple[collections.Counter, list[str]]:
+    """Check the graphs of seeds ``seed * 100_000 + k``; the count of each verdict and the
+    findings, printed as they come."""
+    verdicts: collections.Counter = collections.Counter()
+    findings = []
+    for k in range(cases):
+        case_seed = seed * 100_000 + k
+        if trace:
+            print(describe(case_seed), flush=True)
+        verdict, detail = check(case_seed)
+        verdicts[verdict] += 1
+        if detail:
+            findings.append(f"{verdict}: {describe(case_seed)}\n    {detail}")
+            print(findings[-1], flush=True)
+    return verdicts, findings
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cases", type=int, default=100)
+    parser.add_argument("--trace", action="store_true", help="print each graph before running it")
+    add_lowering_option(parser)
+    args = parser.parse_args()
+    lower_as(args.lowering)
+    warnings.filterwarnings("ignore")
+    ort.set_default_logger_severity(4)
+    verdicts, _ = run(args.seed, args.cases, trace=args.trace)
+    print(f"{sum(verdicts.values())} graphs (seed {args.seed}): {dict(verdicts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
