@@ -845,7 +845,9 @@ def test_qlinear_binary(op, t, broadcast):
         "sc": np.float32(sc * 4),
         "zc": zc,
     }
-    check(op, inputs, initializers=("sa", "za", "sb", "zb", "sc", "zc"), **QTOL)
+    # Exact: with the zero point added before rounding, as onnxruntime does (120 random models,
+    # 30,720 values, none a unit apart; rounding first left some at ties a unit off).
+    check(op, inputs, initializers=("sa", "za", "sb", "zb", "sc", "zc"), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("t", [np.uint8, np.int8])
