@@ -22,7 +22,9 @@ product and sum is an integer multiple of a power of two that float32 holds exac
 engine rounds the same numbers. The outputs (the last value dequantized, and some 8-bit values
 on the way) of jonnx's ``Model(*inputs)`` (the default passes: channels-last,
 ``quantized_convs``), with ``constant_weights``, without ``quantized_convs`` and with
-``optimize=False`` must equal one another to the bit: the passes may not move a value. Against
+``optimize=False`` must equal one another to the bit (the dynamic form's float ops within the
+same ``near`` as below: XLA's fused multiply-adds follow its fusions): the passes may not move
+a value. Against
 onnxruntime (its graph optimizations off, ``_onnxruntime_unfused``; the ReferenceEvaluator where
 it refuses the graph) they are ``ok`` when equal and ``near`` (not a finding) where a few values
 differ within ``NEAR`` and ``NEAR_SHARE``, or all within ``FLOAT_NEAR``: a value on a near tie
@@ -414,14 +416,20 @@ def check(seed: int) -> tuple[str, str | None]:
             got[config] = [np.asarray(y) for y in jonnx.load(model, optimize=option)(*feeds.values())]
         except Exception as e:  # noqa: BLE001 -- every error is a finding
             return "raises", f"{config}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    plain = got["unoptimized"]
+    plain, moved = got["unoptimized"], []
     for config, outputs in got.items():  # the passes must not move a single bit
-        if (why := _differences(outputs, plain)[0]) is not None:
+        why, near = _differences(outputs, plain)
+        # (The dynamic form's float Mul and Add: whether XLA contracts them into a fused
+        # multiply-add depends on what it fuses, which the passes change, and a last bit moved
+        # there can move a DynamicQuantizeLinear's rounding: near, as against the references.)
+        if why is not None and not (near and model.doc_string == "dynamic"):
             return "differs", f"{config} against unoptimized: {why}"
+        moved += [f"{config} against unoptimized: {why}"] if why else []
     why, near = _differences(plain, want)
-    if why is None:
+    if why is None and not moved:
         return "ok", None
-    return ("near", why) if near else ("differs", f"against the references: {why}")
+    found = "; ".join(moved + ([why] if why else []))
+    return ("near", found) if near else ("differs", f"against the references: {why}")
 
 
 def describe(seed: int) -> str:
