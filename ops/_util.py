@@ -187,7 +187,8 @@ def opaque(x: Any) -> Any:
 
 
 def exact_divide(x, divisor):
-    """``x / divisor``, correctly rounded, as ONNX's Div and quantization want it.
+    """``x / divisor``, correctly rounded, where a quotient is then rounded to an integer
+    (quantization).
 
     XLA's algebraic simplifier turns ``x / broadcast(s)`` into ``x * broadcast(1 / s)`` and ``x
     / c`` for a constant ``c`` into ``x * (1 / c)``, one unit in the last place off in about
@@ -196,7 +197,7 @@ def exact_divide(x, divisor):
     a number and 1 where it is NaN (whose quotient is NaN either way): no broadcast or constant
     for the simplifier to take, and computed inside the dividing loop. (An optimization barrier
     on the broadcast divisor kept the division too but wrote the divisor out in full: a 256 x
-    56 x 56 quantization 0.24 against 0.14 ms.)
+    56 x 56 quantization 0.24 against 0.14 ms.) Not in the Div node (docs/known_issues.md).
     """
     divisor = jnp.asarray(divisor)
     return x / jnp.where(jnp.isnan(x), jnp.ones_like(divisor), divisor)
