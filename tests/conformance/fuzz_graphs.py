@@ -772,6 +772,12 @@ def describe(seed: int) -> str:
 def run(seed: int, cases: int, *, trace: bool = False) -> tuple[collections.Counter, list[str]]:
     """Check the graphs of seeds ``seed * 100_000 + k``; the count of each verdict and the
     findings, printed as they come."""
+    return run_seeds(seed, cases, check, describe, trace=trace)
+
+
+def run_seeds(seed: int, cases: int, check, describe, *, trace: bool = False) -> tuple[collections.Counter, list[str]]:
+    """:func:`run` for any graph fuzz: ``check(seed) -> (verdict, detail)`` and
+    ``describe(seed) -> str`` for seeds ``seed * 100_000 + k``."""
     verdicts: collections.Counter = collections.Counter()
     findings = []
     for k in range(cases):

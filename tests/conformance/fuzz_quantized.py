@@ -52,7 +52,7 @@ from onnx.reference import ReferenceEvaluator
 
 import jonnx
 from tests.conformance.fuzz import add_lowering_option, lower_as
-from tests.conformance.fuzz_graphs import Graph, _pick
+from tests.conformance.fuzz_graphs import Graph, _pick, run_seeds
 
 MS = "com.microsoft"
 FORMS = ("qdq", "qoperator", "dynamic")
@@ -441,18 +441,7 @@ def describe(seed: int) -> str:
 def run(seed: int, cases: int, *, trace: bool = False) -> tuple[collections.Counter, list[str]]:
     """Check the graphs of seeds ``seed * 100_000 + k``; the count of each verdict and the
     findings, printed as they come."""
-    verdicts: collections.Counter = collections.Counter()
-    findings = []
-    for k in range(cases):
-        case_seed = seed * 100_000 + k
-        if trace:
-            print(describe(case_seed), flush=True)
-        verdict, detail = check(case_seed)
-        verdicts[verdict] += 1
-        if detail:
-            findings.append(f"{verdict}: {describe(case_seed)}\n    {detail}")
-            print(findings[-1], flush=True)
-    return verdicts, findings
+    return run_seeds(seed, cases, check, describe, trace=trace)
 
 
 def main() -> int:
