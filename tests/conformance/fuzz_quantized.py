@@ -63,7 +63,7 @@ CONFIGS = {
     "no quantized_convs": {"quantized_convs": False},
     "unoptimized": False,
 }
-U8, I8, I32, F32 = (onnx.TensorProto.UINT8, onnx.TensorProto.INT8, onnx.TensorProto.INT32, onnx.TensorProto.FLOAT)
+U8, F32 = onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +113,13 @@ class QGraph(Graph):
         low, high = (100, 156) if dtype == np.uint8 else (-20, 21)
         return self.const(self.rng.integers(low, high, shape), dtype)
 
+    def value(self, name: str) -> np.ndarray:
+        """An initializer's value."""
+        return next(numpy_helper.to_array(i) for i in self.inits if i.name == name)
+
     def ints8(self, shape, dtype) -> str:
         low, high = (0, 256) if dtype == np.uint8 else (-128, 128)
         return self.const(self.rng.integers(low, high, shape), dtype)
-
-
-def _scalar(g: QGraph, name: str) -> float:
-    return float(next(numpy_helper.to_array(i) for i in g.inits if i.name == name))
 
 
 # ---- QDQ: float operators between DequantizeLinear and QuantizeLinear
@@ -173,16 +173,12 @@ def _qdq_conv(g: QGraph, q: Quantized) -> str | None:
     if g.rng.random() < 0.4:  # a float bias of multiples of 1/256
         inputs.append(g.const(g.rng.integers(-64, 64, out) / 256, np.float32))
     elif g.rng.random() < 0.5 and q.axis is None:  # quantize_static's: int32, scaled by x_scale * w_scale
-        b_scale = g.const(_scalar(g, q.scale) * numpy_helper.to_array(_init(g, w_scale)), np.float32)
-        zeros = g.const(np.zeros(np.shape(numpy_helper.to_array(_init(g, w_scale)))), np.int32)
+        b_scale = g.const(g.value(q.scale) * g.value(w_scale), np.float32)
+        zeros = g.const(np.zeros(np.shape(g.value(w_scale))), np.int32)
         b = g.const(g.rng.integers(-500, 500, out), np.int32)
         inputs.append(g.add("DequantizeLinear", [b, b_scale, zeros], **({"axis": 0} if per_channel else {}))[0])
     made = g.add("Conv", inputs, **attrs)
     return made and made[0]
-
-
-def _init(g: QGraph, name: str) -> onnx.TensorProto:
-    return next(i for i in g.inits if i.name == name)
 
 
 def _qdq_step(g: QGraph, q: Quantized) -> Quantized | None:
@@ -246,7 +242,7 @@ def _qop_step(g: QGraph, q: Quantized) -> Quantized | None:
         w = g.ints8((out, shape[1] // groups, *kernel), wtype)
         w_zero = g.zero(wtype, (out,) if per_channel and wtype == np.int8 else ())
         if wtype == np.int8:
-            w_zero = g.const(np.zeros(np.shape(numpy_helper.to_array(_init(g, w_zero)))), np.int8)
+            w_zero = g.const(np.zeros(np.shape(g.value(w_zero))), np.int8)
         inputs = [q.name, q.scale, q.zero, w, g.scale((out,) if per_channel else ()), w_zero, y.scale, y.zero]
         if g.rng.random() < 0.6:
             inputs.append(g.const(g.rng.integers(-500, 500, out), np.int32))
