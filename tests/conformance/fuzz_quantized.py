@@ -1,7 +1,7 @@
 """Differential fuzzing of quantized CNN graphs through the optimization passes.
 
 A developer's tool, not a test: ``python -m tests.conformance.fuzz_quantized [--seed S]
-[--cases N] [--lowering elsewhere] [--trace]`` draws graphs of up to 12 steps in the three
+[--cases N] [--wide] [--lowering elsewhere] [--trace]`` draws graphs of up to 12 steps in the three
 forms onnxruntime's quantization tools write, each step reading a random earlier value:
 
 - **QDQ** (``quantize_static``'s default): float operators between DequantizeLinear and
@@ -64,6 +64,12 @@ CONFIGS = {
     "unoptimized": False,
 }
 U8, F32 = onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT
+# --wide: at times 16-128 channels, grouped by 2, 4 or 8 as well as depthwise, so that the
+# convolutions reach the lowerings chosen by size (ops/quantize.py): windows deeper than one
+# exact float32 convolution holds (the 4-bit halves), products deeper than one exact bfloat16
+# dot (summed in chunks). Without it the graphs keep to 1-6 channels.
+WIDE = False
+WIDE_CHANNELS = (16, 32, 64, 128)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,12 +148,24 @@ def _quantize(g: QGraph, x: str) -> Quantized | None:
     return made and dataclasses.replace(q, name=made[0])
 
 
+def _channels(rng: np.random.Generator) -> int:
+    """A channel count: 1-6, or under --wide at times one of WIDE_CHANNELS."""
+    if WIDE and rng.random() < 0.7:
+        return int(_pick(rng, WIDE_CHANNELS))
+    return int(rng.integers(1, 7))
+
+
 def _conv_geometry(g: QGraph, shape) -> tuple[int, int, list[int], dict]:
     """Groups, output channels, kernel and attributes of a small convolution over ``shape``."""
     channels, spatial = shape[1], shape[2:]
-    groups = _pick(g.rng, [1, 1, 1, channels, *[k for k in (2, 3) if channels % k == 0]])
-    out = groups * int(g.rng.integers(1, 3)) if groups > 1 else int(g.rng.integers(1, 7))
+    if WIDE:  # small groups of many channels: windows deeper than one exact float32 sum
+        groups = _pick(g.rng, [1, 1, channels, *[k for k in (2, 2, 4, 8) if channels % k == 0]])
+    else:
+        groups = _pick(g.rng, [1, 1, 1, channels, *[k for k in (2, 3) if channels % k == 0]])
+    out = groups * int(g.rng.integers(1, 3)) if groups > 1 else _channels(g.rng)
     kernel = [int(g.rng.integers(1, min(3, s) + 1)) for s in spatial]
+    if WIDE and g.rng.random() < 0.5:  # the full 3 x 3 (x 3) windows the deep lowerings need
+        kernel = [min(3, s) for s in spatial]
     attrs: dict = {"kernel_shape": kernel, "group": groups}
     if g.rng.random() < 0.4:
         attrs["strides"] = [int(g.rng.integers(1, 3)) for _ in spatial]
@@ -164,9 +182,14 @@ def _qdq_conv(g: QGraph, q: Quantized) -> str | None:
     per_channel = g.opset >= 13 and g.rng.random() < 0.5
     w_scale = g.scale((out,) if per_channel else ())
     w_zero = g.const(np.zeros((out,) if per_channel else ()), np.int8)
+    # Weights small enough that the float convolution of the unoptimized graph sums exactly too
+    # (every partial sum below 2**24 units): deep --wide windows draw from a narrower range.
+    fan_in = shape[1] // groups * int(np.prod(kernel))
+    reach = int(min(128, (2**24 - 1) // (fan_in * 256)))
+    weights = g.const(g.rng.integers(-reach, min(reach + 1, 128), (out, shape[1] // groups, *kernel)), np.int8)
     w = g.add(
         "DequantizeLinear",
-        [g.ints8((out, shape[1] // groups, *kernel), np.int8), w_scale, w_zero],
+        [weights, w_scale, w_zero],
         **({"axis": 0} if per_channel else {}),
     )[0]
     inputs = [_dequantize(g, q), w]
@@ -318,7 +341,7 @@ def draw(seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     form = _pick(rng, FORMS)
     g = QGraph(rng, int(_pick(rng, OPSETS[form])), form)
     spatial = [int(rng.integers(3, 9)) for _ in range(_pick(rng, [1, 2, 2, 2, 3]))]
-    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 7)), *spatial)
+    shape = (int(rng.integers(1, 3)), _channels(rng), *spatial)
     g.inputs.append(helper.make_tensor_value_info("x", F32, shape))
     g.shapes["x"], g.elems["x"] = shape, F32
     x = (rng.standard_normal(shape) * 2).astype(np.float32)
@@ -445,9 +468,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=100)
     parser.add_argument("--trace", action="store_true", help="print each graph before running it")
+    parser.add_argument(
+        "--wide", action="store_true", help="draw 16-128 channels, more groups and full 3x3 windows at times"
+    )
     add_lowering_option(parser)
     args = parser.parse_args()
     lower_as(args.lowering)
+    global WIDE
+    WIDE = args.wide
     warnings.filterwarnings("ignore")
     ort.set_default_logger_severity(4)
     verdicts, _ = run(args.seed, args.cases, trace=args.trace)
