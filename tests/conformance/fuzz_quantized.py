@@ -1,7 +1,7 @@
 """Differential fuzzing of quantized CNN graphs through the optimization passes.
 
 A developer's tool, not a test: ``python -m tests.conformance.fuzz_quantized [--seed S]
-[--cases N] [--wide] [--lowering elsewhere] [--trace]`` draws graphs of up to 12 steps in the three
+[--cases N] [--wide] [--encoders] [--lowering elsewhere] [--trace]`` draws graphs of up to 12 steps in the three
 forms onnxruntime's quantization tools write, each step reading a random earlier value:
 
 - **QDQ** (``quantize_static``'s default): float operators between DequantizeLinear and
@@ -16,6 +16,10 @@ forms onnxruntime's quantization tools write, each step reading a random earlier
   QLinearConcat;
 - **dynamic** (``quantize_dynamic``): DynamicQuantizeLinear, ConvInteger, Cast, the scales'
   product, a bias through a Reshape of a constant, Relu, Add.
+
+``--encoders`` draws the same forms over (B, T, D) values, with products where the CNNs have
+convolutions: MatMul of dequantized weights (per column from opset 13), QLinearMatMul, and
+DynamicQuantizeLinear + MatMulInteger as quantize_dynamic writes a transformer's projections.
 
 Every scale is a power of two and the drawn fan-ins are small, so every dequantized value,
 product and sum is an integer multiple of a power of two that float32 holds exactly, and each
@@ -69,6 +73,9 @@ U8, F32 = onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT
 # exact float32 convolution holds (the 4-bit halves), products deeper than one exact bfloat16
 # dot (summed in chunks). Without it the graphs keep to 1-6 channels.
 WIDE = False
+# --encoders: (B, T, D) values through 8-bit products (MatMul of dequantized weights,
+# QLinearMatMul, MatMulInteger) instead of convolutions; --wide draws 64-128 features then.
+ENCODERS = False
 WIDE_CHANNELS = (16, 32, 64, 128)
 
 
@@ -335,11 +342,115 @@ def _dynamic_step(g: QGraph, x: str) -> str | None:
     return y
 
 
+# ---- --encoders: the same three forms over (B, T, D) values, products instead of convolutions
+
+
+def _width(g: QGraph) -> int:
+    return int(_pick(g.rng, (4, 8, 16) + ((64, 128) if WIDE else ())))
+
+
+def _same_shape(g: QGraph, q: Quantized) -> Quantized:
+    return _pick(g.rng, [v for v in g.values if g.shape_of(v.name) == g.shape_of(q.name)] or [q])
+
+
+def _qdq_encoder_step(g: QGraph, q: Quantized) -> Quantized | None:
+    """MatMul of dequantized 8-bit weights (per tensor, or per column from opset 13) with a
+    float bias or none; Add or Mul of two values; an activation."""
+    step = _pick(g.rng, ["matmul", "matmul", "matmul", "add", "mul", "activation"])
+    if step == "matmul":
+        d, n = g.shape_of(q.name)[-1], _width(g)
+        per_column = g.opset >= 13 and g.rng.random() < 0.5
+        reach = int(min(128, (2**24 - 1) // (d * 256)))  # exact float sums in the plain graph
+        weights = g.const(g.rng.integers(-reach, min(reach + 1, 128), (d, n)), np.int8)
+        zeros = g.const(np.zeros((n,) if per_column else ()), np.int8)
+        w = g.add(
+            "DequantizeLinear",
+            [weights, g.scale((n,) if per_column else ()), zeros],
+            **({"axis": 1} if per_column else {}),
+        )
+        y = g.add("MatMul", [_dequantize(g, q), w[0]])[0]
+        if g.rng.random() < 0.5:
+            y = g.add("Add", [y, g.const(g.rng.integers(-64, 64, n) / 256, np.float32)])[0]
+    elif step in ("add", "mul"):
+        y = g.add("Add" if step == "add" else "Mul", [_dequantize(g, q), _dequantize(g, _same_shape(g, q))])[0]
+    else:
+        y = _activation(g, _dequantize(g, q))
+    return y and _quantize(g, y)
+
+
+def _qop_encoder_step(g: QGraph, q: Quantized) -> Quantized | None:
+    """QLinearMatMul (uint8 or int8 weights, per tensor or per column), com.microsoft QLinearAdd,
+    QLinearMul, QLinearSigmoid, QLinearLeakyRelu."""
+    shape = g.shape_of(q.name)
+    step = _pick(g.rng, ["matmul", "matmul", "matmul", "add", "mul", "sigmoid", "leaky"])
+    y = Quantized("", g.scale(), g.zero(np.uint8))
+    if step == "matmul":
+        n = _width(g)
+        wtype = _pick(g.rng, [np.int8, np.int8, np.uint8])
+        per_column = g.rng.random() < 0.5
+        w_zero = g.const(np.zeros((n,) if per_column else ()), np.int8) if wtype == np.int8 else g.zero(np.uint8)
+        scale = g.scale((n,) if per_column and wtype == np.int8 else ())
+        inputs = [q.name, q.scale, q.zero, g.ints8((shape[-1], n), wtype), scale, w_zero, y.scale, y.zero]
+        made = g.add("QLinearMatMul", inputs)
+        return made and dataclasses.replace(y, name=made[0])
+    if step in ("add", "mul"):
+        other = _same_shape(g, q)
+        inputs = [q.name, q.scale, q.zero, other.name, other.scale, other.zero, y.scale, y.zero]
+        op = "QLinearAdd" if step == "add" else "QLinearMul"
+        return dataclasses.replace(y, name=g.add_known(op, inputs, shape, U8))
+    op = "QLinearSigmoid" if step == "sigmoid" else "QLinearLeakyRelu"
+    attrs = {"alpha": 0.125} if step == "leaky" else {}
+    return dataclasses.replace(y, name=g.add_known(op, [q.name, q.scale, q.zero, y.scale, y.zero], shape, U8, **attrs))
+
+
+def _dynamic_encoder_step(g: QGraph, x: str) -> str | None:
+    """``x`` through DynamicQuantizeLinear, MatMulInteger, the scales and a bias (as
+    quantize_dynamic writes a transformer's projections); or a Relu, or an Add."""
+    step = _pick(g.rng, ["matmul", "matmul", "matmul", "relu", "add"])
+    if step == "relu":
+        return g.add("Relu", [x])[0]
+    if step == "add":
+        same = [v for v in g.shapes if g.shape_of(v) == g.shape_of(x) and g.elems[v] == F32] or [x]
+        return g.add("Add", [x, _pick(g.rng, same)])[0]
+    q, q_scale, q_zero = g.add("DynamicQuantizeLinear", [x], 3)
+    n, wtype = _width(g), _pick(g.rng, [np.int8, np.int8, np.uint8])
+    made = g.add("MatMulInteger", [q, g.ints8((g.shape_of(x)[-1], n), wtype), q_zero, g.zero(wtype)])
+    y = g.add("Mul", [g.add("Cast", made, to=F32)[0], g.add("Mul", [q_scale, g.scale()])[0]])[0]
+    if g.rng.random() < 0.6:
+        y = g.add("Add", [y, g.const(g.rng.integers(-64, 64, n) / 256, np.float32)])[0]
+    return y
+
+
+def _draw_encoder(rng: np.random.Generator, form: str, g: QGraph) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 9)), _width(g))
+    g.inputs.append(helper.make_tensor_value_info("x", F32, shape))
+    g.shapes["x"], g.elems["x"] = shape, F32
+    x = (rng.standard_normal(shape) * 2).astype(np.float32)
+    if form == "dynamic":
+        value = "x"
+        for _ in range(int(rng.integers(1, 8))):
+            value = _dynamic_encoder_step(g, value) or value
+        return _named(g.model([value]), form), {"x": x}
+    g.values.append(_quantize(g, "x"))
+    step = _qdq_encoder_step if form == "qdq" else _qop_encoder_step
+    for _ in range(int(rng.integers(1, 10))):
+        made = step(g, g.values[-1] if rng.random() < 0.6 else _pick(rng, g.values))
+        if made is not None:
+            g.values.append(made)
+    last = g.values[-1]
+    end = g.add(
+        "DequantizeLinear", [last.name, last.scale, last.zero], **({"axis": 1} if last.axis is not None else {})
+    )
+    return _named(g.model([end[0]]), form), {"x": x}
+
+
 def draw(seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The quantized graph of ``seed`` and its input."""
     rng = np.random.default_rng(seed)
     form = _pick(rng, FORMS)
     g = QGraph(rng, int(_pick(rng, OPSETS[form])), form)
+    if ENCODERS:
+        return _draw_encoder(rng, form, g)
     spatial = [int(rng.integers(3, 9)) for _ in range(_pick(rng, [1, 2, 2, 2, 3]))]
     shape = (int(rng.integers(1, 3)), _channels(rng), *spatial)
     g.inputs.append(helper.make_tensor_value_info("x", F32, shape))
@@ -471,11 +582,12 @@ def main() -> int:
     parser.add_argument(
         "--wide", action="store_true", help="draw 16-128 channels, more groups and full 3x3 windows at times"
     )
+    parser.add_argument("--encoders", action="store_true", help="(B, T, D) values through 8-bit products instead")
     add_lowering_option(parser)
     args = parser.parse_args()
     lower_as(args.lowering)
-    global WIDE
-    WIDE = args.wide
+    global WIDE, ENCODERS
+    WIDE, ENCODERS = args.wide, args.encoders
     warnings.filterwarnings("ignore")
     ort.set_default_logger_severity(4)
     verdicts, _ = run(args.seed, args.cases, trace=args.trace)

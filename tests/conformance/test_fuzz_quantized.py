@@ -28,3 +28,14 @@ def test_a_tie_rounded_after_the_zero_point_is_found():
     # point) found jonnx rounding before adding the zero point, a unit off onnxruntime for 12%
     # of the values; it is exact now.
     assert fuzz_quantized.check(300106) == ("ok", None)
+
+
+def test_quantized_encoders_are_the_same_with_passes_on_and_off(monkeypatch):
+    # --encoders: (B, T, D) values through MatMul of dequantized weights, QLinearMatMul and
+    # MatMulInteger, in the three forms.
+    monkeypatch.setattr(fuzz_quantized, "ENCODERS", True)
+    verdicts, findings = fuzz_quantized.run(seed=2027, cases=6)
+    assert not findings or all(f.startswith("near") for f in findings), findings
+    assert verdicts["ok"] >= 4
+    ops = set().union(*({n.op_type for n in fuzz_quantized.draw(2027 * 100_000 + k)[0].graph.node} for k in range(6)))
+    assert {"MatMul", "QLinearMatMul", "MatMulInteger"} <= ops
