@@ -317,15 +317,20 @@ def _qop_step(g: QGraph, q: Quantized) -> Quantized | None:
 # ---- dynamic: DynamicQuantizeLinear before each ConvInteger, the scales applied in float
 
 
+def _float_step(g: QGraph, x: str, step: str) -> str:
+    """The dynamic form's float steps: a Relu, or an Add of two values of one shape."""
+    if step == "relu":
+        return g.add("Relu", [x])[0]
+    same = [v for v in g.shapes if g.shape_of(v) == g.shape_of(x) and g.elems[v] == F32] or [x]
+    return g.add("Add", [x, _pick(g.rng, same)])[0]
+
+
 def _dynamic_step(g: QGraph, x: str) -> str | None:
     """``x`` (float) through DynamicQuantizeLinear, ConvInteger, the scales and a bias; or a
     Relu, or an Add of two float values."""
     step = _pick(g.rng, ["conv", "conv", "conv", "relu", "add"])
-    if step == "relu":
-        return g.add("Relu", [x])[0]
-    if step == "add":
-        same = [v for v in g.shapes if g.shape_of(v) == g.shape_of(x) and g.elems[v] == F32] or [x]
-        return g.add("Add", [x, _pick(g.rng, same)])[0]
+    if step != "conv":
+        return _float_step(g, x, step)
     q, q_scale, q_zero = g.add("DynamicQuantizeLinear", [x], 3)
     groups, out, kernel, attrs = _conv_geometry(g, g.shape_of(x))
     wtype = _pick(g.rng, [np.uint8, np.int8])
@@ -407,11 +412,8 @@ def _dynamic_encoder_step(g: QGraph, x: str) -> str | None:
     """``x`` through DynamicQuantizeLinear, MatMulInteger, the scales and a bias (as
     quantize_dynamic writes a transformer's projections); or a Relu, or an Add."""
     step = _pick(g.rng, ["matmul", "matmul", "matmul", "relu", "add"])
-    if step == "relu":
-        return g.add("Relu", [x])[0]
-    if step == "add":
-        same = [v for v in g.shapes if g.shape_of(v) == g.shape_of(x) and g.elems[v] == F32] or [x]
-        return g.add("Add", [x, _pick(g.rng, same)])[0]
+    if step != "matmul":
+        return _float_step(g, x, step)
     q, q_scale, q_zero = g.add("DynamicQuantizeLinear", [x], 3)
     n, wtype = _width(g), _pick(g.rng, [np.int8, np.int8, np.uint8])
     made = g.add("MatMulInteger", [q, g.ints8((g.shape_of(x)[-1], n), wtype), q_zero, g.zero(wtype)])
