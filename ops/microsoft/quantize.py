@@ -253,10 +253,12 @@ def _q_zero_first(y, scale, zero, like):
     power-of-two scales ties are common (a pair's average is one half the time): rounding
     first, 8% of QLinearAdd's and 4% of QLinearMul's values were a unit off onnxruntime's."""
     target = dtype_of(like) if zero is None else dtype_of(zero)
-    zero = jnp.zeros((), jnp.float32) if zero is None else jnp.asarray(zero).astype(jnp.float32)
-    info = np.iinfo(target)
-    q = jnp.round(exact_divide(y, jnp.asarray(scale).astype(jnp.float32)) + zero)
-    return jnp.clip(q, info.min, info.max).astype(target)
+    shifted = exact_divide(y, jnp.asarray(scale).astype(jnp.float32))
+    if zero is not None:
+        shifted = shifted + jnp.asarray(zero).astype(jnp.float32)
+    # QuantizeLinear of the shifted value by a unit scale and a zero zero point: it rounds and
+    # saturates into the target type (the division by 1 is exact).
+    return _q(shifted, np.float32(1), np.zeros((), target), like)
 
 
 def _qlinear_binary(fn):

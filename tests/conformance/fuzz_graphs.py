@@ -608,12 +608,9 @@ def check(seed: int) -> tuple[str, str | None]:
             want = [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
         except Exception:  # noqa: BLE001
             return "references fail", None
-    got = {}
-    for config, option in CONFIGS.items():
-        try:
-            got[config] = jonnx.load(model, optimize=option)(*feeds.values())
-        except Exception as e:  # noqa: BLE001 -- every error is a finding
-            return "raises", f"{config}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    got, error = outputs_by_config(model, feeds, CONFIGS)
+    if error:
+        return "raises", error
     tolerance = HALF_TOLERANCE if HALF else FLOAT32_TOLERANCE
     found = _mismatches(got, want, tolerance)
     if found:
@@ -629,6 +626,18 @@ def check(seed: int) -> tuple[str, str | None]:
     with jax.enable_x64(True):  # float64 derivatives, whatever the caller set
         verdict = _check_gradient(seed, want)
     return ("reference disagrees", None) if found and verdict[0] == "ok" else verdict
+
+
+def outputs_by_config(model: onnx.ModelProto, feeds: dict, configs: dict) -> tuple[dict[str, list], str | None]:
+    """Each configuration's outputs (``jonnx.load(model, optimize=option)(*feeds)``, as numpy
+    arrays), or the first error, described for a finding."""
+    got = {}
+    for config, option in configs.items():
+        try:
+            got[config] = [np.asarray(y) for y in jonnx.load(model, optimize=option)(*feeds.values())]
+        except Exception as e:  # noqa: BLE001 -- every error is a finding
+            return got, f"{config}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return got, None
 
 
 def _mismatches(got: dict[str, list], want: list, tolerance: float = FLOAT32_TOLERANCE) -> str | None:
@@ -792,26 +801,41 @@ def run_seeds(seed: int, cases: int, check, describe, *, trace: bool = False) ->
     return verdicts, findings
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_cli(description: str, run, add_options, configure) -> int:
+    """A graph fuzzer's command line: ``--seed``, ``--cases``, ``--trace`` and ``--lowering``,
+    the fuzzer's own options (``add_options(parser)``, applied by ``configure(args)``), then
+    ``run(seed, cases, trace=...)`` and the verdicts' counts."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=100)
     parser.add_argument("--trace", action="store_true", help="print each graph before running it")
-    parser.add_argument(
-        "--wide", action="store_true", help="draw CNNs of 16-64 (and 512) channels and 28-32 cell maps at times"
-    )
-    parser.add_argument("--half", action="store_true", help="the graphs in float16 (values only)")
+    add_options(parser)
     add_lowering_option(parser)
     args = parser.parse_args()
     lower_as(args.lowering)
-    global WIDE, HALF
-    WIDE, HALF = args.wide, args.half
-    jax.config.update("jax_enable_x64", True)
+    configure(args)
     warnings.filterwarnings("ignore")
     ort.set_default_logger_severity(4)
     verdicts, _ = run(args.seed, args.cases, trace=args.trace)
     print(f"{sum(verdicts.values())} graphs (seed {args.seed}): {dict(verdicts)}")
     return 0
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wide", action="store_true", help="draw CNNs of 16-64 (and 512) channels and 28-32 cell maps at times"
+    )
+    parser.add_argument("--half", action="store_true", help="the graphs in float16 (values only)")
+
+
+def _configure(args: argparse.Namespace) -> None:
+    global WIDE, HALF
+    WIDE, HALF = args.wide, args.half
+    jax.config.update("jax_enable_x64", True)
+
+
+def main() -> int:
+    return run_cli(__doc__.splitlines()[0], run, _add_options, _configure)
 
 
 if __name__ == "__main__":

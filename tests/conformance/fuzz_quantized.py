@@ -46,7 +46,6 @@ import argparse
 import collections
 import dataclasses
 import sys
-import warnings
 
 import numpy as np
 import onnx
@@ -54,9 +53,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-import jonnx
-from tests.conformance.fuzz import add_lowering_option, lower_as
-from tests.conformance.fuzz_graphs import Graph, _pick, run_seeds
+from tests.conformance.fuzz_graphs import Graph, _pick, outputs_by_config, run_cli, run_seeds
 
 MS = "com.microsoft"
 FORMS = ("qdq", "qoperator", "dynamic")
@@ -283,12 +280,8 @@ def _qop_step(g: QGraph, q: Quantized) -> Quantized | None:
             return None
         x = _pool(g, q.name, "MaxPool")
         return x and Quantized(x, q.scale, q.zero)
-    if step in ("add", "mul"):
-        same = [v for v in g.values if g.shape_of(v.name) == shape] or [q]
-        other = _pick(g.rng, same)
-        op = "QLinearAdd" if step == "add" else "QLinearMul"
-        inputs = [q.name, q.scale, q.zero, other.name, other.scale, other.zero, y.scale, y.zero]
-        return dataclasses.replace(y, name=g.add_known(op, inputs, shape, U8))
+    if step in ("add", "mul", "sigmoid", "leaky"):
+        return _qop_elementwise(g, q, y, step)
     if step == "concat":
         same = [v for v in g.values if g.shape_of(v.name)[0] == shape[0] and g.shape_of(v.name)[2:] == shape[2:]]
         others = [q, _pick(g.rng, same or [q])]
@@ -309,9 +302,6 @@ def _qop_step(g: QGraph, q: Quantized) -> Quantized | None:
         inputs = [q.name, q.scale, q.zero, y.scale, y.zero]
         name = g.add_known("QLinearAveragePool", inputs, out, U8, kernel_shape=kernel, strides=strides)
         return dataclasses.replace(y, name=name)
-    op = "QLinearSigmoid" if step == "sigmoid" else "QLinearLeakyRelu"
-    attrs = {"alpha": 0.125} if step == "leaky" else {}
-    return dataclasses.replace(y, name=g.add_known(op, [q.name, q.scale, q.zero, y.scale, y.zero], shape, U8, **attrs))
 
 
 # ---- dynamic: DynamicQuantizeLinear before each ConvInteger, the scales applied in float
@@ -398,6 +388,13 @@ def _qop_encoder_step(g: QGraph, q: Quantized) -> Quantized | None:
         inputs = [q.name, q.scale, q.zero, g.ints8((shape[-1], n), wtype), scale, w_zero, y.scale, y.zero]
         made = g.add("QLinearMatMul", inputs)
         return made and dataclasses.replace(y, name=made[0])
+    return _qop_elementwise(g, q, y, step)
+
+
+def _qop_elementwise(g: QGraph, q: Quantized, y: Quantized, step: str) -> Quantized:
+    """com.microsoft QLinearAdd or QLinearMul of ``q`` and a value of its shape, or
+    QLinearSigmoid or QLinearLeakyRelu of ``q``, into ``y``'s scale and zero point."""
+    shape = g.shape_of(q.name)
     if step in ("add", "mul"):
         other = _same_shape(g, q)
         inputs = [q.name, q.scale, q.zero, other.name, other.scale, other.zero, y.scale, y.zero]
@@ -425,9 +422,7 @@ def _dynamic_encoder_step(g: QGraph, x: str) -> str | None:
 
 def _draw_encoder(rng: np.random.Generator, form: str, g: QGraph) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     shape = (int(rng.integers(1, 3)), int(rng.integers(1, 9)), _width(g))
-    g.inputs.append(helper.make_tensor_value_info("x", F32, shape))
-    g.shapes["x"], g.elems["x"] = shape, F32
-    x = (rng.standard_normal(shape) * 2).astype(np.float32)
+    x = _graph_input(g, shape)
     if form == "dynamic":
         value = "x"
         for _ in range(int(rng.integers(1, 8))):
@@ -439,11 +434,7 @@ def _draw_encoder(rng: np.random.Generator, form: str, g: QGraph) -> tuple[onnx.
         made = step(g, g.values[-1] if rng.random() < 0.6 else _pick(rng, g.values))
         if made is not None:
             g.values.append(made)
-    last = g.values[-1]
-    end = g.add(
-        "DequantizeLinear", [last.name, last.scale, last.zero], **({"axis": 1} if last.axis is not None else {})
-    )
-    return _named(g.model([end[0]]), form), {"x": x}
+    return _named(g.model([_dequantize(g, g.values[-1])]), form), {"x": x}
 
 
 def draw(seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -455,9 +446,7 @@ def draw(seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         return _draw_encoder(rng, form, g)
     spatial = [int(rng.integers(3, 9)) for _ in range(_pick(rng, [1, 2, 2, 2, 3]))]
     shape = (int(rng.integers(1, 3)), _channels(rng), *spatial)
-    g.inputs.append(helper.make_tensor_value_info("x", F32, shape))
-    g.shapes["x"], g.elems["x"] = shape, F32
-    x = (rng.standard_normal(shape) * 2).astype(np.float32)
+    x = _graph_input(g, shape)
     outputs = []
     if form == "dynamic":
         value = "x"
@@ -476,10 +465,14 @@ def draw(seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
             if rng.random() < 0.15:
                 outputs.append(made.name)  # an 8-bit value on the way, as the graph has it
     last = g.values[-1]
-    end = g.add(
-        "DequantizeLinear", [last.name, last.scale, last.zero], **({"axis": 1} if last.axis is not None else {})
-    )
-    return _named(g.model([end[0], *[o for o in outputs if o != last.name]]), form), {"x": x}
+    return _named(g.model([_dequantize(g, last), *[o for o in outputs if o != last.name]]), form), {"x": x}
+
+
+def _graph_input(g: QGraph, shape: tuple[int, ...]) -> np.ndarray:
+    """The float input ``x`` of ``shape``, and its value."""
+    g.inputs.append(helper.make_tensor_value_info("x", F32, shape))
+    g.shapes["x"], g.elems["x"] = shape, F32
+    return (g.rng.standard_normal(shape) * 2).astype(np.float32)
 
 
 def _named(model: onnx.ModelProto, form: str) -> onnx.ModelProto:
@@ -542,12 +535,9 @@ def check(seed: int) -> tuple[str, str | None]:
             want = [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
         except Exception:  # noqa: BLE001
             return "references fail", None
-    got = {}
-    for config, option in CONFIGS.items():
-        try:
-            got[config] = [np.asarray(y) for y in jonnx.load(model, optimize=option)(*feeds.values())]
-        except Exception as e:  # noqa: BLE001 -- every error is a finding
-            return "raises", f"{config}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    got, error = outputs_by_config(model, feeds, CONFIGS)
+    if error:
+        return "raises", error
     plain, moved = got["unoptimized"], []
     for config, outputs in got.items():  # the passes must not move a single bit
         why, near = _differences(outputs, plain)
@@ -576,25 +566,20 @@ def run(seed: int, cases: int, *, trace: bool = False) -> tuple[collections.Coun
     return run_seeds(seed, cases, check, describe, trace=trace)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cases", type=int, default=100)
-    parser.add_argument("--trace", action="store_true", help="print each graph before running it")
+def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wide", action="store_true", help="draw 16-128 channels, more groups and full 3x3 windows at times"
     )
     parser.add_argument("--encoders", action="store_true", help="(B, T, D) values through 8-bit products instead")
-    add_lowering_option(parser)
-    args = parser.parse_args()
-    lower_as(args.lowering)
+
+
+def _configure(args: argparse.Namespace) -> None:
     global WIDE, ENCODERS
     WIDE, ENCODERS = args.wide, args.encoders
-    warnings.filterwarnings("ignore")
-    ort.set_default_logger_severity(4)
-    verdicts, _ = run(args.seed, args.cases, trace=args.trace)
-    print(f"{sum(verdicts.values())} graphs (seed {args.seed}): {dict(verdicts)}")
-    return 0
+
+
+def main() -> int:
+    return run_cli(__doc__.splitlines()[0], run, _add_options, _configure)
 
 
 if __name__ == "__main__":
