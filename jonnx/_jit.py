@@ -176,8 +176,11 @@ class DotChoosingJit:
         self.choices: dict[Any, str] = {}  # per signature: a key of _variants
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key = self._signature_of(*args, **kwargs) if self.chooses else None
-        if key is None:
+        return self.keyed(self._signature_of(*args, **kwargs) if self.chooses else None, *args, **kwargs)
+
+    def keyed(self, key: Any, *args: Any, **kwargs: Any) -> Any:
+        """The call, for a caller that has ``signature_of(*args, **kwargs)`` at hand already."""
+        if key is None or not self.chooses:
             return self._call_default(args, kwargs)
         return self._variants[self._choice(key, args, kwargs)](*args, **kwargs)
 

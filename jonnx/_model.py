@@ -442,21 +442,23 @@ class Model:
             # nodes that only transform weights (BatchNorm folding, fused Q/K/V weights) fold
             # while tracing, and XLA specializes on the rest. Sharded weights stay arguments.
             weights = {n: np.asarray(v) if jax.default_backend() == "cpu" else v for n, v in self._params.items()}
-            chooser = DotChoosingJit(
-                lambda stage, dynamic, static, key: run(stage, weights, dynamic, static, key),
-                lambda stage, dynamic, static, key: _segment_signature(stage, static, dynamic),
-                static_argnums=(0, 2),
-            )
-            self._segments = lambda stage, params, dynamic, static, key: chooser(stage, dynamic, static, key)
-            self._compiled_segment = lambda stage, params, dynamic, static, key: chooser.compiled(
-                stage, dynamic, static, key
+            self._segments = _WithoutParams(
+                DotChoosingJit(
+                    lambda stage, dynamic, static, key: run(stage, weights, dynamic, static, key),
+                    lambda stage, dynamic, static, key: _segment_signature(stage, static, dynamic),
+                    static_argnums=(0, 2),
+                )
             )
         else:
             self._segments = self._segments_params
-            self._compiled_segment = self._segments_params.compiled
+        self._compiled_segment = self._segments.compiled
         # Per segment signature, the stage as it runs: in chunks of rows where its
-        # temporaries would be mapped afresh on every call (_chunked).
+        # temporaries would be mapped afresh on every call (_chunked). Decided on the CPU, for
+        # weights not placed on a mesh, outside checked mode.
         self._run_stages: dict[Any, Stage] = {}
+        self._chunks_apply = (
+            self.optimize["batch_chunks"] and not checked and mesh is None and jax.default_backend() == "cpu"
+        )
         # Per segment signature less the batch: a batch and its compiled temporaries' size,
         # from which another batch's is estimated (_temporaries).
         self._temporaries_seen: dict[Any, tuple[int, int]] = {}
@@ -866,9 +868,7 @@ class Model:
                 results = self._segment_impl(stage, params, dynamic, static, key)
             else:
                 try:
-                    results = segments(
-                        self._chunked(stage, given is None, params, dynamic, static, key), params, dynamic, static, key
-                    )
+                    results = self._run_segment(segments, stage, given is None, params, dynamic, static, key)
                 except ValueError:
                     # Concrete values inside the caller's jit (a closure over numpy arrays):
                     # JAX refuses the compiled segment's options there. Asked only on this
@@ -890,7 +890,21 @@ class Model:
         constants = self._constants
         return tuple(_as_output(env[n] if n in env else constants[n]) for n in self.output_names)
 
-    def _chunked(self, stage: Stage, own: bool, params, dynamic: dict, static: tuple, key) -> Stage:
+    def _run_segment(
+        self, segments: DotChoosingJit | _WithoutParams, stage: Stage, own: bool, params, dynamic: dict, static, key
+    ):
+        """One compiled segment's call, as :meth:`_chunked` runs it. The segment's signature
+        is worked out once and handed to the compiled segments as their cache key: computed
+        twice it cost 2 us of a 22 us call (a scikit-learn forest at batch 2)."""
+        if not self._chunks_apply:
+            return segments(stage, params, dynamic, static, key)
+        signature = _segment_signature(stage, static, dynamic)
+        run = self._chunked(signature, own, params, dynamic, key)
+        if run is not stage:
+            signature = (run, *signature[1:])
+        return segments.keyed(signature, run, params, dynamic, static, key)
+
+    def _chunked(self, signature: tuple, own: bool, params, dynamic: dict, key) -> Stage:
         """The stage as this signature runs it: in chunks of rows (``jonnx._chunks``) where the
         compiled segment's temporaries exceed what the allocator reuses and every row of its
         results depends on the same row of its inputs alone; else ``stage``. Decided on the
@@ -900,9 +914,7 @@ class Model:
         0.3 s more on its first call, MobileNetV2 1.5 s). A batch whose size is estimated over
         the threshold from another batch's (:meth:`_temporaries`) skips the whole compilation:
         an evaluation loop's smaller last batch."""
-        if not self.optimize["batch_chunks"] or self.checked or self.mesh is not None or jax.default_backend() != "cpu":
-            return stage
-        segment = _segment_signature(stage, static, dynamic)
+        stage, static, _ = segment = signature
         signature = (own, segment)
         run = self._run_stages.get(signature)
         if run is None:
@@ -1351,6 +1363,23 @@ def _host_copy(value: Any) -> Any:
 
 def _outer_reads(node: Any) -> tuple[str, ...]:
     return tuple(sorted({n for g in node.subgraphs for n in g.outer_names}))
+
+
+class _WithoutParams:
+    """Segments compiled with the model's weights as constants (a :class:`DotChoosingJit` of
+    ``(stage, dynamic, static, key)``), called as the ones that take ``params`` are."""
+
+    def __init__(self, chooser: DotChoosingJit):
+        self._chooser = chooser
+
+    def __call__(self, stage: Stage, params, dynamic, static, key):
+        return self._chooser(stage, dynamic, static, key)
+
+    def keyed(self, signature: tuple, stage: Stage, params, dynamic, static, key):
+        return self._chooser.keyed(signature, stage, dynamic, static, key)
+
+    def compiled(self, stage: Stage, params, dynamic, static, key):
+        return self._chooser.compiled(stage, dynamic, static, key)
 
 
 def _segment_signature(stage: Stage, static: tuple, dynamic: Any) -> tuple:
