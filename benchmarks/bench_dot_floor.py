@@ -14,6 +14,12 @@ lowering jonnx chooses can meet that target on this machine with XLA's dot kerne
 the rest of the ratio is what is left for everything else (the product's efficiency inside the
 model, the other operations).
 
+A quantized model's products of 8-bit values (ops/quantize.py's integer products, run as
+bfloat16, int8 or float32 dots by ``integer_matmul_mode()``) are counted too, each timed in every
+kind JAX offers for 8-bit values (int8 x int8 and uint8 x int8 with int32 sums, bfloat16 and
+float32 with float32 sums; YNNPACK's dots), the fastest counting: for the int8 BERT the floor is
+then what any choice of integer product kernels needs.
+
 The floor counts products only: a model's convolutions left to XLA's convolution (ResNet-50's
 stem and some 3x3s) are not in it, so for a CNN it is a weaker bound.
 
@@ -40,16 +46,37 @@ import jonnx
 from jonnx import _jit
 
 # The targets of the speed issue (jonnx / reference), for the verdict line.
-TARGETS = {("bert", 1): 1.1, ("bert", 32): 0.95, ("resnet50", 1): 1.6, ("resnet50", 32): 1.9, ("mobilenet_v2", 1): 2.0}
+TARGETS = {
+    ("bert_int8", 1): 1.5,
+    ("bert", 1): 1.1,
+    ("bert", 32): 0.95,
+    ("resnet50", 1): 1.6,
+    ("resnet50", 32): 1.9,
+    ("mobilenet_v2", 1): 2.0,
+}
 TRAIN_TARGET = 1.2  # the BERT fine-tuning step against PyTorch eager
 
 
-def _products(jaxpr) -> collections.Counter:
-    """How often each float32 product ``(lhs shape, rhs shape, dimension numbers)`` runs per
-    call (a scan's body as many times as its length)."""
+# How each kind of product is timed: {variant: (lhs dtype, rhs dtype, sum dtype, YNNPACK's dots)}.
+# A float32 product with either dot library; a product of 8-bit values (ops/quantize.py's
+# integer products, whose operands are of a type in EIGHT_BIT_OPERANDS) in every kind JAX offers
+# for them, with YNNPACK's dots (XLA's own are slower for each: docs/performance.md).
+FLOAT32_VARIANTS = {"YNNPACK": ("float32", "float32", "float32", True), "XLA": ("float32", "float32", "float32", False)}
+EIGHT_BIT_OPERANDS = ("bfloat16", "int8", "uint8")
+EIGHT_BIT_VARIANTS = {
+    "int8": ("int8", "int8", "int32", True),
+    "uint8 x int8": ("uint8", "int8", "int32", True),
+    "bfloat16": ("bfloat16", "bfloat16", "float32", True),
+    "float32": ("float32", "float32", "float32", True),
+}
+
+
+def _products(jaxpr, operands: tuple[str, ...] = ("float32",)) -> collections.Counter:
+    """How often each product ``(lhs shape, rhs shape, dimension numbers)`` whose operands are
+    of the types ``operands`` runs per call (a scan's body as many times as its length)."""
     found = collections.Counter()
-    for lhs, rhs, dims, float32, runs in _jit._dots(jaxpr):
-        if float32:
+    for lhs, rhs, dims, dtypes, runs in _jit._dots(jaxpr):
+        if all(str(t) in operands for t in dtypes):
             (lc, rc), (lb, rb) = dims
             found[(tuple(lhs), tuple(rhs), ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb))))] += runs
     return found
@@ -70,8 +97,21 @@ def _describe(product) -> str:
     return f"{batch} x " * (batch > 1) + f"{m} x {k} x {n}"
 
 
-def _product_calls(products) -> dict:
-    """``{(product, library): call}`` for each product compiled with each dot library."""
+def _operand(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
+    if dtype in ("int8", "uint8"):
+        low = 0 if dtype == "uint8" else -128
+        return rng.integers(low, low + 256, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(np.float32).astype(_dtype(dtype))
+
+
+def _dtype(name: str):
+    import jax.numpy as jnp
+
+    return jnp.dtype(name)
+
+
+def _product_calls(products, variants: dict) -> dict:
+    """``{(product, variant): call}`` for each product compiled as each of ``variants``."""
     import jax
     from jax import lax
 
@@ -79,16 +119,20 @@ def _product_calls(products) -> dict:
     calls = {}
     for product in products:
         lhs_shape, rhs_shape, dims = product
-        lhs = jax.device_put(rng.standard_normal(lhs_shape).astype(np.float32))
-        rhs = jax.device_put(rng.standard_normal(rhs_shape).astype(np.float32))
-        out = jax.eval_shape(lambda a, b, dims=dims: lax.dot_general(a, b, dims), lhs, rhs)
-        for library in ("YNNPACK", "XLA"):
+        for variant, (lhs_type, rhs_type, sum_type, library_dots) in variants.items():
+            lhs = jax.device_put(_operand(rng, lhs_shape, lhs_type))
+            rhs = jax.device_put(_operand(rng, rhs_shape, rhs_type))
+
+            def product_fn(a, b, _, dims=dims, sum_type=sum_type):
+                return lax.dot_general(a, b, dims, preferred_element_type=_dtype(sum_type))
+
+            out = jax.eval_shape(product_fn, lhs, rhs, None)
             # The product writes into the buffer of its previous result, donated: a fresh
             # output of 50 MB (4096 x 3072) costs its page faults on every call, about a fifth
             # of that product's time (52 against 42 ms), which inside a model it does not.
             fn = jax.jit(
-                lambda a, b, _, dims=dims: lax.dot_general(a, b, dims),
-                compiler_options=jonnx.compiler_options(library_dots=library == "YNNPACK"),
+                product_fn,
+                compiler_options=jonnx.compiler_options(library_dots=library_dots),
                 donate_argnums=2,
                 keep_unused=True,  # else the unused buffer is pruned and nothing is reused
             )
@@ -99,29 +143,38 @@ def _product_calls(products) -> dict:
                 result[0].block_until_ready()
 
             call()
-            calls[product, library] = call
+            calls[product, variant] = call
     return calls
 
 
-def _report(label: str, products: collections.Counter, med: dict, reference: str, target: float | None) -> None:
+def _floor(label: str, products: collections.Counter, med: dict, variants: dict) -> float:
+    """Prints each product's time in each variant and returns the floor: the fastest
+    variant's time of each, times its count, summed (seconds)."""
     print(
-        f"\n{label}: {sum(products.values())} float32 products of {len(products)} shapes, "
+        f"\n{label}: {sum(products.values())} products of {len(products)} shapes, "
         f"{sum(_flops(p) * c for p, c in products.items()) / 1e9:.2f} GFLOP"
     )
-    print(
-        f"  {'product (batch x M x K x N)':<30}{'count':>6}{'YNNPACK ms':>12}{'XLA ms':>9}{'GFLOP/s':>9}{'x count ms':>12}"
-    )
+    columns = "".join(f"{v + ' ms':>{max(10, len(v) + 4)}}" for v in variants)
+    print(f"  {'product (batch x M x K x N)':<30}{'count':>6}{columns}{'GOP/s':>8}{'x count ms':>12}")
     floor = 0.0
     for product, count in sorted(products.items(), key=lambda pc: -_flops(pc[0]) * pc[1]):
-        ynn, xla = med[product, "YNNPACK"], med[product, "XLA"]
-        best = min(ynn, xla)
+        times = [med[product, v] for v in variants]
+        best = min(times)
         floor += best * count
+        cells = "".join(f"{t * 1e3:>{max(10, len(v) + 4)}.3f}" for v, t in zip(variants, times))
         print(
-            f"  {_describe(product):<30}{count:>6}{ynn * 1e3:>12.3f}{xla * 1e3:>9.3f}"
-            f"{_flops(product) / best / 1e9:>9.0f}{best * count * 1e3:>12.1f}"
+            f"  {_describe(product):<30}{count:>6}{cells}{_flops(product) / best / 1e9:>8.0f}{best * count * 1e3:>12.1f}"
         )
+    return floor
+
+
+def _report(label: str, sections: list, med: dict, reference: str, target: float | None) -> None:
+    """``sections``: (label, products, variants) whose floors add up."""
+    floor = sum(
+        _floor(f"{label}, {what}", products, med, variants) for what, products, variants in sections if products
+    )
     ref, own = med[reference], med["jonnx"]
-    print(f"  floor (the products alone, each at its faster library): {floor * 1e3:.1f} ms")
+    print(f"  floor (the products alone, each in its fastest variant): {floor * 1e3:.1f} ms")
     print(f"  {reference}: {ref * 1e3:.1f} ms; jonnx: {own * 1e3:.1f} ms ({own / ref:.2f}x)")
     verdict = ""
     if target is not None:
@@ -131,6 +184,20 @@ def _report(label: str, products: collections.Counter, med: dict, reference: str
             else f"; target {target}: the products alone leave {target - floor / ref:.2f} of it for the rest"
         )
     print(f"  floor / {reference}: {floor / ref:.2f}{verdict}", flush=True)
+
+
+def _sections(jaxpr) -> list:
+    return [
+        ("float32 products", _products(jaxpr), FLOAT32_VARIANTS),
+        ("products of 8-bit values", _products(jaxpr, EIGHT_BIT_OPERANDS), EIGHT_BIT_VARIANTS),
+    ]
+
+
+def _calls(sections) -> dict:
+    calls = {}
+    for _, products, variants in sections:
+        calls.update(_product_calls(products, variants))
+    return calls
 
 
 def bench_inference(name: str, batch: int, repeats: int) -> None:
@@ -143,28 +210,28 @@ def bench_inference(name: str, batch: int, repeats: int) -> None:
     x = np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)
     # The default call's products: traced as a caller's jit traces it (the call graph, with
     # its layout pass and prepared weights, as Model(*inputs) compiles it).
-    products = _products(jax.make_jaxpr(lambda x: model(x))(x))
+    sections = _sections(jax.make_jaxpr(lambda x: model(x))(x))
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     feed = {session.get_inputs()[0].name: x}
     model(x)[0].block_until_ready()
     fns = {
         "onnxruntime": lambda: session.run(None, feed),
         "jonnx": lambda: model(x)[0].block_until_ready(),
-        **_product_calls(products),
+        **_calls(sections),
     }
     med = bench_acceptance._alternate(fns, repeats)
-    _report(f"{name} batch {batch}", products, med, "onnxruntime", TARGETS.get((name, batch)))
+    _report(f"{name} batch {batch}", sections, med, "onnxruntime", TARGETS.get((name, batch)))
 
 
 def bench_train_bert(repeats: int, torch_python: str) -> None:
     steps, x, labels, head, proto = bench_acceptance.bert_steps()
     step, carry = steps["jonnx"]
-    products = _products(step.trace(*carry, x, labels).jaxpr)
+    sections = _sections(step.trace(*carry, x, labels).jaxpr)
     runs = {"jonnx": bench_acceptance._first_step(step, carry, x, labels)}
-    runs.update({key: (call,) for key, call in _product_calls(products).items()})
+    runs.update({key: (call,) for key, call in _calls(sections).items()})
     arrays = dict(x=x, labels=labels, **hand_jax.torch_bert_weights(proto), **head)
     med, _ = bench_acceptance._time_steps(runs, repeats, torch_python, "torch_bert_step.py", arrays)
-    _report(f"bert fine-tuning step, batch {bench_acceptance.BERT_BATCH}", products, med, "torch eager", TRAIN_TARGET)
+    _report(f"bert fine-tuning step, batch {bench_acceptance.BERT_BATCH}", sections, med, "torch eager", TRAIN_TARGET)
 
 
 def main() -> None:

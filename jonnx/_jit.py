@@ -120,7 +120,8 @@ def library_dots_for(jaxpr: Any) -> bool:
     without dots keeps the default.
     """
     total = large = 0
-    for lhs_shape, rhs_shape, dimension_numbers, float32, runs in _dots(jaxpr):
+    for lhs_shape, rhs_shape, dimension_numbers, dtypes, runs in _dots(jaxpr):
+        float32 = all(t == np.float32 for t in dtypes)
         (lhs_contract, rhs_contract), (_, rhs_batch) = dimension_numbers
         rows = math.prod(n for d, n in enumerate(lhs_shape) if d not in lhs_contract)  # batch included
         contracted = math.prod(lhs_shape[d] for d in lhs_contract)
@@ -340,8 +341,8 @@ def _static_arguments(fn: Callable[..., Any], jit_kwargs: dict) -> tuple[frozens
     return frozenset(numbers), frozenset(names)
 
 
-def _dots(jaxpr: Any, runs: int = 1) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, bool, int]]:
-    """(lhs shape, rhs shape, dimension numbers, both operands float32, how many times it runs
+def _dots(jaxpr: Any, runs: int = 1) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], Any, tuple, int]]:
+    """(lhs shape, rhs shape, dimension numbers, the operands' dtypes, how many times it runs
     per call) of every dot_general, nested jaxprs included: a scan's body runs its length
     times (a recurrent layer's small step product outweighs the input projection before it);
     other bodies (a while loop's, whose trip count is data) count once."""
@@ -350,8 +351,7 @@ def _dots(jaxpr: Any, runs: int = 1) -> Iterator[tuple[tuple[int, ...], tuple[in
         if eqn.primitive.name == "dot_general":
             lhs, rhs = (v.aval for v in eqn.invars)
             if all(isinstance(n, (int, np.integer)) for n in (*lhs.shape, *rhs.shape)):
-                float32 = lhs.dtype == rhs.dtype == np.float32
-                yield lhs.shape, rhs.shape, eqn.params["dimension_numbers"], float32, runs
+                yield lhs.shape, rhs.shape, eqn.params["dimension_numbers"], (lhs.dtype, rhs.dtype), runs
         inner = runs * int(eqn.params["length"]) if eqn.primitive.name == "scan" else runs
         for param in eqn.params.values():
             for sub in param if isinstance(param, (list, tuple)) else (param,):

@@ -131,6 +131,25 @@ def test_dot_floor_counts_each_float32_product_of_a_computation():
     assert found == {"6 x 4 x 4": (2, 2 * 6 * 4 * 4), "2 x 3 x 8 x 3": (1, 2 * 2 * 3 * 3 * 8)}
 
 
+def test_dot_floor_counts_the_products_of_eight_bit_values_apart():
+    # A quantized model's integer products (bfloat16 or int8 operands) are timed in every kind
+    # for 8-bit values; its float32 products, and int32 ones, are not among them.
+    import bench_dot_floor
+    import jax
+    import jax.numpy as jnp
+
+    def f(a, b, x):
+        as_bf16 = jnp.dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+        as_int8 = jnp.dot(a, b, preferred_element_type=jnp.int32)
+        return as_bf16, as_int8, x @ x, a.astype(jnp.int32) @ b.astype(jnp.int32)
+
+    a, b, x = np.ones((5, 6), np.int8), np.ones((6, 7), np.int8), np.ones((3, 3), np.float32)
+    jaxpr = jax.make_jaxpr(f)(a, b, x)
+    eight_bit = bench_dot_floor._products(jaxpr, bench_dot_floor.EIGHT_BIT_OPERANDS)
+    assert {bench_dot_floor._describe(p): n for p, n in eight_bit.items()} == {"5 x 6 x 7": 2}
+    assert {bench_dot_floor._describe(p) for p in bench_dot_floor._products(jaxpr)} == {"3 x 3 x 3"}
+
+
 @pytest.mark.parametrize(
     "build, x_shape",
     [(nets.efficientnet_b0, (1, 3, 224, 224)), (nets.mnist, (4, 1, 28, 28))],
