@@ -19,7 +19,9 @@ forms onnxruntime's quantization tools write, each step reading a random earlier
 
 ``--encoders`` draws the same forms over (B, T, D) values, with products where the CNNs have
 convolutions: MatMul of dequantized weights (per column from opset 13), QLinearMatMul, and
-DynamicQuantizeLinear + MatMulInteger as quantize_dynamic writes a transformer's projections.
+DynamicQuantizeLinear + MatMulInteger as quantize_dynamic writes a transformer's projections,
+or the com.microsoft DynamicQuantizeMatMul and MatMulIntegerToFloat that onnxruntime's
+optimizer makes of them.
 
 Every scale is a power of two and the drawn fan-ins are small, so every dequantized value,
 product and sum is an integer multiple of a power of two that float32 holds exactly, and each
@@ -406,18 +408,29 @@ def _qop_elementwise(g: QGraph, q: Quantized, y: Quantized, step: str) -> Quanti
 
 
 def _dynamic_encoder_step(g: QGraph, x: str) -> str | None:
-    """``x`` through DynamicQuantizeLinear, MatMulInteger, the scales and a bias (as
-    quantize_dynamic writes a transformer's projections); or a Relu, or an Add."""
+    """``x`` through a product of its 8-bit quantization: DynamicQuantizeLinear, MatMulInteger,
+    the scales and a bias (as quantize_dynamic writes a transformer's projections), or the
+    com.microsoft ops onnxruntime's optimizer fuses that into (DynamicQuantizeMatMul;
+    DynamicQuantizeLinear and MatMulIntegerToFloat), those with per-column weight scales and
+    zero points at times; or a Relu, or an Add."""
     step = _pick(g.rng, ["matmul", "matmul", "matmul", "relu", "add"])
     if step != "matmul":
         return _float_step(g, x, step)
-    q, q_scale, q_zero = g.add("DynamicQuantizeLinear", [x], 3)
+    kind = _pick(g.rng, ["MatMulInteger", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"])
     n, wtype = _width(g), _pick(g.rng, [np.int8, np.int8, np.uint8])
-    made = g.add("MatMulInteger", [q, g.ints8((g.shape_of(x)[-1], n), wtype), q_zero, g.zero(wtype)])
-    y = g.add("Mul", [g.add("Cast", made, to=F32)[0], g.add("Mul", [q_scale, g.scale()])[0]])[0]
-    if g.rng.random() < 0.6:
-        y = g.add("Add", [y, g.const(g.rng.integers(-64, 64, n) / 256, np.float32)])[0]
-    return y
+    columns = (n,) if kind != "MatMulInteger" and g.rng.random() < 0.5 else ()
+    weights, w_scale, w_zero = g.ints8((g.shape_of(x)[-1], n), wtype), g.scale(columns), g.zero(wtype, columns)
+    bias = g.const(g.rng.integers(-64, 64, n) / 256, np.float32) if g.rng.random() < 0.6 else None
+    shape = (*g.shape_of(x)[:-1], n)
+    if kind == "DynamicQuantizeMatMul":
+        return g.add_known(kind, [x, weights, w_scale, w_zero, *([bias] if bias else [])], shape, F32)
+    q, q_scale, q_zero = g.add("DynamicQuantizeLinear", [x], 3)
+    if kind == "MatMulIntegerToFloat":
+        inputs = [q, weights, q_scale, w_scale, q_zero, w_zero, *([bias] if bias else [])]
+        return g.add_known(kind, inputs, shape, F32)
+    made = g.add("MatMulInteger", [q, weights, q_zero, w_zero])
+    y = g.add("Mul", [g.add("Cast", made, to=F32)[0], g.add("Mul", [q_scale, w_scale])[0]])[0]
+    return g.add("Add", [y, bias])[0] if bias else y
 
 
 def _draw_encoder(rng: np.random.Generator, form: str, g: QGraph) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

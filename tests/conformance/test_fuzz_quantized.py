@@ -31,11 +31,22 @@ def test_a_tie_rounded_after_the_zero_point_is_found():
 
 
 def test_quantized_encoders_are_the_same_with_passes_on_and_off(monkeypatch):
-    # --encoders: (B, T, D) values through MatMul of dequantized weights, QLinearMatMul and
-    # MatMulInteger, in the three forms.
+    # --encoders: (B, T, D) values through MatMul of dequantized weights, QLinearMatMul,
+    # MatMulInteger and com.microsoft DynamicQuantizeMatMul and MatMulIntegerToFloat, in the
+    # three forms.
     monkeypatch.setattr(fuzz_quantized, "ENCODERS", True)
     verdicts, findings = fuzz_quantized.run(seed=2027, cases=6)
     assert not findings or all(f.startswith("near") for f in findings), findings
     assert verdicts["ok"] >= 4
     ops = set().union(*({n.op_type for n in fuzz_quantized.draw(2027 * 100_000 + k)[0].graph.node} for k in range(6)))
-    assert {"MatMul", "QLinearMatMul", "MatMulInteger"} <= ops
+    assert {"MatMul", "QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"} <= ops
+
+
+def test_fused_dynamic_products_with_per_column_weights(monkeypatch):
+    # Seed 520000017 (--encoders, the dynamic form): DynamicQuantizeMatMul and
+    # MatMulIntegerToFloat with per-column weight scales and zero points, as onnxruntime's
+    # optimizer fuses quantize_dynamic's projections; equal to onnxruntime's to the bit.
+    monkeypatch.setattr(fuzz_quantized, "ENCODERS", True)
+    ops = {n.op_type for n in fuzz_quantized.draw(520000017)[0].graph.node}
+    assert {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"} <= ops
+    assert fuzz_quantized.check(520000017) == ("ok", None)
