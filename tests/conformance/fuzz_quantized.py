@@ -19,6 +19,7 @@ forms onnxruntime's quantization tools write, each step reading a random earlier
 
 ``--encoders`` draws the same forms over (B, T, D) values, with products where the CNNs have
 convolutions: MatMul of dequantized weights (per column from opset 13), QLinearMatMul, and
+com.microsoft QGemm (as onnxruntime's quantize_static writes a Gemm), and
 DynamicQuantizeLinear + MatMulInteger as quantize_dynamic writes a transformer's projections,
 or the com.microsoft DynamicQuantizeMatMul and MatMulIntegerToFloat that onnxruntime's
 optimizer makes of them.
@@ -376,11 +377,13 @@ def _qdq_encoder_step(g: QGraph, q: Quantized) -> Quantized | None:
 
 
 def _qop_encoder_step(g: QGraph, q: Quantized) -> Quantized | None:
-    """QLinearMatMul (uint8 or int8 weights, per tensor or per column), com.microsoft QLinearAdd,
-    QLinearMul, QLinearSigmoid, QLinearLeakyRelu."""
+    """QLinearMatMul (uint8 or int8 weights, per tensor or per column), com.microsoft QGemm,
+    QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu."""
     shape = g.shape_of(q.name)
-    step = _pick(g.rng, ["matmul", "matmul", "matmul", "add", "mul", "sigmoid", "leaky"])
+    step = _pick(g.rng, ["matmul", "matmul", "gemm", "add", "mul", "sigmoid", "leaky"])
     y = Quantized("", g.scale(), g.zero(np.uint8))
+    if step == "gemm":
+        return _qgemm(g, q, y)
     if step == "matmul":
         n = _width(g)
         wtype = _pick(g.rng, [np.int8, np.int8, np.uint8])
@@ -391,6 +394,30 @@ def _qop_encoder_step(g: QGraph, q: Quantized) -> Quantized | None:
         made = g.add("QLinearMatMul", inputs)
         return made and dataclasses.replace(y, name=made[0])
     return _qop_elementwise(g, q, y, step)
+
+
+def _qgemm(g: QGraph, q: Quantized, y: Quantized) -> Quantized | None:
+    """com.microsoft QGemm of ``q``'s rows (a Reshape to two axes and back) with 8-bit weights
+    (per tensor, or per column for int8), stored transposed at times (``transB``), an int32
+    bias at times, ``alpha`` 1 or 1/2; into ``y``'s scale and zero point, or (without them) to
+    float and through a QuantizeLinear."""
+    *lead, d = g.shape_of(q.name)
+    n, rows = _width(g), int(np.prod(lead))
+    wtype = _pick(g.rng, [np.int8, np.int8, np.uint8])
+    columns = (n,) if wtype == np.int8 and g.rng.random() < 0.5 else ()
+    transposed = g.rng.random() < 0.5
+    weights = g.ints8((n, d) if transposed else (d, n), wtype)
+    w_zero = g.const(np.zeros(columns), np.int8) if wtype == np.int8 else g.zero(np.uint8)
+    a = g.add("Reshape", [q.name, g.ints([rows, d])])[0]
+    bias = g.const(g.rng.integers(-500, 500, n), np.int32) if g.rng.random() < 0.6 else ""
+    requantized = g.rng.random() < 0.7
+    inputs = [a, q.scale, q.zero, weights, g.scale(columns), w_zero, bias, *((y.scale, y.zero) if requantized else ())]
+    alpha = float(_pick(g.rng, [1.0, 1.0, 0.5]))
+    made = g.add_known("QGemm", inputs, (rows, n), U8 if requantized else F32, transB=int(transposed), alpha=alpha)
+    made = g.add("Reshape", [made, g.ints([*lead, n])])[0]
+    if requantized:
+        return dataclasses.replace(y, name=made)
+    return _quantize(g, made)
 
 
 def _qop_elementwise(g: QGraph, q: Quantized, y: Quantized, step: str) -> Quantized:

@@ -32,14 +32,14 @@ def test_a_tie_rounded_after_the_zero_point_is_found():
 
 def test_quantized_encoders_are_the_same_with_passes_on_and_off(monkeypatch):
     # --encoders: (B, T, D) values through MatMul of dequantized weights, QLinearMatMul,
-    # MatMulInteger and com.microsoft DynamicQuantizeMatMul and MatMulIntegerToFloat, in the
-    # three forms.
+    # MatMulInteger and com.microsoft QGemm, DynamicQuantizeMatMul and MatMulIntegerToFloat, in
+    # the three forms.
     monkeypatch.setattr(fuzz_quantized, "ENCODERS", True)
     verdicts, findings = fuzz_quantized.run(seed=2027, cases=6)
     assert not findings or all(f.startswith("near") for f in findings), findings
     assert verdicts["ok"] >= 4
     ops = set().union(*({n.op_type for n in fuzz_quantized.draw(2027 * 100_000 + k)[0].graph.node} for k in range(6)))
-    assert {"MatMul", "QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"} <= ops
+    assert {"MatMul", "QLinearMatMul", "QGemm", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"} <= ops
 
 
 def test_fused_dynamic_products_with_per_column_weights(monkeypatch):
@@ -50,3 +50,12 @@ def test_fused_dynamic_products_with_per_column_weights(monkeypatch):
     ops = {n.op_type for n in fuzz_quantized.draw(520000017)[0].graph.node}
     assert {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"} <= ops
     assert fuzz_quantized.check(520000017) == ("ok", None)
+
+
+def test_qgemm_with_alpha_bias_stored_transposed_and_float_outputs(monkeypatch):
+    # Seeds 560000089 and 560000092 (--encoders, the QOperator form): com.microsoft QGemm with
+    # alpha 1/2 and an int32 bias, one to float, one with its weights stored transposed.
+    monkeypatch.setattr(fuzz_quantized, "ENCODERS", True)
+    for seed in (560000089, 560000092):
+        assert "QGemm" in {n.op_type for n in fuzz_quantized.draw(seed)[0].graph.node}
+        assert fuzz_quantized.check(seed) == ("ok", None), seed
