@@ -893,9 +893,10 @@ class Model:
     def _run_segment(
         self, segments: DotChoosingJit | _WithoutParams, stage: Stage, own: bool, params, dynamic: dict, static, key
     ):
-        """One compiled segment's call, as :meth:`_chunked` runs it. The segment's signature
-        is worked out once and handed to the compiled segments as their cache key: computed
-        twice it cost 2 us of a 22 us call (a scikit-learn forest at batch 2)."""
+        """One compiled segment's call, whole or in chunks of rows (:meth:`_chunked`). The
+        segment's signature is worked out once, for that decision, and handed to the compiled
+        segments as their cache key: worked out twice it cost 2 us of a 22 us call (a
+        scikit-learn forest at batch 2)."""
         if not self._chunks_apply:
             return segments(stage, params, dynamic, static, key)
         signature = _segment_signature(stage, static, dynamic)

@@ -1137,6 +1137,47 @@ def test_qattention(unidirectional):
     )
 
 
+@pytest.mark.parametrize(
+    "wtype, per_column, mask",
+    [
+        (np.int8, True, "lengths"),  # one scale and zero point per column of Q, K and V
+        (np.uint8, True, "2d"),
+        (np.uint8, False, "none"),
+        (np.int8, False, "ends_and_starts"),
+    ],
+)
+def test_qattention_weights_per_column_and_masks(wtype, per_column, mask):
+    # What quantize_dynamic writes with per_channel=True (a scale and zero point for each of
+    # the 3 x hidden columns), and the mask forms onnxruntime's Attention takes: key lengths,
+    # (batch, sequence) ones and zeros, or ends then starts.
+    b, s, hidden, heads = 2, 5, 16, 4
+    columns = (3 * hidden,) if per_column else ()
+    masks = {
+        "lengths": np.array([s, s - 2], np.int32),
+        "2d": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32),
+        "ends_and_starts": np.array([s, s - 1, 0, 1], np.int32),
+        "none": None,
+    }
+    inputs = {
+        "x": _qdata(np.uint8, b, s, hidden),
+        "w": _qdata(wtype, hidden, 3 * hidden),
+        "bias": rand(3 * hidden),
+        "sx": np.float32(0.02),
+        "sw": (RNG.uniform(0.005, 0.02, columns)).astype(np.float32),
+        "mask": masks[mask],
+        "zx": np.array(131, np.uint8),
+        "zw": _qdata(wtype, *columns),
+    }
+    check(
+        "QAttention",
+        inputs,
+        initializers=("w", "bias", "sx", "sw", "zx", "zw"),
+        num_heads=heads,
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("qtype,segments", [(np.uint8, True), (np.int8, False)])
 def test_qembed_layer_normalization(qtype, segments):
     b, s, h, vocab = 2, 5, 8, 11
