@@ -119,21 +119,22 @@ def bench(path: pathlib.Path, repeats: int) -> str:
     except jonnx.errors.JonnxError as e:  # a training-mode export's Dropout wants a key
         return f"{name:<62} skipped: jonnx: {str(e).splitlines()[0][:70]}"
     err = _rel_error(got, want)
-    probe = max(_median_ms(lambda m=m: _block(m(**feeds)), 3) for m in (*defaults, *written))
-    if probe < INSTANCE_BELOW_MS:
-        defaults += [jonnx.load(path) for _ in range(INSTANCES - 1)]
-        written += [_load_as_written(path, feeds) for _ in range(INSTANCES - 1)]
-    jonnx_calls = [
-        (label, i, lambda m=m: _block(m(**feeds)))
-        for label, models in (("default", defaults), ("written", written))
-        for i, m in enumerate(models)
-    ]
-    calls = {(label, i): fn for label, i, fn in jonnx_calls}
-    calls["ort", 0] = lambda: session.run(None, feeds)
     # Each round times a block of calls lasting at least BLOCK_S (a model of 0.1 ms would
     # otherwise be timed over a few calls, and its ratios moved by 20-40% between runs).
-    probe = max(_median_ms(fn, 3) for fn in calls.values()) / 1e3
-    per_block = max(1, repeats // ROUNDS, int(BLOCK_S / max(probe, 1e-6)))
+    probe = {
+        "jonnx": max(_median_ms(lambda m=m: _block(m(**feeds)), 3) for m in (*defaults, *written)),
+        "ort": _median_ms(lambda: session.run(None, feeds), 3),
+    }
+    if probe["jonnx"] < INSTANCE_BELOW_MS:
+        defaults += [jonnx.load(path) for _ in range(INSTANCES - 1)]
+        written += [_load_as_written(path, feeds) for _ in range(INSTANCES - 1)]
+    calls = {
+        (label, i): lambda m=m: _block(m(**feeds))
+        for label, models in (("default", defaults), ("written", written))
+        for i, m in enumerate(models)
+    }
+    calls["ort", 0] = lambda: session.run(None, feeds)
+    per_block = max(1, repeats // ROUNDS, int(BLOCK_S / max(max(probe.values()) / 1e3, 1e-6)))
     times = {k: [] for k in calls}
     # The jonnx loads alternate, each first equally often; onnxruntime's blocks come after
     # them all. Interleaved with onnxruntime, the 0.1 ms models' jonnx calls turned bimodal

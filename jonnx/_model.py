@@ -905,7 +905,7 @@ class Model:
             signature = (run, *signature[1:])
         return segments.keyed(signature, run, params, dynamic, static, key)
 
-    def _chunked(self, signature: tuple, own: bool, params, dynamic: dict, key) -> Stage:
+    def _chunked(self, segment: tuple, own: bool, params, dynamic: dict, key) -> Stage:
         """The stage as this signature runs it: in chunks of rows (``jonnx._chunks``) where the
         compiled segment's temporaries exceed what the allocator reuses and every row of its
         results depends on the same row of its inputs alone; else ``stage``. Decided on the
@@ -915,7 +915,7 @@ class Model:
         0.3 s more on its first call, MobileNetV2 1.5 s). A batch whose size is estimated over
         the threshold from another batch's (:meth:`_temporaries`) skips the whole compilation:
         an evaluation loop's smaller last batch."""
-        stage, static, _ = segment = signature
+        stage, static, _ = segment  # _segment_signature's
         signature = (own, segment)
         run = self._run_stages.get(signature)
         if run is None:
