@@ -186,6 +186,24 @@ def opaque(x: Any) -> Any:
     return jax.lax.optimization_barrier(x) if isinstance(x, jax.core.Tracer) else x
 
 
+def rounded(x: Any) -> Any:
+    """``x`` rounded to its type before a subtraction reads it: ``x`` plus a zero XLA cannot
+    see, where ``x`` is traced.
+
+    For a softmax XLA CPU fuses the ops that make ``x`` into both of its loops, the row maximum
+    and ``exp(x - max)``, and LLVM contracts a multiply that ends ``x`` into the subtraction (a
+    fused multiply-add, which XLA's CPU backend always allows). The maximum then reads the
+    rounded product and the subtraction the exact one, so at the row's maximum ``x - max`` is up
+    to half a unit in the last place of ``x`` instead of 0: past about 3e9 that is below -87
+    (every ``exp`` of the row 0: NaN) or above 88 (inf / inf: NaN). Softmax of ``Mul(x, s)``
+    with logits near 1e10 was NaN in 49 of 50 draws where onnxruntime's is right. The sum's
+    operand can no longer be contracted, and both loops read one rounded value; the added zero
+    costs one addition in each loop."""
+    if not isinstance(x, jax.core.Tracer):
+        return x
+    return x + jax.lax.optimization_barrier(jnp.zeros((), jnp.result_type(x)))
+
+
 def exact_divide(x, divisor):
     """``x / divisor``, correctly rounded, where a quotient is then rounded to an integer
     (quantization).

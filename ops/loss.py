@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import widen_halves
+from jonnx.ops._util import rounded, widen_halves
 
 _REDUCTIONS = ("none", "sum", "mean")
 
@@ -88,7 +88,7 @@ def softmax_cross_entropy_loss(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> 
     _check(scores, labels, weights, "scores", ctx)
     dtype = jnp.result_type(scores)
     (wide,) = widen_halves(jnp.asarray(scores))  # half scores: in float32, rounded once
-    log_prob = jax.nn.log_softmax(wide, axis=1)
+    log_prob = jax.nn.log_softmax(rounded(wide), axis=1)
     loss = _nll(log_prob, labels, weights, attrs, ctx).astype(dtype)
     if ctx.n_outputs == 1:
         return (loss,)

@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
-from jonnx.ops._util import half_in_float32, index_dtype, normalize_axes, normalize_axis, static_ints
+from jonnx.ops._util import half_in_float32, index_dtype, normalize_axes, normalize_axis, rounded, static_ints
 
 
 def _is_float(x) -> bool:
@@ -162,7 +162,7 @@ def _log_sum_exp(x, axis, keepdims):
     # Shift by the (finite) maximum so exp never overflows; the shift cancels in value and
     # gradient, so it is held constant.
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0))
-    out = jnp.log(jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)) + shift
+    out = jnp.log(jnp.sum(jnp.exp(rounded(x) - shift), axis=axis, keepdims=True)) + shift
     if not keepdims:
         out = jnp.squeeze(out, axis=axis)
     return out.astype(dtype)

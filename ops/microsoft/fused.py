@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops import activation
-from jonnx.ops._util import dtype_of, normalize_axis
+from jonnx.ops._util import dtype_of, normalize_axis, rounded
 from jonnx.ops.conv import convolve
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.microsoft.activation import fast_gelu
@@ -173,4 +173,4 @@ def bias_softmax(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs:
     axis = normalize_axis(attrs["axis"], jnp.ndim(data), ctx)
     if attrs["is_inner_broadcast"] and jnp.ndim(bias) < jnp.ndim(data):
         bias = jnp.reshape(bias, jnp.shape(bias) + (1,) * (jnp.ndim(data) - jnp.ndim(bias)))
-    return (jax.nn.softmax(data + bias, axis=tuple(range(axis, jnp.ndim(data)))).astype(dtype_of(data)),)
+    return (jax.nn.softmax(rounded(data + bias), axis=tuple(range(axis, jnp.ndim(data)))).astype(dtype_of(data)),)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jonnx._values import is_concrete
-from jonnx.ops._util import as_strings, index_dtype
+from jonnx.ops._util import as_strings, index_dtype, rounded
 
 __all__ = [
     "ML",
@@ -103,7 +103,7 @@ def post_transform_fn(name: str, ctx):
 
 
 def _softmax(scores):
-    return jax.nn.softmax(scores, axis=-1)
+    return jax.nn.softmax(rounded(scores), axis=-1)
 
 
 def _identity(scores):

@@ -37,15 +37,6 @@ with warnings.catch_warnings():
 for _name in expected_failures():
     backend_test.xfail(f"^{re.escape(_name)}_cpu$")
 
-# Not run: an XLA CPU (jaxlib 0.10) defect decides its output, not jonnx (docs/known_issues.md).
-# Its weights are ConstantOfShape fills, so the logits are 9.4757e9 for every class (one ulp is
-# 1024). XLA fuses GlobalAveragePool's scale into Softmax's exp as an FMA, so x - max(x) is -512
-# for every class, exp underflows to 0, and the result is 0/0 = NaN where onnxruntime gives
-# 1/1000. (Under plain XLA defaults, the note's other defect, garbage from YNNPACK's fusion of
-# conv10 with the reduction after it, strikes first; jonnx.jit's options avoid that one.) Every
-# intermediate up to conv10 matches onnxruntime to 1e-5. Neither a pass nor a strict expected
-# failure would be honest while the outcome depends on XLA's fusion decisions.
-backend_test.exclude(r"^test_squeezenet_cpu$")
 
 _cases = backend_test.test_cases
 OnnxBackendNodeModelTest = _cases["OnnxBackendNodeModelTest"]

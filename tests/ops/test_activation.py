@@ -7,6 +7,8 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import onnx
+import onnx.helper as oh
 import pytest
 from scipy.special import erf
 
@@ -324,6 +326,42 @@ def test_logsoftmax_stable_for_large_inputs():
     m = jonnx.load(node_model("LogSoftmax", {"x": x}, opset=13))
     grad = jax.grad(lambda v: jnp.sum(m.apply(m.params, v)[0]))(jnp.asarray(x))
     assert np.all(np.isfinite(np.asarray(grad)))
+
+
+def _scaled_then(op: str, **attrs) -> onnx.ModelProto:
+    """Mul(x, s) and then ``op``: a product XLA fuses into the op's loops."""
+    nodes = [oh.make_node("Mul", ["x", "s"], ["y"]), oh.make_node(op, ["y"], ["z"], **attrs)]
+    graph = oh.make_graph(
+        nodes,
+        "scaled",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 8]), oh.make_tensor_value_info("s", 1, [])],
+        [oh.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None)],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs", "reference"),
+    [
+        ("Softmax", {"axis": -1}, lambda y: _softmax_np(y, -1)),
+        ("LogSoftmax", {"axis": -1}, lambda y: y - y.max(-1, keepdims=True)),
+        ("ReduceLogSumExp", {"keepdims": 0}, lambda y: y.max()),  # over every axis
+    ],
+)
+def test_softmax_family_of_a_product_with_huge_logits(op, attrs, reference):
+    # XLA CPU fuses the product into both the row maximum's loop and exp(y - max)'s, and LLVM
+    # contracted the multiply into the subtraction there: at the row's maximum y - max was half
+    # a unit in y's last place (hundreds at 1e10), not 0, so every exp of the row gave 0 or
+    # inf and the row was NaN (Softmax in 49 of 50 draws; LogSoftmax inf). onnxruntime's and
+    # numpy's are finite. At these magnitudes every other logit is thousands below the maximum,
+    # so the references are one-hot (and the maximum) in float64 of the rounded product.
+    m = jonnx.load(_scaled_then(op, **attrs))
+    for _ in range(10):
+        x = (RNG.standard_normal((4, 8)) * 1e10).astype(np.float32)
+        s = np.array(RNG.uniform(0.5, 2), np.float32)
+        y = (x * s).astype(np.float64)  # float32's product, exactly
+        got = np.asarray(m(x, s)[0])
+        np.testing.assert_allclose(got, reference(y), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("opset", [11, 13])
