@@ -13,7 +13,8 @@ forms onnxruntime's quantization tools write, each step reading a random earlier
 - **QOperator**: QLinearConv (uint8 or int8 weights, per tensor or per channel, int32 bias),
   MaxPool on uint8 (opset 12+) and onnxruntime's com.microsoft QLinearAdd, QLinearMul,
   QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearAveragePool and
-  QLinearConcat;
+  QLinearConcat, and its QLinearConv with ``channels_last=1`` between two Transposes (what its
+  NHWC transformer writes);
 - **dynamic** (``quantize_dynamic``): DynamicQuantizeLinear, ConvInteger, Cast, the scales'
   product, a bias through a Reshape of a constant, Relu, Add.
 
@@ -22,7 +23,7 @@ convolutions: MatMul of dequantized weights (per column from opset 13), QLinearM
 com.microsoft QGemm (as onnxruntime's quantize_static writes a Gemm), and
 DynamicQuantizeLinear + MatMulInteger as quantize_dynamic writes a transformer's projections,
 or the com.microsoft DynamicQuantizeMatMul and MatMulIntegerToFloat that onnxruntime's
-optimizer makes of them.
+optimizer makes of them, and its QAttention (an optimized BERT's Attention, quantized).
 
 Every scale is a power of two and the drawn fan-ins are small, so every dequantized value,
 product and sum is an integer multiple of a power of two that float32 holds exactly, and each
@@ -275,6 +276,8 @@ def _qop_step(g: QGraph, q: Quantized) -> Quantized | None:
         inputs = [q.name, q.scale, q.zero, w, g.scale((out,) if per_channel else ()), w_zero, y.scale, y.zero]
         if g.rng.random() < 0.6:
             inputs.append(g.const(g.rng.integers(-500, 500, out), np.int32))
+        if g.rng.random() < 0.25:
+            return _qlinear_conv_channels_last(g, inputs, attrs, y)
         made = g.add("QLinearConv", inputs, **attrs)
         return made and dataclasses.replace(y, name=made[0])
     if step == "maxpool":
@@ -304,6 +307,25 @@ def _qop_step(g: QGraph, q: Quantized) -> Quantized | None:
         inputs = [q.name, q.scale, q.zero, y.scale, y.zero]
         name = g.add_known("QLinearAveragePool", inputs, out, U8, kernel_shape=kernel, strides=strides)
         return dataclasses.replace(y, name=name)
+
+
+def _qlinear_conv_channels_last(g: QGraph, inputs: list[str], attrs: dict, y: Quantized) -> Quantized | None:
+    """com.microsoft QLinearConv with ``channels_last=1`` between two Transposes, as
+    onnxruntime's NHWC transformer writes it (the weights stay OI(D)HW)."""
+    shape, w_shape = g.shape_of(inputs[0]), np.shape(g.value(inputs[3]))
+    rank, spatial, kernel = len(shape), shape[2:], w_shape[2:]
+    strides = attrs.get("strides", [1] * len(spatial))
+    dilations = attrs.get("dilations", [1] * len(spatial))
+    pads = attrs.get("pads", [0] * 2 * len(spatial))
+    out = [
+        (s + pads[i] + pads[i + len(spatial)] - d * (k - 1) - 1) // t + 1
+        for i, (s, k, t, d) in enumerate(zip(spatial, kernel, strides, dilations))
+    ]
+    if min(out) < 1:
+        return None
+    x = g.add("Transpose", [inputs[0]], perm=[0, *range(2, rank), 1])[0]
+    made = g.add_known("QLinearConv", [x, *inputs[1:]], (shape[0], *out, w_shape[0]), U8, channels_last=1, **attrs)
+    return dataclasses.replace(y, name=g.add("Transpose", [made], perm=[0, rank - 1, *range(1, rank - 1)])[0])
 
 
 # ---- dynamic: DynamicQuantizeLinear before each ConvInteger, the scales applied in float
@@ -439,7 +461,9 @@ def _dynamic_encoder_step(g: QGraph, x: str) -> str | None:
     com.microsoft ops onnxruntime's optimizer fuses that into (DynamicQuantizeMatMul;
     DynamicQuantizeLinear and MatMulIntegerToFloat), those with per-column weight scales and
     zero points at times; or a Relu, or an Add."""
-    step = _pick(g.rng, ["matmul", "matmul", "matmul", "relu", "add"])
+    step = _pick(g.rng, ["matmul", "matmul", "matmul", "attention", "relu", "add"])
+    if step == "attention":
+        return _qattention(g, x)
     if step != "matmul":
         return _float_step(g, x, step)
     kind = _pick(g.rng, ["MatMulInteger", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"])
@@ -457,6 +481,22 @@ def _dynamic_encoder_step(g: QGraph, x: str) -> str | None:
     made = g.add("MatMulInteger", [q, weights, q_zero, w_zero])
     y = g.add("Mul", [g.add("Cast", made, to=F32)[0], g.add("Mul", [q_scale, w_scale])[0]])[0]
     return g.add("Add", [y, bias])[0] if bias else y
+
+
+def _qattention(g: QGraph, x: str) -> str:
+    """com.microsoft QAttention of ``x``'s DynamicQuantizeLinear (as quantize_dynamic writes an
+    optimized BERT's Attention): 8-bit Q, K and V weights (per column at times), a float bias,
+    1-4 heads, at times causal (``unidirectional``) or with key lengths as its mask."""
+    b, t, d = g.shape_of(x)
+    q, q_scale, q_zero = g.add("DynamicQuantizeLinear", [x], 3)
+    wtype = _pick(g.rng, [np.int8, np.int8, np.uint8])
+    columns = (3 * d,) if g.rng.random() < 0.4 else ()
+    bias = g.const(g.rng.integers(-64, 64, 3 * d) / 256, np.float32)
+    mask = g.const(g.rng.integers(1, t + 1, b), np.int32) if g.rng.random() < 0.4 else ""
+    weights, w_scale, w_zero = g.ints8((d, 3 * d), wtype), g.scale(columns, 6, 10), g.zero(wtype, columns)
+    inputs = [q, weights, bias, q_scale, w_scale, mask, q_zero, w_zero]
+    heads = int(_pick(g.rng, [h for h in (1, 2, 4) if d % h == 0]))
+    return g.add_known("QAttention", inputs, (b, t, d), F32, num_heads=heads, unidirectional=int(g.rng.random() < 0.3))
 
 
 def _draw_encoder(rng: np.random.Generator, form: str, g: QGraph) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

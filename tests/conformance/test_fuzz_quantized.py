@@ -32,24 +32,47 @@ def test_a_tie_rounded_after_the_zero_point_is_found():
 
 def test_quantized_encoders_are_the_same_with_passes_on_and_off(monkeypatch):
     # --encoders: (B, T, D) values through MatMul of dequantized weights, QLinearMatMul,
-    # MatMulInteger and com.microsoft QGemm, DynamicQuantizeMatMul and MatMulIntegerToFloat, in
-    # the three forms.
+    # MatMulInteger and com.microsoft QGemm, DynamicQuantizeMatMul, MatMulIntegerToFloat and
+    # QAttention, in the three forms.
     monkeypatch.setattr(fuzz_quantized, "ENCODERS", True)
     verdicts, findings = fuzz_quantized.run(seed=2027, cases=6)
     assert not findings or all(f.startswith("near") for f in findings), findings
     assert verdicts["ok"] >= 4
     ops = set().union(*({n.op_type for n in fuzz_quantized.draw(2027 * 100_000 + k)[0].graph.node} for k in range(6)))
-    assert {"MatMul", "QLinearMatMul", "QGemm", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"} <= ops
+    products = {"MatMul", "QLinearMatMul", "QGemm", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+    assert products | {"QAttention"} <= ops
 
 
 def test_fused_dynamic_products_with_per_column_weights(monkeypatch):
-    # Seed 520000017 (--encoders, the dynamic form): DynamicQuantizeMatMul and
+    # Seed 520000005 (--encoders, the dynamic form): DynamicQuantizeMatMul and
     # MatMulIntegerToFloat with per-column weight scales and zero points, as onnxruntime's
     # optimizer fuses quantize_dynamic's projections; equal to onnxruntime's to the bit.
     monkeypatch.setattr(fuzz_quantized, "ENCODERS", True)
-    ops = {n.op_type for n in fuzz_quantized.draw(520000017)[0].graph.node}
-    assert {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"} <= ops
-    assert fuzz_quantized.check(520000017) == ("ok", None)
+    model = fuzz_quantized.draw(520000005)[0]
+    columns = {i.name for i in model.graph.initializer if len(i.dims) == 1}
+    fused = {n.op_type for n in model.graph.node if n.op_type == "DynamicQuantizeMatMul" and n.input[2] in columns}
+    fused |= {n.op_type for n in model.graph.node if n.op_type == "MatMulIntegerToFloat" and n.input[3] in columns}
+    assert fused == {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+    assert fuzz_quantized.check(520000005) == ("ok", None)
+
+
+def test_qattention_scores_past_3e9_are_not_nan(monkeypatch):
+    # Seed 15000300024 (--encoders, the dynamic form): a QAttention with one value per head
+    # after unnormalized products, scores near 3e10. XLA contracted the scores' product into
+    # the softmax's subtraction, so no row kept its maximum at exp(0) and the output was NaN
+    # (docs/known_issues.md, "a scale fused into Softmax's exp"); now onnxruntime's to the bit.
+    monkeypatch.setattr(fuzz_quantized, "ENCODERS", True)
+    assert "QAttention" in {n.op_type for n in fuzz_quantized.draw(15000300024)[0].graph.node}
+    assert fuzz_quantized.check(15000300024) == ("ok", None)
+
+
+def test_channels_last_qlinear_conv_between_transposes():
+    # Seeds 15000200013 and 15000200019 (the QOperator form): com.microsoft QLinearConv with
+    # channels_last=1 over three spatial axes, as onnxruntime's NHWC transformer writes it.
+    for seed in (15000200013, 15000200019):
+        nodes = fuzz_quantized.draw(seed)[0].graph.node
+        assert any(n.op_type == "QLinearConv" and n.domain == fuzz_quantized.MS for n in nodes), seed
+        assert fuzz_quantized.check(seed) == ("ok", None), seed
 
 
 def test_qgemm_with_alpha_bias_stored_transposed_and_float_outputs(monkeypatch):
