@@ -54,7 +54,7 @@ CHUNK_COST_ROWS = 0.4
 # Primitives that compute each element from the elements at the same index of their operands
 # (operands of size 1 along an axis broadcast along it).
 _ELEMENTWISE = frozenset(
-    """abs acos acosh add and asin asinh atan atan2 atanh cbrt ceil clamp conj convert_element_type copy
+    """abs acos acosh add and asin asinh atan atan2 atanh cbrt ceil clamp complex conj convert_element_type copy
     copy_p cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite le
     lgamma log log1p logistic lt max min mul ne neg nextafter not or population_count pow real
     reduce_precision rem round rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign sin

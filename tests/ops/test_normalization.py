@@ -581,3 +581,28 @@ def test_half_precision_normalization_rounds_once(case, dtype):
     half = {k: v.astype(dtype) for k, v in inputs.items()}
     got = run_jonnx(node_model(op, half, opset=opset, **attrs), half)[0]
     assert_rounded_once(got, formula({k: v.astype(np.float64) for k, v in half.items()}), dtype, most_off=0.02)
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "attrs"),
+    [
+        ("LayerNormalization", (4, 16), {}),
+        ("InstanceNormalization", (2, 3, 16), {}),
+        ("GroupNormalization", (2, 4, 8), {"num_groups": 2}),
+        ("MeanVarianceNormalization", (2, 3, 4, 4), {}),
+    ],
+)
+@pytest.mark.parametrize("value", [1234.567, 45865.05, 3.3e7])
+def test_rows_of_equal_values_normalize_to_the_bias(op, shape, attrs, value):
+    # Every centred value is 0, so the output is the bias (MeanVarianceNormalization: 0), as
+    # onnxruntime gives. XLA sums a row in order in float32: the mean of 16 values of 45865.05
+    # was 0.0078 off, and with eps 1e-5 the rows normalized to about +-1 (ops/normalization.py
+    # ``moments`` corrects the mean in a second pass).
+    x = np.full(shape, value, np.float32)
+    channels = shape[-1] if op == "LayerNormalization" else shape[1]
+    inputs = {"x": x}
+    if op != "MeanVarianceNormalization":
+        inputs.update(scale=np.full(channels, 1.5, np.float32), bias=np.full(channels, 0.25, np.float32))
+    got = run_jonnx(node_model(op, inputs, opset=21, **attrs), inputs)[0]
+    want = np.zeros(shape, np.float32) if op == "MeanVarianceNormalization" else np.full(shape, 0.25, np.float32)
+    np.testing.assert_array_equal(got, want)
