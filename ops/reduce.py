@@ -157,12 +157,12 @@ def _log_sum(x, axis, keepdims):
 
 def _log_sum_exp(x, axis, keepdims):
     dtype = jnp.result_type(x)
-    x = _as_float(x)
+    x = rounded(_as_float(x))  # one value for the maximum and the sum (ops/_util.py)
     m = _extreme(x, axis, True, True)
     # Shift by the (finite) maximum so exp never overflows; the shift cancels in value and
     # gradient, so it is held constant.
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0))
-    out = jnp.log(jnp.sum(jnp.exp(rounded(x) - shift), axis=axis, keepdims=True)) + shift
+    out = jnp.log(jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)) + shift
     if not keepdims:
         out = jnp.squeeze(out, axis=axis)
     return out.astype(dtype)
