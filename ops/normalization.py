@@ -26,7 +26,6 @@ results were 1-4 units in the last place off onnxruntime's in most cases the fuz
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -49,41 +48,36 @@ def stash_dtype(x, stash_type) -> np.dtype:
     return np.dtype(jnp.promote_types(stash, dtype_of(x)))
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
 def moments(x, axes):
-    """Mean and population variance over ``axes`` (kept as size-1 dims), in two passes, the
-    second correcting the first: ``mean = m + mean(x - m)`` and ``var = mean((x - m)**2) -
-    mean(x - m)**2`` for the first pass's mean ``m``. The derivative is the closed form's
-    (:func:`_moments_jvp`), not the complex sum's (a BERT fine-tuning step 1.02x slower).
+    """Mean and population variance over ``axes`` (kept as size-1 dims), in two passes around a
+    pivot: ``mean = p + mean(x - p)`` and ``var = mean((x - mean)**2)``, where ``p`` is the
+    first value of each row (the one at index 0 of every reduced axis, held under
+    ``stop_gradient``: the mean does not depend on it).
 
-    XLA sums a row in order in float32 (onnxruntime in double), so ``m`` is off by the sum's
-    rounding where a row's mean dwarfs its spread: 16 equal values of 45865.05 gave a mean
-    0.0078 off, and the row normalized to about +-1 instead of 0 (eps 1e-5). The correction
-    sums small numbers. Its two sums are one complex reduction, ``c + i c**2``: XLA CPU runs
-    two sibling reductions as two passes over ``x`` (a LayerNorm of 4096 x 768 alone 1.47x the
-    plain two passes' time, as one complex sum 1.23x)."""
-    first = jnp.mean(x, axis=axes, keepdims=True)
-    centered = x - first
-    wide = centered.astype(compute_type(dtype_of(x)))  # complex64 at least
-    sums = jnp.mean(lax.complex(wide, wide * wide), axis=axes, keepdims=True)
-    shift, square = jnp.real(sums).astype(dtype_of(x)), jnp.imag(sums).astype(dtype_of(x))
-    return first + shift, jnp.maximum(square - shift * shift, 0)
-
-
-@moments.defjvp
-def _moments_jvp(axes, primals, tangents):
-    """d mean = mean(dx), d var = 2 mean((x - mean) dx)."""
-    (x,), (t,) = primals, tangents
-    mean, var = moments(x, axes)
-    t_mean = jnp.mean(t, axis=axes, keepdims=True)
-    return (mean, var), (t_mean, 2 * jnp.mean((x - mean) * t, axis=axes, keepdims=True))
+    XLA sums a row in order in float32 (onnxruntime in double), so a plain ``mean(x)`` is off
+    by the sum's rounding where a row's mean dwarfs its spread: 16 equal values of 45865.05 gave
+    a mean 0.0078 off, and the row normalized to about +-1 instead of 0 (eps 1e-5). Around a
+    pivot from the row the sum adds small numbers, and a row (or a BatchNormalization channel)
+    of equal values gives its value exactly. Against the mean corrected in a further pass
+    (one complex sum of ``c + i c**2``, until 2026-12-07) a BERT fine-tuning step takes 0.96 of
+    the time and the encoder at batch 32 0.98."""
+    rank = jnp.ndim(x)
+    axes = tuple(a % rank for a in axes)
+    if all(jnp.shape(x)[a] for a in axes):
+        pivot = lax.stop_gradient(x[tuple(slice(0, 1) if a in axes else slice(None) for a in range(rank))])
+    else:  # an empty row has no first value (and a mean of NaN)
+        pivot = jnp.zeros((), dtype_of(x))
+    mean = pivot + jnp.mean(x - pivot, axis=axes, keepdims=True)
+    centered = x - mean
+    return mean, jnp.mean(centered * centered, axis=axes, keepdims=True)
 
 
 def plain_moments(x, axes):
     """Mean and population variance over ``axes`` (kept), in two plain passes: BatchNormalization's
-    training statistics, over the batch and the maps, where :func:`moments`' complex sum made a
-    ResNet-18 training step 1.05x slower; a channel whose values are all equal there is off by
-    the mean's rounding, as in every row normalization before :func:`moments`."""
+    training statistics, over the batch and the maps. :func:`moments`' pivot made a ResNet-18
+    training step 1.03-1.06x slower there (the mean's pass is no longer a plain reduction, which
+    YNNPACK runs), the complex sum before it 1.05x; so a channel whose values are all equal is
+    off by the mean's rounding (docs/known_issues.md)."""
     mean = jnp.mean(x, axis=axes, keepdims=True)
     centered = x - mean
     return mean, jnp.mean(centered * centered, axis=axes, keepdims=True)
@@ -118,11 +112,14 @@ def _bn_inference(x, scale, bias, mean, var, eps, spatial=True, channels_last=Fa
     dtype = dtype_of(x)
     x, scale, bias, mean, var = widen_halves(x, scale, bias, mean, var)
     s, b, m, v = (_bn_param(p, x, spatial, channels_last) for p in (scale, bias, mean, var))
-    # One scale and one shift per channel, then one multiply-add per element: written as
+    # One gain per channel, then a subtraction and a multiply-add per element: written as
     # (x - m) * rsqrt(v + eps) * s + b, XLA's fused loop redid the per-channel work for every
-    # element (ResNet-50 batch 1: 277 against 228 ms, MobileNetV2 38 against 25 ms).
+    # element (ResNet-50 batch 1: 277 against 228 ms, MobileNetV2 38 against 25 ms). Centred
+    # before the gain, not folded into x * a + (b - m * a): where the mean dwarfs the spread
+    # the folded form cancels two large products (a channel of equal values gave 0.20 for a
+    # bias of 0.25 with its exact batch mean).
     a = rsqrt_eps(v, eps) * s
-    y = x * a + (b - m * a)
+    y = (x - m) * a + b
     return y.astype(dtype)
 
 

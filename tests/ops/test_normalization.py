@@ -590,6 +590,7 @@ def test_half_precision_normalization_rounds_once(case, dtype):
         ("InstanceNormalization", (2, 3, 16), {}),
         ("GroupNormalization", (2, 4, 8), {"num_groups": 2}),
         ("MeanVarianceNormalization", (2, 3, 4, 4), {}),
+        ("BatchNormalization", (4, 3, 8, 8), {}),
     ],
 )
 @pytest.mark.parametrize("value", [1234.567, 45865.05, 3.3e7])
@@ -597,12 +598,16 @@ def test_rows_of_equal_values_normalize_to_the_bias(op, shape, attrs, value):
     # Every centred value is 0, so the output is the bias (MeanVarianceNormalization: 0), as
     # onnxruntime gives. XLA sums a row in order in float32: the mean of 16 values of 45865.05
     # was 0.0078 off, and with eps 1e-5 the rows normalized to about +-1 (ops/normalization.py
-    # ``moments`` corrects the mean in a second pass).
+    # ``moments`` sums around a pivot from the row). BatchNormalization: a channel of equal
+    # values, its running mean their value (a tiny variance): folded into x * a + (b - m * a)
+    # the output was 0.04 for a bias of 0.25 (onnxruntime's 0).
     x = np.full(shape, value, np.float32)
     channels = shape[-1] if op == "LayerNormalization" else shape[1]
     inputs = {"x": x}
     if op != "MeanVarianceNormalization":
         inputs.update(scale=np.full(channels, 1.5, np.float32), bias=np.full(channels, 0.25, np.float32))
+    if op == "BatchNormalization":
+        inputs.update(mean=np.full(channels, value, np.float32), var=np.full(channels, 1e-9, np.float32))
     got = run_jonnx(node_model(op, inputs, opset=21, **attrs), inputs)[0]
     want = np.zeros(shape, np.float32) if op == "MeanVarianceNormalization" else np.full(shape, 0.25, np.float32)
     np.testing.assert_array_equal(got, want)
