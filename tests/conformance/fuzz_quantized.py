@@ -20,7 +20,8 @@ forms onnxruntime's quantization tools write, each step reading a random earlier
 
 ``--encoders`` draws the same forms over (B, T, D) values, with products where the CNNs have
 convolutions: MatMul of dequantized weights (per column from opset 13), QLinearMatMul, and
-com.microsoft QGemm (as onnxruntime's quantize_static writes a Gemm), and
+com.microsoft QGemm (as onnxruntime's quantize_static writes a Gemm), a Softmax (QDQ) or
+QLinearSoftmax, QLinearWhere, and
 DynamicQuantizeLinear + MatMulInteger as quantize_dynamic writes a transformer's projections,
 or the com.microsoft DynamicQuantizeMatMul and MatMulIntegerToFloat that onnxruntime's
 optimizer makes of them, and its QAttention (an optimized BERT's Attention, quantized).
@@ -375,7 +376,7 @@ def _same_shape(g: QGraph, q: Quantized) -> Quantized:
 def _qdq_encoder_step(g: QGraph, q: Quantized) -> Quantized | None:
     """MatMul of dequantized 8-bit weights (per tensor, or per column from opset 13) with a
     float bias or none; Add or Mul of two values; an activation."""
-    step = _pick(g.rng, ["matmul", "matmul", "matmul", "add", "mul", "activation"])
+    step = _pick(g.rng, ["matmul", "matmul", "matmul", "add", "mul", "activation", "softmax"])
     if step == "matmul":
         d, n = g.shape_of(q.name)[-1], _width(g)
         per_column = g.opset >= 13 and g.rng.random() < 0.5
@@ -392,6 +393,8 @@ def _qdq_encoder_step(g: QGraph, q: Quantized) -> Quantized | None:
             y = g.add("Add", [y, g.const(g.rng.integers(-64, 64, n) / 256, np.float32)])[0]
     elif step in ("add", "mul"):
         y = g.add("Add" if step == "add" else "Mul", [_dequantize(g, q), _dequantize(g, _same_shape(g, q))])[0]
+    elif step == "softmax":
+        y = g.add("Softmax", [_dequantize(g, q)], axis=-1)[0]
     else:
         y = _activation(g, _dequantize(g, q))
     return y and _quantize(g, y)
@@ -399,12 +402,14 @@ def _qdq_encoder_step(g: QGraph, q: Quantized) -> Quantized | None:
 
 def _qop_encoder_step(g: QGraph, q: Quantized) -> Quantized | None:
     """QLinearMatMul (uint8 or int8 weights, per tensor or per column), com.microsoft QGemm,
-    QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu."""
+    QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearWhere."""
     shape = g.shape_of(q.name)
-    step = _pick(g.rng, ["matmul", "matmul", "gemm", "add", "mul", "sigmoid", "leaky"])
+    step = _pick(g.rng, ["matmul", "matmul", "gemm", "add", "mul", "sigmoid", "leaky", "softmax", "where"])
     y = Quantized("", g.scale(), g.zero(np.uint8))
     if step == "gemm":
         return _qgemm(g, q, y)
+    if step in ("softmax", "where"):
+        return _qop_softmax_or_where(g, q, y, step)
     if step == "matmul":
         n = _width(g)
         wtype = _pick(g.rng, [np.int8, np.int8, np.uint8])
@@ -439,6 +444,23 @@ def _qgemm(g: QGraph, q: Quantized, y: Quantized) -> Quantized | None:
     if requantized:
         return dataclasses.replace(y, name=made)
     return _quantize(g, made)
+
+
+def _qop_softmax_or_where(g: QGraph, q: Quantized, y: Quantized, step: str) -> Quantized:
+    """com.microsoft QLinearSoftmax of ``q`` (over the last axis, or at times over the last
+    two as the ``opset`` 1 form's coercion at ``axis=1`` reads them) into 1/256 steps from 0,
+    as onnxruntime's quantizer writes it; or QLinearWhere choosing between ``q`` and a value
+    of its shape by a constant condition (per feature or per element) into ``y``."""
+    shape = g.shape_of(q.name)
+    if step == "softmax":
+        y = Quantized("", g.const(2.0**-8, np.float32), g.const(0, np.uint8))
+        opset, axis = (1, 1) if g.rng.random() < 0.3 else (13, -1)
+        inputs = [q.name, q.scale, q.zero, y.scale, y.zero]
+        return dataclasses.replace(y, name=g.add_known("QLinearSoftmax", inputs, shape, U8, axis=axis, opset=opset))
+    other = _same_shape(g, q)
+    condition = g.const(g.rng.random(shape[-1:] if g.rng.random() < 0.5 else shape) < 0.5, np.bool_)
+    inputs = [condition, q.name, q.scale, q.zero, other.name, other.scale, other.zero, y.scale, y.zero]
+    return dataclasses.replace(y, name=g.add_known("QLinearWhere", inputs, shape, U8))
 
 
 def _qop_elementwise(g: QGraph, q: Quantized, y: Quantized, step: str) -> Quantized:

@@ -76,9 +76,21 @@ def test_channels_last_qlinear_conv_between_transposes():
 
 
 def test_qgemm_with_alpha_bias_stored_transposed_and_float_outputs(monkeypatch):
-    # Seeds 560000089 and 560000092 (--encoders, the QOperator form): com.microsoft QGemm with
-    # alpha 1/2 and an int32 bias, one to float, one with its weights stored transposed.
+    # Seeds 560000010 and 560000027 (--encoders, the QOperator form): com.microsoft QGemm with
+    # alpha 1/2 and an int32 bias, to float and with its weights stored transposed.
     monkeypatch.setattr(fuzz_quantized, "ENCODERS", True)
-    for seed in (560000089, 560000092):
+    for seed in (560000010, 560000027):
         assert "QGemm" in {n.op_type for n in fuzz_quantized.draw(seed)[0].graph.node}
         assert fuzz_quantized.check(seed) == ("ok", None), seed
+
+
+def test_qlinear_softmax_of_both_forms_and_qlinear_where(monkeypatch):
+    # Seed 570000025 (--encoders, the QOperator form): com.microsoft QLinearSoftmax over the
+    # last axis (``opset`` 13) and over the last two (``opset`` 1, axis 1, Softmax-1's
+    # coercion), and two QLinearWheres by constant conditions.
+    monkeypatch.setattr(fuzz_quantized, "ENCODERS", True)
+    nodes = fuzz_quantized.draw(570000025)[0].graph.node
+    forms = {a.i for n in nodes if n.op_type == "QLinearSoftmax" for a in n.attribute if a.name == "opset"}
+    assert forms == {1, 13}
+    assert sum(n.op_type == "QLinearWhere" for n in nodes) == 2
+    assert fuzz_quantized.check(570000025) == ("ok", None)
