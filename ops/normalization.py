@@ -48,33 +48,41 @@ def stash_dtype(x, stash_type) -> np.dtype:
     return np.dtype(jnp.promote_types(stash, dtype_of(x)))
 
 
-def moments(x, axes):
-    """Mean and population variance over ``axes`` (kept as size-1 dims), in two passes around a
-    pivot: ``mean = p + mean(x - p)`` and ``var = mean((x - mean)**2)``, where ``p`` is the
-    first value of each row (the one at index 0 of every reduced axis, held under
-    ``stop_gradient``: the mean does not depend on it).
+def centre(x, axes):
+    """``(x - mean, mean, var)``: ``x`` centred on its mean over ``axes``, the mean, and the
+    population variance (the statistics kept as size-1 dims), summed around a pivot from each
+    row. With ``p`` the row's first value (at index 0 of every reduced axis, under
+    ``stop_gradient``: nothing depends on it) and ``s = mean(x - p)``, the mean is ``p + s``
+    rounded, ``low = s - (mean - p)`` is what that rounding lost (exact where ``|s| <= |p|``:
+    Fast2Sum), the centred values are ``(x - mean) - low``, and the variance the mean of their
+    squares.
 
     XLA sums a row in order in float32 (onnxruntime in double), so a plain ``mean(x)`` is off
     by the sum's rounding where a row's mean dwarfs its spread: 16 equal values of 45865.05 gave
-    a mean 0.0078 off, and the row normalized to about +-1 instead of 0 (eps 1e-5). Around a
-    pivot from the row the sum adds small numbers, and a row (or a BatchNormalization channel)
-    of equal values gives its value exactly. Against the mean corrected in a further pass
-    (one complex sum of ``c + i c**2``, until 2026-12-07) a BERT fine-tuning step takes 0.96 of
-    the time and the encoder at batch 32 0.98."""
+    a mean 0.0078 off, and the row normalized to about +-1 instead of 0 (eps 1e-5). Around the
+    pivot the sum adds small numbers; and centring on the mean alone, rounded to ``x``'s type,
+    moved rows of values near 3e6 a quarter apart by up to 0.18 (``low`` puts that back; a row
+    of equal values centres to 0). Written as ``(x - p) - s`` instead, XLA recomputed a
+    residual sum before a LayerNorm in each pass rather than storing it once (the BERT encoder
+    at batch 32 1.06-1.13x slower); this form keeps the fusions of ``x - mean``. Against the
+    mean corrected in a further pass (one complex sum of ``c + i c**2``, until 2026-12-07) a
+    BERT fine-tuning step takes 0.96 of the time and the encoder at batch 32 0.98."""
     rank = jnp.ndim(x)
     axes = tuple(a % rank for a in axes)
     if all(jnp.shape(x)[a] for a in axes):
         pivot = lax.stop_gradient(x[tuple(slice(0, 1) if a in axes else slice(None) for a in range(rank))])
     else:  # an empty row has no first value (and a mean of NaN)
         pivot = jnp.zeros((), dtype_of(x))
-    mean = pivot + jnp.mean(x - pivot, axis=axes, keepdims=True)
-    centered = x - mean
-    return mean, jnp.mean(centered * centered, axis=axes, keepdims=True)
+    shift = jnp.mean(x - pivot, axis=axes, keepdims=True)
+    mean = pivot + shift
+    low = shift - (mean - pivot)  # what rounding the mean lost
+    centred = (x - mean) - low
+    return centred, mean, jnp.mean(centred * centred, axis=axes, keepdims=True)
 
 
 def plain_moments(x, axes):
     """Mean and population variance over ``axes`` (kept), in two plain passes: BatchNormalization's
-    training statistics, over the batch and the maps. :func:`moments`' pivot made a ResNet-18
+    training statistics, over the batch and the maps. :func:`centre`'s pivot made a ResNet-18
     training step 1.03-1.06x slower there (the mean's pass is no longer a plain reduction, which
     YNNPACK runs), the complex sum before it 1.05x; so a channel whose values are all equal is
     off by the mean's rounding (docs/known_issues.md)."""
@@ -304,8 +312,8 @@ def instance_norm_core(x, scale, bias, eps, ctx, channels_last: bool = False):
         raise ctx.error(f"input must have rank >= 3 (N, C, D1, ...), got rank {rank}")
     dtype = dtype_of(x)
     x, scale, bias = widen_halves(x, scale, bias)
-    mean, var = moments(x, tuple(range(1, rank - 1)) if channels_last else tuple(range(2, rank)))
-    y = (x - mean) * rsqrt_eps(var, eps)
+    centred, _, var = centre(x, tuple(range(1, rank - 1)) if channels_last else tuple(range(2, rank)))
+    y = centred * rsqrt_eps(var, eps)
     shape = (-1,) if channels_last else (-1,) + (1,) * (rank - 2)
     return (y * jnp.reshape(scale, shape) + jnp.reshape(bias, shape)).astype(dtype)
 
@@ -325,10 +333,10 @@ def layer_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) -> Outputs
     axis = normalize_axis(attrs["axis"], rank, ctx)
     dtype = dtype_of(x)
     xs = x.astype(stash_dtype(x, attrs["stash_type"]))
-    mean, var = moments(xs, tuple(range(axis, rank)))
+    centred, mean, var = centre(xs, tuple(range(axis, rank)))
     inv_std = rsqrt_eps(var, attrs["epsilon"])
     scale, bias = widen_halves(scale, bias)
-    y = (xs - mean) * inv_std * scale
+    y = centred * inv_std * scale
     if bias is not None:
         y = y + bias
     stats_dtype = onnx_dtype(attrs["stash_type"])
@@ -349,8 +357,8 @@ def _group_norm(x, scale, bias, attrs, ctx, per_channel: bool):
     xs = x.astype(stash_dtype(x, attrs.get("stash_type")))
     # Spelled out, not -1: an empty batch leaves -1 nothing to divide.
     grouped = jnp.reshape(xs, (n, num_groups, math.prod(shape[1:]) // num_groups))
-    mean, var = moments(grouped, (2,))
-    normed = (grouped - mean) * rsqrt_eps(var, attrs["epsilon"])
+    centred, _, var = centre(grouped, (2,))
+    normed = centred * rsqrt_eps(var, attrs["epsilon"])
     scale, bias = widen_halves(scale, bias)
     trailing = (1,) * (len(shape) - 2)
     if per_channel:
@@ -418,10 +426,10 @@ def mean_variance_normalization(inputs: Inputs, attrs: Attrs, ctx: OpContext) ->
     dtype = dtype_of(inputs[0])
     (x,) = widen_halves(inputs[0])
     axes = normalize_axes(attrs["axes"], jnp.ndim(x), ctx)
-    mean, var = moments(x, axes)
+    centred, _, var = centre(x, axes)
     positive = var > 0
     std = jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1)), 0)
-    return (((x - mean) / (std + jnp.asarray(1e-9, dtype_of(x)))).astype(dtype),)
+    return ((centred / (std + jnp.asarray(1e-9, dtype_of(x)))).astype(dtype),)
 
 
 @register("LRN", since=(1, 13))

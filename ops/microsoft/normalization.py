@@ -14,8 +14,8 @@ from jonnx._registry import Attrs, Inputs, OpContext, Outputs, register
 from jonnx.ops._util import compute_type, dtype_of, normalize_axis, widen_halves
 from jonnx.ops.microsoft._common import DOMAIN
 from jonnx.ops.normalization import (
+    centre,
     layer_normalization,
-    moments,
     rsqrt_eps,
     stash_dtype,
 )
@@ -41,9 +41,9 @@ def _rms_norm(x, axis: int, epsilon: float, stash_dtype):
 def _layer_norm(x, epsilon: float, stash_dtype):
     """Normalise over the last axis; returns the normalised value, mean and inverse std."""
     xs = x.astype(stash_dtype)
-    mean, var = moments(xs, (jnp.ndim(x) - 1,))
+    centred, mean, var = centre(xs, (jnp.ndim(x) - 1,))
     inv = rsqrt_eps(var, epsilon)
-    return (xs - mean) * inv, mean, inv
+    return centred * inv, mean, inv
 
 
 @register(

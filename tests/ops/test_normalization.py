@@ -611,3 +611,34 @@ def test_rows_of_equal_values_normalize_to_the_bias(op, shape, attrs, value):
     got = run_jonnx(node_model(op, inputs, opset=21, **attrs), inputs)[0]
     want = np.zeros(shape, np.float32) if op == "MeanVarianceNormalization" else np.full(shape, 0.25, np.float32)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "attrs", "axes"),
+    [
+        ("LayerNormalization", (4, 16), {}, (1,)),
+        ("InstanceNormalization", (2, 3, 16), {}, (2,)),
+        ("GroupNormalization", (2, 4, 8), {"num_groups": 2}, None),
+        ("MeanVarianceNormalization", (2, 3, 4, 4), {}, (0, 2, 3)),
+    ],
+)
+def test_rows_far_from_zero_normalize_as_in_float64(op, shape, attrs, axes):
+    # Values near 3e6 a quarter apart (float32's spacing there): their mean rounded to float32
+    # is off by up to an eighth, and rows centred on it came out up to 0.17 off
+    # (ops/normalization.py ``centre`` centres on a pivot from the row instead; onnxruntime is
+    # up to 2.9 off on such rows).
+    x = (3e6 + 0.25 * np.random.default_rng(3).integers(-8, 9, shape)).astype(np.float32)
+    wide = x.astype(np.float64)
+    rows = wide.reshape(shape[0], 2, -1) if op == "GroupNormalization" else wide
+    reduced = (2,) if op == "GroupNormalization" else axes
+    centred = rows - rows.mean(axis=reduced, keepdims=True)
+    spread = np.sqrt((centred**2).mean(axis=reduced, keepdims=True))
+    inputs = {"x": x}
+    if op == "MeanVarianceNormalization":
+        want = centred / (spread + 1e-9)
+    else:
+        want = (centred / np.sqrt(spread**2 + 1e-5)).reshape(shape) * 1.5 + 0.25
+        channels = shape[-1] if op == "LayerNormalization" else shape[1]
+        inputs.update(scale=np.full(channels, 1.5, np.float32), bias=np.full(channels, 0.25, np.float32))
+    got = run_jonnx(node_model(op, inputs, opset=21, **attrs), inputs)[0]
+    np.testing.assert_allclose(got, want.reshape(shape), rtol=0, atol=2e-6)
