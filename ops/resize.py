@@ -77,6 +77,17 @@ def _cubic_kernel(t, a):
     return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
 
 
+def _snapped(x):
+    """``x`` with the values within float64 rounding of a multiple of 1/2 set to it: nearest's
+    floor, ceil and ties read those points, where the coordinate formulas' own roundings (about
+    1e-16) must not carry a value across (half_pixel_symmetric to a fractional target length put
+    an exact 0 at 1.1e-16, and ceil took the next row; onnxruntime and the reference the first).
+    Coordinates from float32 scales and integer lengths that are not such points lie much
+    further from them than the 1e-9 (relative) allowed here."""
+    halves = np.round(x * 2) / 2
+    return np.where(np.abs(x - halves) <= 1e-9 * np.maximum(1.0, np.abs(x)), halves, x)
+
+
 def _axis_taps(in_len, out_len, scale, out_float, roi, opt):
     """Static ``(indices (out, K), weights (out, K) or None, extrapolated (out,) or None)``."""
     y = np.arange(out_len, dtype=np.float64)
@@ -87,6 +98,7 @@ def _axis_taps(in_len, out_len, scale, out_float, roi, opt):
         outside = outside if outside.any() else None
     mode = opt["mode"]
     if mode == "nearest":
+        x = _snapped(x)
         rule = opt["nearest_mode"]
         if rule == "legacy":
             # Resize-10 / Upsample (what onnxruntime does for them): truncate when upsampling,

@@ -160,6 +160,29 @@ def test_resize_keep_aspect_ratio_reads_the_unrounded_lengths(policy, ctm):
         assert_matches_reference("Resize", inputs, opset=19, initializers=("sizes",), expected=want, **attrs, **TOL)
 
 
+@pytest.mark.parametrize("rule", ["ceil", "floor", "round_prefer_floor", "round_prefer_ceil"])
+def test_nearest_reads_exact_coordinates_exactly(rule):
+    # sizes (6, 2) of a 5 x 4 map, not_larger: a scale of 1/2 and a height of 2.5 rounded to 3,
+    # so half_pixel_symmetric's rows sit at 0, 2 and 4 exactly, the columns at 0.5 and 2.5. In
+    # float64 the first row came out 1.1e-16, and ceil took row 1 (found by the fuzzer, seed
+    # 161006 with --long; onnxruntime reads 0 there, but its float32 puts the second row below
+    # 2, and floor takes row 1).
+    x = _x((1, 1, 5, 4))
+    inputs = {"x": x, "roi": None, "scales": None, "sizes": np.array([6, 2], np.int64)}
+    attrs = dict(
+        mode="nearest",
+        axes=[2, 3],
+        keep_aspect_ratio_policy="not_larger",
+        nearest_mode=rule,
+        coordinate_transformation_mode="half_pixel_symmetric",
+    )
+    cols = {"ceil": [1, 3], "floor": [0, 2], "round_prefer_floor": [0, 2], "round_prefer_ceil": [1, 3]}[rule]
+    want = x[:, :, [0, 2, 4]][:, :, :, cols]
+    model = node_model("Resize", inputs, opset=19, initializers=("sizes",), **attrs)
+    np.testing.assert_array_equal(run_reference(model, inputs)[0], want)
+    np.testing.assert_array_equal(run_jonnx(model, inputs)[0], want)
+
+
 @pytest.mark.parametrize("ctm", ["half_pixel_symmetric", "align_corners", "half_pixel"])
 @pytest.mark.parametrize("policy,sizes", [("stretch", [0, 3]), ("not_larger", [1, 1])])
 def test_resize_to_an_empty_axis(ctm, policy, sizes):
