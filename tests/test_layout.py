@@ -720,8 +720,10 @@ def test_channels_last_conv_lowerings(case):
     if lowering == "matmul" and xs[1] <= 16:
         lowering = "channel_taps"  # channels-last 1x1 over few channels: broadcast multiply-adds
     elif lowering != "matmul" and attrs.get("group", 1) == 1 and xs[1] <= 3:
-        # Channels-last image stems: broadcast multiply-adds up to 75 taps x channels, else XLA.
-        lowering = "channel_taps" if xs[1] * taps <= 75 else "xla"
+        # Channels-last image stems: broadcast multiply-adds up to 75 taps x channels, else XLA;
+        # one product over the windows where they tile the image (a small patch stem).
+        patch = strides == tuple(ws[2:]) and "dilations" not in attrs
+        lowering = ("patches" if patch else "channel_taps") if xs[1] * taps <= 75 else "xla"
     assert chosen == (lowering if jax.default_backend() == "cpu" else "xla")
     got = jonnx.ops.call("Conv", x_last, w_last, b, domain=DOMAIN, **attrs)
     want = conv_reference({"x": x, "w": w, "b": b}, **attrs)[0]

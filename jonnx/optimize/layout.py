@@ -324,7 +324,7 @@ class _Rewrite:
         if w_spec is not None:
             (w_shape, w_dtype), strides = w_spec, attrs.get("strides") or (1,) * (rank - 2)
             layout = conv.kernel_layout_for(w_shape, attrs.get("group", 1), strides)
-            tap_loop = conv.runs_as_tap_loop(w_shape, attrs.get("group", 1), w_dtype)
+            tap_loop = conv.runs_as_tap_loop(w_shape, attrs.get("group", 1), w_dtype, strides, attrs.get("dilations"))
         attrs["kernel_layout"] = layout
         if layout == "OIHW":
             weights = w

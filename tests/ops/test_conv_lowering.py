@@ -54,6 +54,10 @@ CASES = [
     ("im2col", (1, 3, 8, 7), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),  # a stem: few channels
     # A strided, dilated 5x5 stem (channels-last: the channel_taps lowering, tests/test_layout.py).
     ("im2col", (1, 3, 11, 12), (4, 3, 5, 5), {"strides": [2, 2], "dilations": [1, 2], "pads": [2, 3, 1, 4]}),
+    # Patch stems (stride equal to the kernel; channels-last: the patches lowering,
+    # tests/test_layout.py), one padded.
+    ("im2col", (2, 3, 16, 16), (8, 3, 4, 4), {"strides": [4, 4]}),
+    ("im2col", (1, 3, 7, 7), (4, 3, 2, 2), {"strides": [2, 2], "pads": [1, 0, 0, 1]}),
     ("xla", (1, 32, 6, 5), (4, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # wide k x k at batch 1
     (
         "xla",
