@@ -325,9 +325,10 @@ def _is_tap_stem(c_in: int, taps: int, group: int) -> bool:
 
 def _is_patch_stem(c_in: int, kernel, strides, dilations, group: int) -> bool:
     """A small image stem (:func:`_is_tap_stem`) whose windows tile the image: stride equal to
-    the kernel, no dilation."""
+    the kernel, no dilation (None: strides or dilations of 1)."""
+    tiled = strides is not None and tuple(strides) == tuple(kernel)
     unit = dilations is None or all(d == 1 for d in dilations)
-    return _is_tap_stem(c_in, math.prod(kernel), group) and unit and tuple(strides) == tuple(kernel)
+    return tiled and unit and _is_tap_stem(c_in, math.prod(kernel), group)
 
 
 def runs_as_tap_loop(w_shape, group: int, dtype, strides=None, dilations=None) -> bool:
@@ -342,7 +343,6 @@ def runs_as_tap_loop(w_shape, group: int, dtype, strides=None, dilations=None) -
     m, w_in, kernel = w_shape[0], w_shape[1], tuple(w_shape[2:])
     if _is_depthwise(group * w_in, m, w_in, group):
         return True
-    strides = (1,) * len(kernel) if strides is None else strides
     patches = _is_patch_stem(group * w_in, kernel, strides, dilations, group)
     return _is_tap_stem(group * w_in, math.prod(kernel), group) and not patches
 

@@ -3090,10 +3090,6 @@ FORMULAS = {
 }
 
 
-def _rounded_to_half(y):
-    return y.astype(np.float16) if isinstance(y, np.ndarray) and y.dtype == np.float64 else y
-
-
 def _rounded_like(exact, got):
     """A float64 result of :func:`widened_outputs` rounded once to the type of jonnx's
     (float16, or float32 for ``_CENTRED``)."""
@@ -3111,11 +3107,12 @@ NEAR_TIE = 4e-3
 
 
 def settle_near_ties(got: list, exact: list) -> list:
-    """``exact`` (:func:`widened_outputs`) rounded once to float16, except where ``got`` is the
-    neighbouring float16 value of a near tie (:data:`NEAR_TIE`): there ``got`` itself."""
+    """``exact`` (:func:`widened_outputs`) rounded once to ``got``'s type (:func:`_rounded_like`),
+    except where ``got`` is the neighbouring float16 value of a near tie (:data:`NEAR_TIE`):
+    there ``got`` itself."""
     settled = []
     for g, e in zip(got, exact):
-        rounded = _rounded_to_half(e)
+        rounded = _rounded_like(e, g)
         if isinstance(g, np.ndarray) and g.dtype == np.float16 and np.shape(rounded) == g.shape:
             rounded = np.asarray(rounded)
             if rounded.dtype == np.float16:
