@@ -80,15 +80,24 @@ def centre(x, axes):
     return centred, mean, jnp.mean(centred * centred, axis=axes, keepdims=True)
 
 
-def plain_moments(x, axes):
-    """Mean and population variance over ``axes`` (kept), in two plain passes: BatchNormalization's
-    training statistics, over the batch and the maps. :func:`centre`'s pivot made a ResNet-18
-    training step 1.03-1.06x slower there (the mean's pass is no longer a plain reduction, which
-    YNNPACK runs), the complex sum before it 1.05x; so a channel whose values are all equal is
-    off by the mean's rounding (docs/known_issues.md)."""
+def corrected_moments(x, axes):
+    """``(mean, shift, var)`` over ``axes`` (kept): BatchNormalization's training statistics,
+    over the batch and the maps, where the batch mean is ``mean + shift``, the centred values
+    ``(x - mean) - shift`` and ``var`` the population variance around that mean.
+
+    ``mean`` is a plain reduction (which YNNPACK runs: :func:`centre`'s pivot made a ResNet-18
+    training step 1.03-1.06x slower, the complex sum of ``c + i c**2`` 1.05x); then one pass over
+    ``c = x - mean`` sums both ``c``, giving ``shift``, what the plain mean's rounding lost, and
+    ``c * c``, from which ``shift**2`` is taken. Where a channel's mean dwarfs its spread the
+    plain mean alone is off by its sum's rounding: a channel of equal values of 45865.05
+    normalized to 1.17 off its bias, one of values near 1e4 of unit spread 5e-4 off float64;
+    with the shift both are within 5e-7. The second sum measured within noise: a ResNet-18
+    training step 0.995-1.016 of the time, a MobileNetV2 step 1.003-1.069 (docs/known_issues.md)."""
     mean = jnp.mean(x, axis=axes, keepdims=True)
-    centered = x - mean
-    return mean, jnp.mean(centered * centered, axis=axes, keepdims=True)
+    centred = x - mean
+    shift = jnp.mean(centred, axis=axes, keepdims=True)
+    var = jnp.mean(centred * centred, axis=axes, keepdims=True) - shift * shift
+    return mean, shift, jnp.maximum(var, 0)  # a channel of equal values: 0, not a rounding below
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,7 +141,8 @@ def _bn_inference(x, scale, bias, mean, var, eps, spatial=True, channels_last=Fa
 
 
 def _bn_batch_stats(x, spatial: bool, channels_last: bool = False):
-    """The batch's mean and population variance, shaped like the running statistics.
+    """The batch's ``(mean, shift, var)`` (:func:`corrected_moments`: the batch mean is
+    ``mean + shift``), each shaped like the running statistics.
 
     Plain reductions. Until 2026-11-29 these were products with ones on CPU, for XLA's own
     reductions, slow where the kept axis is minor (as XLA's convolutions leave their outputs).
@@ -142,8 +152,9 @@ def _bn_batch_stats(x, spatial: bool, channels_last: bool = False):
     activations held NCHW (MobileNetV2's step 0.92) and are more accurate (the mean of
     16 x 112 x 112 values in float32: 1.3e-7 against 1.9e-5). docs/performance.md.
     """
-    mean, var = plain_moments(x, _bn_axes(x, spatial, channels_last))
-    return jnp.squeeze(mean, 0), jnp.squeeze(var, 0)
+    stats = corrected_moments(x, _bn_axes(x, spatial, channels_last))
+    shape = (-1,) if spatial else jnp.shape(stats[0])[1:]
+    return tuple(jnp.reshape(s, shape) for s in stats)
 
 
 def _bn_normalize(x, scale, bias, eps, spatial: bool, channels_last: bool = False):
@@ -155,8 +166,7 @@ def _bn_normalize(x, scale, bias, eps, spatial: bool, channels_last: bool = Fals
     reduction fusions in a ResNet-18 step). This ``custom_jvp`` gives the tangent in closed
     form, arranged so that its transpose (the gradient) reduces only ``sum(g)`` and
     ``sum(g * xhat)``, which the scale and bias gradients share (37 fusions); the values are
-    computed exactly as before (two-pass statistics), so outputs and running statistics do not
-    change.
+    those of the formula (:func:`corrected_moments`), not of its derivative.
     """
 
     def param(p):
@@ -164,12 +174,13 @@ def _bn_normalize(x, scale, bias, eps, spatial: bool, channels_last: bool = Fals
 
     @jax.custom_jvp
     def normalize(x, scale, bias):
-        batch_mean, batch_var = _bn_batch_stats(x, spatial, channels_last)
-        if spatial:
-            batch_mean = jnp.reshape(batch_mean, (-1,))
-            batch_var = jnp.reshape(batch_var, (-1,))
-        y = _bn_inference(x, scale, bias, batch_mean, batch_var, eps, spatial, channels_last)
-        return y, batch_mean, batch_var
+        mean, shift, var = _bn_batch_stats(x, spatial, channels_last)
+        # As _bn_inference, with the values centred on the plain mean and then by the shift:
+        # close to the mean ``x - mean`` is exact and the shift small, so the rounding of
+        # ``mean + shift`` to float32 (up to 0.125 near 3e6) does not reach ``y``.
+        a = rsqrt_eps(param(var), eps) * param(scale)
+        y = ((x - param(mean)) - param(shift)) * a + param(bias)
+        return y, mean + shift, var
 
     @normalize.defjvp
     def normalize_jvp(primals, tangents):
@@ -225,9 +236,8 @@ def _bn_legacy(inputs, attrs, training: bool, spatial: bool, channels_last: bool
         # Only Y is defined in test mode; the statistics pass through for graphs that list more.
         return (_bn_inference(x, scale, bias, mean, var, eps, spatial, channels_last), mean, var, mean, var)
     y, new_mean, new_var = _bn_training(x, scale, bias, mean, var, momentum, eps, spatial, channels_last)
-    saved_mean, saved_var = _bn_batch_stats(widen_halves(x)[0], spatial, channels_last)
-    if spatial:
-        saved_mean, saved_var = jnp.reshape(saved_mean, (-1,)), jnp.reshape(saved_var, (-1,))
+    mean, shift, saved_var = _bn_batch_stats(widen_halves(x)[0], spatial, channels_last)
+    saved_mean = mean + shift
     return y, new_mean, new_var, saved_mean.astype(dtype_of(x)), saved_var.astype(dtype_of(x))
 
 

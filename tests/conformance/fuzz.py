@@ -1294,8 +1294,8 @@ def quantize(d: Draw) -> Case | None:
 
 
 # The normalizations that centre rows around their mean with the row-pivot sums of
-# ops/normalization.py ``centre`` (BatchNormalization's training statistics take plain sums:
-# docs/known_issues.md).
+# ops/normalization.py ``centre`` (BatchNormalization's training statistics are a plain mean
+# corrected in the variance's pass, ``corrected_moments``: its training forms draw no offsets).
 _CENTRED = ("GroupNormalization", "MeanVarianceNormalization", "InstanceNormalization", "LayerNormalization")
 
 
@@ -3023,17 +3023,17 @@ def _old_batchnorm_formula(x, scale, bias, mean, var, *, epsilon=1e-5, is_test=0
     statistics; in training Y by the batch's mean and population variance, then the running
     mean and variance updated as ``running * momentum + batch * (1 - momentum)`` (the rule of
     versions 14 on; outputs 3 and 4, which ONNX leaves open, are not given). Per channel, or per
-    activation with ``spatial=0`` (parameters of shape (C, D1, ...)). Y in inference in float64,
-    rounded once to the input's type, as onnxruntime computes versions 7 on (the
-    ReferenceEvaluator rounds after each step in float16, and runs neither training nor
-    ``spatial=0``). Y in training in float32 (float64 for float64 inputs), rounded once: the
-    batch's centred values are as exact as the statistics' type allows, and float64 would
-    flag any float32 engine where two values of a small batch nearly agree (1.4442 and 1.4487,
-    per activation: 1.6e-5 off in jonnx and in numpy's float32, seed 801 with ``--long``)."""
+    activation with ``spatial=0`` (parameters of shape (C, D1, ...)). Y in float64, rounded
+    once to the input's type, as onnxruntime computes versions 7 on (the ReferenceEvaluator
+    rounds after each step in float16, and runs neither training nor ``spatial=0``). In
+    training that is exact where two values of a small batch nearly agree (1.4442 and 1.4487,
+    per activation), which plain float32 statistics are not (1.6e-5 off in numpy's float32,
+    and in jonnx until its batch mean was corrected: ops/normalization.py
+    ``corrected_moments``; from 2026-12-05 to 12-07 this formula trained in float32 for it)."""
     if opset >= 7:
         return None
     shape = (1, -1) + (1,) * (x.ndim - 2) if spatial else (1, *x.shape[1:])
-    wide = x.astype(np.float64 if is_test else np.promote_types(x.dtype, np.float32))
+    wide = x.astype(np.float64)
     scale, bias, mean, var = (np.asarray(v, wide.dtype).reshape(shape) for v in (scale, bias, mean, var))
     if is_test:
         return ((wide - mean) / np.sqrt(var + epsilon) * scale + bias).astype(x.dtype)

@@ -101,6 +101,34 @@ def test_batchnorm_batch_statistics_are_accurate_in_float32():
     np.testing.assert_allclose(var, x.var(axis=(0, 2, 3)), rtol=2e-6)
 
 
+@pytest.mark.parametrize("offset", [45865.05, 1e4, 3e6])
+@pytest.mark.parametrize("opset", [6, 15])
+def test_batchnorm_training_channels_far_from_zero_normalize_as_in_float64(offset, opset):
+    # Channels whose mean dwarfs their spread: all equal (output the bias), a quarter apart
+    # (float32's spacing near 3e6), of unit spread. With the plain mean alone the equal channel
+    # at 45865.05 came out 1.17 off its bias and the unit-spread one near 1e4 5e-4 off float64
+    # (ops/normalization.py ``corrected_moments``). Opset 6 (is_test=0) also returns the saved
+    # batch statistics; momentum 0 makes the new running statistics the batch's.
+    rng = np.random.default_rng(5)
+    x = np.empty((4, 3, 8, 8), np.float32)
+    x[:, 0] = offset
+    x[:, 1] = offset + 0.25 * rng.integers(-8, 9, (4, 8, 8))
+    x[:, 2] = offset + rng.standard_normal((4, 8, 8))
+    scale, bias = np.full(3, 1.5, np.float32), np.full(3, 0.25, np.float32)
+    attrs = {"training_mode": 1} if opset >= 14 else {"is_test": 0}
+    running = np.zeros(3, np.float32), np.ones(3, np.float32)
+    outs = jonnx.ops.call("BatchNormalization", x, scale, bias, *running, opset=opset, momentum=0.0, **attrs)
+    wide = x.astype(np.float64)
+    mean, var = wide.mean(axis=(0, 2, 3), keepdims=True), wide.var(axis=(0, 2, 3), keepdims=True)
+    want = (wide - mean) / np.sqrt(var + 1e-5) * 1.5 + 0.25
+    np.testing.assert_allclose(outs[0], want, rtol=0, atol=2e-6)
+    np.testing.assert_array_equal(outs[0][:, 0], np.float32(0.25))
+    statistics = [outs[1:3]] + ([outs[3:5]] if opset < 14 else [])
+    for got_mean, got_var in statistics:
+        np.testing.assert_allclose(got_mean, mean.ravel(), rtol=6e-8, atol=0)  # within half a unit
+        np.testing.assert_allclose(got_var, var.ravel(), rtol=1e-5, atol=1e-9)
+
+
 def test_batchnorm_opset6_is_test_0_trains_with_five_outputs():
     inputs = _bn_inputs()
     assert_matches_reference(
@@ -598,7 +626,7 @@ def test_rows_of_equal_values_normalize_to_the_bias(op, shape, attrs, value):
     # Every centred value is 0, so the output is the bias (MeanVarianceNormalization: 0), as
     # onnxruntime gives. XLA sums a row in order in float32: the mean of 16 values of 45865.05
     # was 0.0078 off, and with eps 1e-5 the rows normalized to about +-1 (ops/normalization.py
-    # ``moments`` sums around a pivot from the row). BatchNormalization: a channel of equal
+    # ``centre`` sums around a pivot from the row). BatchNormalization: a channel of equal
     # values, its running mean their value (a tiny variance): folded into x * a + (b - m * a)
     # the output was 0.04 for a bias of 0.25 (onnxruntime's 0).
     x = np.full(shape, value, np.float32)
