@@ -343,7 +343,8 @@ and head sizes of attention, sequences and states of recurrent, resized maps, si
 of NonMaxSuppression, regions and maps of RoiAlign): seeds
 800-811 (about 1,100 cases, plain, ``--half`` and ``--grad``) found no jonnx bug, and two in the tool:
 BatchNormalization-6's training formula in float64 flagged float32 engines on batches of two
-nearly equal values (it trains in the input's type now), and long recurrences with unbounded
+nearly equal values (it trained in the input's type until jonnx's batch mean was corrected on
+2026-12-07, and is float64 again), and long recurrences with unbounded
 activations, gates below 0 or recurrent weights of large gain grew or went chaotic, where
 float32 engines part from each other (long sequences draw bounded activations and gates
 within [0, 1], long states smaller weights). Large float16 outputs hold a few values within a
